@@ -1,0 +1,94 @@
+"""The ``shrinkgrad`` command line.
+
+Subcommands live in one module each under :mod:`shrinkgrad.cli` and are imported lazily, so
+``shrinkgrad --help`` is fast and a command only pays for what it uses. To add one, write
+``cli/<name>.py`` with a click command and add a line to :data:`COMMANDS`.
+
+User mistakes (bad names, bad parameters, missing files) are reported as one ``error:`` line
+without a traceback; ``--debug`` (or ``SHRINKGRAD_DEBUG=1``) shows the traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+__all__ = ["COMMANDS", "main"]
+
+#: command name -> ("module:attribute", one-line help shown by ``shrinkgrad --help``)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("shrinkgrad.cli.listing:list_cmd", "List registered components and their maths."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        target, _ = COMMANDS[cmd_name]
+        module, attr = target.split(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_) for name, (_, help_) in sorted(COMMANDS.items())]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="shrinkgrad")
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """shrinkgrad: communication-compressed distributed optimization.
+
+    Compressors, EF21 / EF21-W and quantized / delayed gradient methods with theory-exact step
+    sizes and honest bit counts: simulate, reproduce the papers, train with torch.distributed.
+    """
+    if debug:
+        os.environ["SHRINKGRAD_DEBUG"] = "1"
+
+
+#: exceptions that mean "the user asked for something impossible"; shown without a traceback
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    TypeError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Entry point of the ``shrinkgrad`` console script."""
+    try:
+        return cli.main(args=argv, prog_name="shrinkgrad", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.exceptions.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except USER_ERRORS as e:
+        if os.environ.get("SHRINKGRAD_DEBUG"):
+            raise
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)

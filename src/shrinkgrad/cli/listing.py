@@ -1,0 +1,54 @@
+"""``shrinkgrad list FAMILY``: every registered component with its maths.
+
+Families register a printer in :data:`LISTINGS` (name -> function printing a rich table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+__all__ = ["LISTINGS", "list_cmd"]
+
+
+def _compressors(console: Console) -> None:
+    from ..compressors import COMPRESSORS
+
+    table = Table(title=escape("compressors (build with make_compressor('name[param=value]'))"))
+    for col in ("name", "parameters", "kind", "constant", "bits per message", "collective"):
+        table.add_column(col)
+    for name in COMPRESSORS.names():
+        entry = COMPRESSORS.entry(name)
+        cls = entry.factory
+        params = ", ".join(
+            p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in entry.keyword
+        )
+        if entry.positional:
+            params = ", ".join(filter(None, ["C" * len(entry.positional), params]))
+        cells = [
+            name,
+            params,
+            str(getattr(cls, "kind", "")),
+            str(getattr(cls, "constant_formula", "")),
+            str(getattr(cls, "bits_formula", "")),
+            str(getattr(cls, "collective", "")),
+        ]
+        table.add_row(*(escape(c) for c in cells))
+    console.print(table)
+
+
+#: family name -> printer
+LISTINGS: dict[str, Callable[[Console], None]] = {
+    "compressors": _compressors,
+}
+
+
+@click.command("list")
+@click.argument("family", type=click.Choice(sorted(LISTINGS)), default="compressors")
+def list_cmd(family: str) -> None:
+    """List registered components of FAMILY with their maths (default: compressors)."""
+    LISTINGS[family](Console(width=160))

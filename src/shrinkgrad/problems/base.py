@@ -1,0 +1,108 @@
+"""The problem abstraction: f = (1/n) Σ_i f_i over n clients, with its smoothness constants.
+
+Convention (methods.md §1, as in the EF21 authors' code): f is the *average* of the client
+functions, and f_i is the mean loss over client i's samples plus the regularizer. A problem knows
+
+* ``loss(x)`` = f(x), ``grad(x)`` = ∇f(x), and the stacked client gradients ``client_grads(x)`` of
+  shape (n, d), computed in one pass over the data (clients are a tensor axis);
+* ``client_grads_at(X)``: row i is ∇f_i(X[i]) (a different point per client: stale gradients);
+* ``client_stoch_grads(X, batch_sizes, keys)``: minibatch estimators with keyed sampling;
+* ``L`` (smoothness of f), ``L_i`` (vector of the clients' constants), ``mu`` (PL / strong
+  convexity constant when known), ``f_star`` / ``x_star`` when known, and the derived
+  ``L_AM``, ``L_QM``, ``L_max``, ``L_var`` (defined once, in :mod:`shrinkgrad.theory`).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import torch
+
+from ..rng import Keys
+
+__all__ = ["Problem"]
+
+
+class Problem(abc.ABC):
+    """Base class of every objective (see the module docstring)."""
+
+    #: short identifier used in result tables, e.g. "logreg_nonconvex"
+    name: str = "problem"
+    #: dataset name for result tables ("a9a", "synthetic", ...)
+    dataset: str = ""
+    n: int
+    d: int
+    dtype: torch.dtype = torch.float64
+    device: torch.device = torch.device("cpu")
+    #: smoothness constant of f
+    L: float
+    #: smoothness constants of the f_i, shape (n,), float64 on the CPU
+    L_i: torch.Tensor
+    #: strong convexity / PL constant of f when known, else None
+    mu: float | None = None
+    #: optimal value and point when known, else None
+    f_star: float | None = None
+    x_star: torch.Tensor | None = None
+
+    # -- oracles --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def loss(self, x: torch.Tensor) -> float:
+        """f(x) = (1/n) Σ_i f_i(x)."""
+
+    @abc.abstractmethod
+    def client_grads(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d) tensor whose row i is ∇f_i(x)."""
+
+    @abc.abstractmethod
+    def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
+        """(n, d) tensor whose row i is ∇f_i(X[i])."""
+
+    def grad(self, x: torch.Tensor) -> torch.Tensor:
+        """∇f(x) = (1/n) Σ_i ∇f_i(x)."""
+        return self.client_grads(x).mean(dim=0)
+
+    def client_losses(self, x: torch.Tensor) -> torch.Tensor:
+        """(n,) tensor of f_i(x)."""
+        raise NotImplementedError
+
+    def client_stoch_grads(
+        self, X: torch.Tensor, batch_sizes: torch.Tensor | int, keys: Keys
+    ) -> torch.Tensor:
+        """Minibatch estimators: row i averages ∇ of b_i samples of client i drawn with ``keys[i]``.
+
+        ``X`` is (d,) (same point for all clients) or (n, d).
+        """
+        raise NotImplementedError(f"{self.name} has no stochastic gradients")
+
+    # -- derived constants ----------------------------------------------------------------------
+    @property
+    def L_AM(self) -> float:
+        from ..theory import L_AM
+
+        return L_AM(self.L_i)
+
+    @property
+    def L_QM(self) -> float:
+        from ..theory import L_QM
+
+        return L_QM(self.L_i)
+
+    @property
+    def L_max(self) -> float:
+        return float(torch.as_tensor(self.L_i).max())
+
+    @property
+    def L_var(self) -> float:
+        from ..theory import L_var
+
+        return L_var(self.L_i)
+
+    # -- conveniences ---------------------------------------------------------------------------
+    def x0(self) -> torch.Tensor:
+        """The default starting point (zeros unless a problem says otherwise)."""
+        return torch.zeros(self.d, dtype=self.dtype, device=self.device)
+
+    def info(self) -> dict[str, Any]:
+        """Identifying metadata for result tables."""
+        return {"problem": self.name, "dataset": self.dataset, "n_clients": self.n, "d": self.d}

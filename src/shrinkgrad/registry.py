@@ -1,0 +1,434 @@
+"""Registries and the one ``name[param=value](arg, ...)`` syntax shared by the API, CLI, configs and plots.
+
+Every component family (compressors, methods, problems, splits, delay models, ...) keeps a
+:class:`Registry`. A component is registered with a factory whose *typed signature* is the
+parameter specification: keyword parameters become ``[key=value]`` entries, positional parameters
+annotated with a component type become ``(arg, ...)`` sub-specs. The same string therefore means
+the same thing everywhere::
+
+    qsgd[s=4]                     # QSGD with 4 levels
+    top_k[k=1]
+    scaled(rand_k[k=5])           # a transform taking one component
+    compose(top_k[k=10], qsgd[s=4])
+
+Grammar (whitespace is ignored between tokens)::
+
+    spec   := NAME [ "[" [ param ("," param)* ] "]" ] [ "(" [ spec ("," spec)* ] ")" ]
+    param  := NAME "=" value
+    value  := number | "true" | "false" | quoted or bare string | spec
+
+The canonical string of a built component (:func:`canonical`) lists the parameters that were given,
+in signature order, so it round-trips through :meth:`Registry.make` and is stable for legends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+import types
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+__all__ = [
+    "Registry",
+    "Spec",
+    "SpecError",
+    "parse_spec",
+]
+
+T = TypeVar("T")
+
+
+class SpecError(ValueError):
+    """A component name or its parameters could not be understood. The message says how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A parsed ``name[params](args)`` string, before any registry gives it meaning."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+    args: tuple[Spec, ...] = ()
+
+    def __str__(self) -> str:
+        out = self.name
+        if self.params:
+            out += "[" + ",".join(f"{k}={_format_value(v)}" for k, v in self.params) + "]"
+        if self.args:
+            out += "(" + ",".join(str(a) for a in self.args) + ")"
+        return out
+
+
+def _format_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        if math.isfinite(v) and v == int(v) and abs(v) < 1e15:
+            return repr(float(v))
+        return repr(v)
+    if isinstance(v, str):
+        return v if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", v) else repr(v)
+    if isinstance(v, Spec):
+        return str(v)
+    spec = getattr(v, "spec", None)
+    if isinstance(spec, str):
+        return spec
+    return str(v)
+
+
+_TOKEN = re.compile(
+    r"""\s*(?:
+        (?P<str>'[^']*'|"[^"]*")
+      | (?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?(?![A-Za-z_]))
+      | (?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)
+      | (?P<punct>[\[\]\(\),=])
+    )""",
+    re.VERBOSE,
+)
+
+
+def _tokenize(text: str) -> list[tuple[str, str, int]]:
+    tokens: list[tuple[str, str, int]] = []
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            raise SpecError(
+                f"cannot parse {text!r}: unexpected character {text[pos:].lstrip()[:1]!r} at "
+                f"position {pos}; expected e.g. 'qsgd[s=4]' or 'compose(top_k[k=10],qsgd[s=4])'"
+            )
+        kind = m.lastgroup
+        assert kind is not None
+        tokens.append((kind, m.group(kind), m.start(kind)))
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = _tokenize(text)
+        self.i = 0
+
+    def peek(self) -> tuple[str, str, int] | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self, value: str | None = None, kind: str | None = None) -> tuple[str, str, int]:
+        tok = self.peek()
+        if tok is None:
+            want = repr(value) if value else (kind or "more input")
+            raise SpecError(f"cannot parse {self.text!r}: it ends early, expected {want}")
+        if (value is not None and tok[1] != value) or (kind is not None and tok[0] != kind):
+            want = repr(value) if value else (kind or "?")
+            raise SpecError(
+                f"cannot parse {self.text!r}: expected {want} at position {tok[2]}, found {tok[1]!r}"
+            )
+        self.i += 1
+        return tok
+
+    def spec(self) -> Spec:
+        _, name, _ = self.take(kind="name")
+        params: list[tuple[str, Any]] = []
+        args: list[Spec] = []
+        tok = self.peek()
+        if tok is not None and tok[1] == "[":
+            self.take("[")
+            if self.peek() is not None and self.peek()[1] != "]":  # type: ignore[index]
+                while True:
+                    _, key, kpos = self.take(kind="name")
+                    if any(k == key for k, _ in params):
+                        raise SpecError(f"cannot parse {self.text!r}: parameter {key!r} given twice")
+                    self.take("=")
+                    params.append((key, self.value()))
+                    if self.peek() is not None and self.peek()[1] == ",":  # type: ignore[index]
+                        self.take(",")
+                        continue
+                    break
+            self.take("]")
+        tok = self.peek()
+        if tok is not None and tok[1] == "(":
+            self.take("(")
+            if self.peek() is not None and self.peek()[1] != ")":  # type: ignore[index]
+                while True:
+                    args.append(self.spec())
+                    if self.peek() is not None and self.peek()[1] == ",":  # type: ignore[index]
+                        self.take(",")
+                        continue
+                    break
+            self.take(")")
+        return Spec(name, tuple(params), tuple(args))
+
+    def value(self) -> Any:
+        tok = self.peek()
+        if tok is None:
+            raise SpecError(f"cannot parse {self.text!r}: a parameter has no value")
+        kind, text, _ = tok
+        if kind == "num":
+            self.i += 1
+            return int(text) if re.fullmatch(r"[+-]?\d+", text) else float(text)
+        if kind == "str":
+            self.i += 1
+            return text[1:-1]
+        if kind == "name":
+            low = text.lower()
+            nxt = self.tokens[self.i + 1] if self.i + 1 < len(self.tokens) else None
+            if nxt is not None and nxt[1] in "[(":
+                return self.spec()
+            self.i += 1
+            if low in ("true", "false"):
+                return low == "true"
+            if low in ("inf", "+inf"):
+                return math.inf
+            return text
+        raise SpecError(f"cannot parse {self.text!r}: unexpected {text!r} where a value belongs")
+
+
+def parse_spec(text: str | Spec) -> Spec:
+    """Parse ``name[param=value,...](arg,...)`` into a :class:`Spec` (no registry lookup)."""
+    if isinstance(text, Spec):
+        return text
+    if not isinstance(text, str):
+        raise SpecError(f"a component name must be a string like 'qsgd[s=4]', got {type(text).__name__}")
+    if not text.strip():
+        raise SpecError("empty component name; expected e.g. 'top_k[k=1]'")
+    p = _Parser(text)
+    spec = p.spec()
+    if p.peek() is not None:
+        tok = p.peek()
+        assert tok is not None
+        raise SpecError(f"cannot parse {text!r}: unexpected {tok[1]!r} at position {tok[2]}")
+    return spec
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One registered component: its factory, its parameters and a one-line summary."""
+
+    name: str
+    factory: Callable[..., T]
+    summary: str
+    keyword: tuple[inspect.Parameter, ...]
+    positional: tuple[inspect.Parameter, ...]
+    hints: dict[str, Any]
+
+
+class Registry(Generic[T]):
+    """A named family of components built from spec strings.
+
+    ``registry.register("qsgd")(factory)`` records a factory; ``registry.make("qsgd[s=4]")`` builds
+    one, checking every parameter name and type against the factory's signature and raising a
+    :class:`SpecError` that lists what is allowed otherwise.
+    """
+
+    def __init__(self, family: str, *, base: type | None = None) -> None:
+        self.family = family
+        self.base = base
+        self._entries: dict[str, Entry[T]] = {}
+
+    # -- registration -----------------------------------------------------------------------
+    def register(
+        self, name: str, *, summary: str | None = None
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator registering ``factory`` (a class or a function) under ``name``."""
+
+        def deco(factory: Callable[..., T]) -> Callable[..., T]:
+            if name in self._entries:
+                raise ValueError(f"{self.family} {name!r} is registered twice")
+            target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
+            sig = inspect.signature(factory)
+            try:
+                hints = typing.get_type_hints(target)
+            except Exception:  # pragma: no cover - unresolvable annotations fall back to none
+                hints = {}
+            params = [p for p in sig.parameters.values() if p.name != "self"]
+            positional = tuple(
+                p
+                for p in params
+                if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)
+                or (p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty and _is_component(hints.get(p.name)))
+            )
+            keyword = tuple(p for p in params if p not in positional and p.kind != p.VAR_KEYWORD)
+            doc = summary or (inspect.getdoc(factory) or "").strip().splitlines()[0:1]
+            text = doc if isinstance(doc, str) else (doc[0] if doc else "")
+            self._entries[name] = Entry(name, factory, text, keyword, positional, hints)
+            return factory
+
+        return deco
+
+    # -- lookup -----------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def entry(self, name: str) -> Entry[T]:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise SpecError(
+                f"unknown {self.family} {name!r}; known: {', '.join(self.names()) or '(none)'}"
+                + _did_you_mean(name, self.names())
+            ) from None
+
+    def make(self, spec: str | Spec | T, **overrides: Any) -> T:
+        """Build a component from a spec string (or pass an already built one through)."""
+        if self.base is not None and isinstance(spec, self.base):
+            return spec
+        if not isinstance(spec, (str, Spec)):
+            raise SpecError(
+                f"expected a {self.family} name such as {self._example()!r}, got {type(spec).__name__}"
+            )
+        parsed = parse_spec(spec)
+        entry = self.entry(parsed.name)
+        given = dict(parsed.params)
+        given.update(overrides)
+        kwargs: dict[str, Any] = {}
+        allowed = {p.name for p in entry.keyword}
+        for key, raw in given.items():
+            if key not in allowed:
+                listing = ", ".join(_describe_param(p, entry.hints) for p in entry.keyword) or "none"
+                raise SpecError(
+                    f"{self.family} {entry.name!r} has no parameter {key!r}; allowed: {listing}"
+                    + _did_you_mean(key, sorted(allowed))
+                )
+            kwargs[key] = self._coerce(entry, key, raw)
+        for p in entry.keyword:
+            if p.default is p.empty and p.name not in kwargs:
+                raise SpecError(
+                    f"{self.family} {entry.name!r} needs parameter {p.name!r}, e.g. "
+                    f"'{entry.name}[{p.name}=...]'; parameters: "
+                    + ", ".join(_describe_param(q, entry.hints) for q in entry.keyword)
+                )
+        args = [self._make_arg(entry, p, a) for p, a in self._match_args(entry, parsed)]
+        obj = entry.factory(*args, **kwargs)
+        canon = Spec(
+            entry.name,
+            tuple((p.name, kwargs[p.name]) for p in entry.keyword if p.name in kwargs),
+            tuple(parse_spec(getattr(a, "spec", str(a))) for a in args),
+        )
+        try:
+            object.__setattr__(obj, "spec", str(canon))
+        except (AttributeError, TypeError):  # pragma: no cover - objects that refuse attributes
+            pass
+        return obj
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _example(self) -> str:
+        return self.names()[0] if self._entries else "name[param=value]"
+
+    def _match_args(self, entry: Entry[T], parsed: Spec) -> list[tuple[inspect.Parameter, Spec]]:
+        pos = entry.positional
+        var = [p for p in pos if p.kind == p.VAR_POSITIONAL]
+        fixed = [p for p in pos if p.kind != p.VAR_POSITIONAL]
+        n = len(parsed.args)
+        if (n < len(fixed)) or (n > len(fixed) and not var):
+            want = f"{len(fixed)}" + (" or more" if var else "")
+            raise SpecError(
+                f"{self.family} {entry.name!r} takes {want} component argument(s) in parentheses, "
+                f"got {n}: write e.g. '{entry.name}(" + ", ".join("..." for _ in fixed or var) + ")'"
+            )
+        out = list(zip(fixed, parsed.args, strict=False))
+        if var:
+            out += [(var[0], a) for a in parsed.args[len(fixed) :]]
+        return out
+
+    def _make_arg(self, entry: Entry[T], p: inspect.Parameter, arg: Spec) -> Any:
+        # Component arguments are components of the same family unless annotated otherwise.
+        return self.make(arg)
+
+    def _coerce(self, entry: Entry[T], key: str, raw: Any) -> Any:
+        hint = entry.hints.get(key)
+        return coerce_value(raw, hint, f"{self.family} {entry.name!r} parameter {key!r}", self)
+
+
+def _is_component(hint: Any) -> bool:
+    return hint is not None and isinstance(hint, type) and hasattr(hint, "__registry__")
+
+
+def _describe_param(p: inspect.Parameter, hints: dict[str, Any]) -> str:
+    hint = hints.get(p.name)
+    tname = _type_name(hint)
+    if p.default is p.empty:
+        return f"{p.name} ({tname}, required)"
+    return f"{p.name} ({tname}, default {_format_value(p.default)})"
+
+
+def _type_name(hint: Any) -> str:
+    if hint is None:
+        return "any"
+    if isinstance(hint, type):
+        return hint.__name__
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return "one of " + "/".join(str(a) for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint) if a is not type(None))
+    return str(hint)
+
+
+def coerce_value(raw: Any, hint: Any, what: str, registry: Registry[Any] | None = None) -> Any:
+    """Convert a parsed value to the annotated type, or raise a :class:`SpecError` naming ``what``."""
+    if hint is None or hint is Any:
+        return raw
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if raw is None and type(None) in options:
+            return None
+        errors = []
+        # Prefer an exact type match before trying conversions (int before float for "3").
+        for opt in sorted(options, key=lambda o: 0 if isinstance(o, type) and isinstance(raw, o) else 1):
+            if opt is type(None):
+                continue
+            try:
+                return coerce_value(raw, opt, what, registry)
+            except SpecError as e:
+                errors.append(str(e))
+        raise SpecError(f"{what} must be {_type_name(hint)}, got {raw!r}")
+    if origin is typing.Literal:
+        allowed = typing.get_args(hint)
+        if raw in allowed:
+            return raw
+        raise SpecError(f"{what} must be one of {', '.join(map(repr, allowed))}, got {raw!r}")
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        raise SpecError(f"{what} must be true or false, got {raw!r}")
+    if hint is int:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or (
+            isinstance(raw, float) and (not math.isfinite(raw) or raw != int(raw))
+        ):
+            raise SpecError(f"{what} must be an integer, got {raw!r}")
+        return int(raw)
+    if hint is float:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise SpecError(f"{what} must be a number, got {raw!r}")
+        return float(raw)
+    if hint is str:
+        if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
+            return str(raw)
+        raise SpecError(f"{what} must be a string, got {raw!r}")
+    if isinstance(hint, type) and hasattr(hint, "__registry__"):
+        reg = hint.__registry__
+        if isinstance(raw, (str, Spec)):
+            return reg.make(raw)
+        if isinstance(raw, hint):
+            return raw
+        raise SpecError(f"{what} must be a {reg.family} name, got {raw!r}")
+    return raw
+
+
+def _did_you_mean(name: str, options: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, options, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
