@@ -1,38 +1,71 @@
 """Theory: smoothness means, compressor constants and one cited function per step-size rule.
 
-See methods.md §1 and §4. Every function is small and pure and cites its source.
+See methods.md §1 and §4 and ``docs/theory.md``. Every function is small and pure, cites its
+source and validates its input. Formulas marked (?) in methods.md are all in
+:mod:`shrinkgrad.theory.stepsizes` and say so in their docstrings.
+
+* :mod:`~shrinkgrad.theory.constants`: L_AM, L_QM, L_max, L_var, EF21-W weights, θ(α), β(α), ξ(α);
+* :mod:`~shrinkgrad.theory.stepsizes`: EF21 (original, reloaded/EF21-W, PL, PP, SGD), rare
+  features, delayed gradients, single-node unbiased compression, DCGD;
+* :mod:`~shrinkgrad.theory.complexity`: predicted rounds and bits to reach ‖∇f‖² ≤ ε.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from .complexity import bits_to_accuracy, lyapunov0, rounds_ef21, rounds_ef21_pl
+from .constants import L_AM, L_QM, L_max, L_var, beta, ef21w_weights, theta, xi
+from .stepsizes import (
+    dcgd_neighborhood,
+    ef21_sgd_noise_floor,
+    ef21_sgd_nu,
+    ef21_speedup,
+    pp_constants,
+    stepsize_dcgd,
+    stepsize_delayed,
+    stepsize_ef21,
+    stepsize_ef21_pl,
+    stepsize_ef21_pp,
+    stepsize_ef21_reloaded,
+    stepsize_ef21_sgd,
+    stepsize_ef21w,
+    stepsize_ef21w_pl,
+    stepsize_ef21w_pp,
+    stepsize_ef21w_sgd,
+    stepsize_rare_features,
+    stepsize_unbiased_single,
+    stepsize_unbiased_single_optimal,
+)
 
-import torch
-
-__all__ = ["L_AM", "L_QM", "L_var"]
-
-
-def _as_list(L_i: torch.Tensor | Sequence[float]) -> torch.Tensor:
-    t = torch.as_tensor(L_i, dtype=torch.float64).reshape(-1)
-    if t.numel() == 0:
-        raise ValueError("need at least one smoothness constant L_i")
-    if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
-        raise ValueError("smoothness constants L_i must be finite and non-negative")
-    return t
-
-
-def L_AM(L_i: torch.Tensor | Sequence[float]) -> float:
-    """Arithmetic mean (1/n) Σ L_i ([EFR] §2, methods.md §1)."""
-    return float(_as_list(L_i).mean())
-
-
-def L_QM(L_i: torch.Tensor | Sequence[float]) -> float:
-    """Quadratic mean √((1/n) Σ L_i²) ([EF21] Thm 1, methods.md §1)."""
-    return math.sqrt(float((_as_list(L_i) ** 2).mean()))
-
-
-def L_var(L_i: torch.Tensor | Sequence[float]) -> float:
-    """L_QM² − L_AM² = (1/n) Σ (L_i − L_AM)², the heterogeneity measure of the [EFR] plots."""
-    t = _as_list(L_i)
-    return float(((t - t.mean()) ** 2).mean())
+__all__ = [
+    "L_AM",
+    "L_QM",
+    "L_max",
+    "L_var",
+    "beta",
+    "bits_to_accuracy",
+    "dcgd_neighborhood",
+    "ef21_sgd_noise_floor",
+    "ef21_sgd_nu",
+    "ef21_speedup",
+    "ef21w_weights",
+    "lyapunov0",
+    "pp_constants",
+    "rounds_ef21",
+    "rounds_ef21_pl",
+    "stepsize_dcgd",
+    "stepsize_delayed",
+    "stepsize_ef21",
+    "stepsize_ef21_pl",
+    "stepsize_ef21_pp",
+    "stepsize_ef21_reloaded",
+    "stepsize_ef21_sgd",
+    "stepsize_ef21w",
+    "stepsize_ef21w_pl",
+    "stepsize_ef21w_pp",
+    "stepsize_ef21w_sgd",
+    "stepsize_rare_features",
+    "stepsize_unbiased_single",
+    "stepsize_unbiased_single_optimal",
+    "theta",
+    "xi",
+]
