@@ -8,8 +8,13 @@ functions, and f_i is the mean loss over client i's samples plus the regularizer
 * ``client_grads_at(X)``: row i is ∇f_i(X[i]) (a different point per client: stale gradients);
 * ``client_stoch_grads(X, batch_sizes, keys)``: minibatch estimators with keyed sampling;
 * ``L`` (smoothness of f), ``L_i`` (vector of the clients' constants), ``mu`` (PL / strong
-  convexity constant when known), ``f_star`` / ``x_star`` when known, and the derived
-  ``L_AM``, ``L_QM``, ``L_max``, ``L_var`` (defined once, in :mod:`shrinkgrad.theory`).
+  convexity constant when known), ``f_star`` / ``x_star`` when known, ``f_lower`` (a certified
+  lower bound on inf f, e.g. 0 for non-negative losses) and the derived ``L_AM``, ``L_QM``,
+  ``L_max``, ``L_var`` (defined once, in :mod:`shrinkgrad.theory`).
+
+Problems are built by name from the :data:`PROBLEMS` registry (``make_problem(
+"logistic_regression[dataset=a9a,n_clients=100]")``) or with the functions of
+:mod:`shrinkgrad.problems`.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from typing import Any
 
 import torch
 
+from ..registry import Registry, Spec
 from ..rng import Keys
 
-__all__ = ["Problem"]
+__all__ = ["PROBLEMS", "Problem", "make_problem"]
 
 
 class Problem(abc.ABC):
@@ -44,6 +50,10 @@ class Problem(abc.ABC):
     #: optimal value and point when known, else None
     f_star: float | None = None
     x_star: torch.Tensor | None = None
+    #: a certified lower bound on inf f (f_star when known; 0 for non-negative losses), else None
+    f_lower: float | None = None
+    #: number of samples of each client, int64 (n,), for sample-based problems; else None
+    client_sizes: torch.Tensor | None = None
 
     # -- oracles --------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -106,3 +116,16 @@ class Problem(abc.ABC):
     def info(self) -> dict[str, Any]:
         """Identifying metadata for result tables."""
         return {"problem": self.name, "dataset": self.dataset, "n_clients": self.n, "d": self.d}
+
+
+PROBLEMS: Registry[Problem] = Registry("problem", base=Problem)
+
+
+def make_problem(spec: str | Spec | Problem) -> Problem:
+    """Build a problem by name (see ``shrinkgrad list problems`` for names and parameters).
+
+    Example: ``make_problem("logistic_regression[dataset=a9a,n_clients=20]")``.
+    """
+    from . import linear, synthetic  # noqa: F401  (registers the factories)
+
+    return PROBLEMS.make(spec)

@@ -1,0 +1,711 @@
+"""Linear-model problems over client splits: logistic regression and least squares.
+
+Client i holds the rows A_i (m_i × d) and targets y_i of a dataset; with the EF21 authors'
+convention (methods.md §1)
+
+    f_i(x) = (1/m_i) Σ_{j ∈ client i} φ(a_jᵀx; y_j) + λ R(x),      f = (1/n) Σ_i f_i,
+
+* logistic loss φ(z; y) = log(1 + exp(−yz)), y ∈ {±1} (φ'' ≤ 1/4),
+* squared loss φ(z; b) = (z − b)² (φ'' = 2; no ½, as in methods.md),
+* regularizer ``"nonconvex"``: R(x) = Σ_k x_k²/(1 + x_k²) ([EF21] §5; 0 ≤ R'' + ½ and |R''| ≤ 2,
+  the maximum 2 at x_k = 0), or ``"l2"``: R(x) = ½‖x‖² (R'' = 1).
+
+Exact constants (docs/problems.md), with κ = 1/4 (logistic) or 2 (squared), c_R = 2 (nonconvex)
+or 1 (l2), and W = diag(1/(n m_{c(j)})) the weight of sample j in f:
+
+* L_i = κ λ_max(A_iᵀA_i)/m_i + c_R λ,
+* L = κ λ_max(AᵀWA) + c_R λ — the λ_max of the *averaged* curvature bound
+  (1/n) Σ_i κ A_iᵀA_i/m_i + c_R λ I; it is κλ_max(AᵀA)/N + c_R λ only when all m_i are equal.
+
+Both are attained by the Hessian at x = 0 (φ''(0) = 1/4 for the logistic loss, R''(0) = 2), so
+they are the smallest valid constants, not just bounds. μ: λ for the ℓ2-regularised logistic
+loss (the infimum of the Hessian's smallest eigenvalue); for least squares without or with the
+ℓ2 term, the smallest positive eigenvalue of the Hessian 2AᵀWA + λI (strong convexity when it is
+non-singular, the PL constant otherwise); None with the nonconvex regularizer.
+
+The oracles make one pass over the samples, which are stored in client order: z = Ax (or the
+row-wise ⟨a_j, X[c(j)]⟩), per-sample residuals r_j = φ'(z_j) / m_{c(j)}, and the per-client sums
+Σ_j r_j a_j (numba kernels on the CPU, ``index_add`` on other devices).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ..rng import Keys, bits32_torch
+from . import _kernels as K
+from .base import PROBLEMS, Problem
+from .datasets import Dataset, load
+from .smoothness import DENSE_LIMIT, client_lambda_max, gram_matrix, lambda_max_gram
+from .splits import Split, resolve_split
+
+__all__ = ["LinearModelProblem", "least_squares", "logistic_regression"]
+
+Loss = Literal["logistic", "squared"]
+Regularizer = Literal["nonconvex", "l2"]
+Storage = Literal["auto", "sparse", "dense"]
+
+#: sup of φ'' for each loss
+CURVATURE: dict[str, float] = {"logistic": 0.25, "squared": 2.0}
+#: smoothness constant of R for each regularizer (times λ)
+REG_CURVATURE: dict[str, float] = {"nonconvex": 2.0, "l2": 1.0}
+
+_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "double": torch.float64,
+    "float": torch.float32,
+}
+
+
+def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A floating torch dtype from a name ("float64", "float32") or a dtype."""
+    if isinstance(dtype, torch.dtype) and dtype in (torch.float64, torch.float32):
+        return dtype
+    if isinstance(dtype, str) and dtype.replace("torch.", "") in _DTYPES:
+        return _DTYPES[dtype.replace("torch.", "")]
+    raise TypeError(f"dtype must be 'float64' or 'float32' (or the torch dtype), got {dtype!r}")
+
+
+def as_device(device: str | torch.device | None) -> torch.device:
+    """A torch device, checking that it exists (e.g. "cuda" without a GPU is an error)."""
+    try:
+        dev = torch.device("cpu" if device is None else device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:0', ..., got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but no CUDA device is available; use 'cpu'")
+    return dev
+
+
+class LinearModelProblem(Problem):
+    """f = (1/n) Σ f_i with f_i the mean loss of a linear model over client i's samples (+ λR).
+
+    Usually built by :func:`logistic_regression`, :func:`least_squares` or
+    :func:`~shrinkgrad.problems.synthetic.synthetic_least_squares`; see the module docstring for
+    the formulas. ``A`` is the N × d data (CSR or dense), ``targets`` the labels (±1, logistic) or
+    the regression targets, ``parts`` the clients' row indices.
+    """
+
+    def __init__(
+        self,
+        A: sp.spmatrix | np.ndarray,
+        targets: np.ndarray,
+        parts: Sequence[np.ndarray],
+        *,
+        loss: Loss,
+        lam: float = 0.0,
+        reg: Regularizer = "nonconvex",
+        dtype: str | torch.dtype = torch.float64,
+        device: str | torch.device | None = None,
+        storage: Storage = "auto",
+        name: str | None = None,
+        dataset: str = "",
+        split: str = "",
+        eig_method: Literal["auto", "dense", "lanczos"] = "auto",
+    ) -> None:
+        if loss not in CURVATURE:
+            raise ValueError(f"loss must be 'logistic' or 'squared', got {loss!r}")
+        if reg not in REG_CURVATURE:
+            raise ValueError(f"reg must be 'nonconvex' or 'l2', got {reg!r}")
+        if (
+            isinstance(lam, bool)
+            or not isinstance(lam, (int, float))
+            or not (math.isfinite(lam) and lam >= 0)
+        ):
+            raise ValueError(
+                f"lam (regularization strength) must be a finite number ≥ 0, got {lam!r}"
+            )
+        if storage not in ("auto", "sparse", "dense"):
+            raise ValueError(f"storage must be 'auto', 'sparse' or 'dense', got {storage!r}")
+        self.loss_kind: Loss = loss
+        self.lam = float(lam)
+        self.reg: Regularizer = reg
+        self.dtype = as_dtype(dtype)
+        self.device = as_device(device)
+        self.dataset = dataset
+        self.split = split
+        self.name = name or _default_name(loss, self.lam, reg)
+
+        # -- clients' rows in client order -------------------------------------------------
+        parts = [np.asarray(p, dtype=np.int64) for p in parts]
+        sizes = np.array([p.size for p in parts], dtype=np.int64)
+        if sizes.size == 0 or np.any(sizes == 0):
+            raise ValueError("every client needs at least one sample")
+        perm = np.concatenate(parts)
+        A64: sp.csr_matrix | np.ndarray
+        if sp.issparse(A):
+            A64 = sp.csr_matrix(A, dtype=np.float64)[perm]
+            A64.sort_indices()
+        else:
+            A64 = np.ascontiguousarray(np.asarray(A, dtype=np.float64)[perm])
+        if A64.ndim != 2:
+            raise ValueError(f"the data matrix must be 2-D, got shape {A64.shape}")
+        y = np.asarray(targets, dtype=np.float64).reshape(-1)
+        if y.size != A.shape[0]:
+            raise ValueError(f"{A.shape[0]} data rows but {y.size} targets")
+        self.n = int(sizes.size)
+        self.d = int(A64.shape[1])
+        self.n_samples = int(perm.size)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._sizes = sizes
+        self.client_sizes: torch.Tensor = torch.from_numpy(sizes.copy())
+        self._client = np.repeat(np.arange(self.n, dtype=np.int64), sizes)
+        self._rows = np.arange(self.n_samples, dtype=np.int64)
+        self._w64 = 1.0 / sizes[self._client].astype(np.float64)
+        self._A64 = A64
+        self._y64 = y[perm]
+
+        # -- storage (CSR until a dense copy is cheaper) -----------------------------------
+        np_dtype = np.float64 if self.dtype == torch.float64 else np.float32
+        itemsize = np.dtype(np_dtype).itemsize
+        if storage == "auto":
+            nnz = int(A64.nnz) if isinstance(A64, sp.csr_matrix) else np.count_nonzero(A64)
+            dense_bytes = self.n_samples * self.d * itemsize
+            storage = "dense" if nnz * (itemsize + 8) >= dense_bytes else "sparse"
+        self.storage: Literal["sparse", "dense"] = storage
+        if storage == "sparse":
+            csr = sp.csr_matrix(A64, dtype=np_dtype)
+            self._indptr = csr.indptr.astype(np.int64)
+            self._indices = csr.indices.astype(np.int64)
+            self._data = csr.data.astype(np_dtype)
+            self._A: sp.csr_matrix | np.ndarray = csr
+        else:
+            dense = A64.toarray() if isinstance(A64, sp.csr_matrix) else A64
+            self._A = np.ascontiguousarray(dense, dtype=np_dtype)
+        self._y = self._y64.astype(np_dtype)
+        self._w = self._w64.astype(np_dtype)
+        self._torch: dict[str, torch.Tensor] | None = None
+        self.backend: Literal["numba", "torch"] = "numba" if self.device.type == "cpu" else "torch"
+
+        # -- smoothness constants (float64, exact) ------------------------------------------
+        kappa = CURVATURE[loss]
+        c_reg = REG_CURVATURE[reg] * self.lam
+        lam_i = client_lambda_max(A64, self.offsets, method=eig_method)
+        self.L_i = torch.from_numpy(kappa * lam_i / sizes + c_reg)
+        self._fweights = self._w64 / self.n  # weight of sample j in f
+        self.L = kappa * lambda_max_gram(A64, self._fweights, method=eig_method) + c_reg
+        self.f_lower = 0.0
+        self.mu = None
+        self._f_star: float | None = None
+        self._x_star: torch.Tensor | None = None
+        # the ℓ2 logistic solution is computed on first access of f_star / x_star
+        self._solved = not (loss == "logistic" and reg == "l2" and self.lam > 0)
+        if loss == "logistic" and reg == "l2" and self.lam > 0:
+            self.mu = self.lam
+        if loss == "squared" and (reg == "l2" or self.lam == 0.0) and self.d <= DENSE_LIMIT:
+            self._solve_quadratic()
+
+    # -- known solution (lazy for the logistic loss) ----------------------------------------
+    @property
+    def f_star(self) -> float | None:
+        """f(x*) when computable: exactly for least squares, to high precision for ℓ2 logistic."""
+        if not self._solved:
+            self._solve_logistic()
+        return self._f_star
+
+    @f_star.setter
+    def f_star(self, value: float | None) -> None:
+        self._f_star = value
+        self._solved = True
+
+    @property
+    def x_star(self) -> torch.Tensor | None:
+        """The minimiser when computable (see :attr:`f_star`), in the problem's dtype/device."""
+        if not self._solved:
+            self._solve_logistic()
+        return self._x_star
+
+    @x_star.setter
+    def x_star(self, value: torch.Tensor | None) -> None:
+        self._x_star = value
+        self._solved = True
+
+    def _set_solution(self, x: np.ndarray) -> None:
+        xt = torch.from_numpy(np.asarray(x, dtype=np.float64))
+        self._x_star = xt.to(device=self.device, dtype=self.dtype)
+        self._f_star = self._loss64(xt.numpy())
+        self.f_lower = self._f_star
+        self._solved = True
+
+    def _loss64(self, x: np.ndarray) -> float:
+        z = self._A64 @ x
+        per = _phi_np(self.loss_kind, z, self._y64)
+        return float(per @ self._fweights) + self.lam * _reg_value_np(self.reg, x)
+
+    def _solve_quadratic(self) -> None:
+        """Least squares (reg none or ℓ2): x* from the normal equations, μ from the spectrum."""
+        H = gram_matrix(self._A64, self._fweights)
+        h = (self._A64.T @ (self._fweights * self._y64)).reshape(-1)
+        lam2 = self.lam if self.reg == "l2" else 0.0
+        hess = 2.0 * H + lam2 * np.eye(self.d)
+        evals, evecs = np.linalg.eigh(hess)
+        tol = max(float(evals[-1]), 1e-300) * self.d * 1e-13
+        pos = evals > tol
+        # pseudo-inverse solve: the minimum-norm minimiser when the Hessian is singular
+        x = evecs[:, pos] @ ((evecs[:, pos].T @ (2.0 * h)) / evals[pos])
+        self.mu = float(evals[pos][0]) if pos.any() else None
+        self._set_solution(x)
+
+    def _solve_logistic(self) -> None:
+        """ℓ2 logistic: Newton's method with backtracking (L-BFGS for large d) to ‖∇f‖ ≤ 1e-13."""
+        self._solved = True
+        if not (self.loss_kind == "logistic" and self.reg == "l2" and self.lam > 0):
+            return
+        A, y, fw, lam = self._A64, self._y64, self._fweights, self.lam
+
+        def fgrad(x: np.ndarray) -> tuple[float, np.ndarray]:
+            t = y * (A @ x)
+            f = float(np.logaddexp(0.0, -t) @ fw) + 0.5 * lam * float(x @ x)
+            r = -y * _expit(-t) * fw
+            return f, np.asarray(A.T @ r).reshape(-1) + lam * x
+
+        x = np.zeros(self.d)
+        if self.d <= DENSE_LIMIT:
+            f, g = fgrad(x)
+            for _ in range(100):
+                t = y * (A @ x)
+                s = _expit(t)
+                curv = s * (1.0 - s) * fw
+                Hm = gram_matrix(A, curv) + lam * np.eye(self.d)
+                step = np.linalg.solve(Hm, g)
+                decrement = float(g @ step)  # Newton decrement²: f(x) − f* ≈ decrement/2
+                if not decrement > 0:
+                    break
+                a = 1.0
+                while True:
+                    f_new, g_new = fgrad(x - a * step)
+                    # Armijo, or (at machine precision, where f cannot tell) a smaller gradient
+                    if f_new <= f - 1e-4 * a * decrement or a < 1e-10:
+                        break
+                    if f_new <= f + 1e-15 * abs(f) and np.linalg.norm(g_new) < np.linalg.norm(g):
+                        break
+                    a *= 0.5
+                if f_new > f + 1e-15 * abs(f) or not np.linalg.norm(g_new) < np.linalg.norm(g):
+                    break  # no further progress
+                x, f, g = x - a * step, f_new, g_new
+        else:  # pragma: no cover - bundled data has d ≤ 300
+            from scipy.optimize import minimize
+
+            res = minimize(
+                fgrad, x, jac=True, method="L-BFGS-B", options={"gtol": 1e-12, "maxiter": 20000}
+            )
+            x = res.x
+        self._set_solution(x)
+
+    # -- input handling ----------------------------------------------------------------------
+    def _point(self, x: torch.Tensor, what: str = "x") -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{what} must be a torch tensor of shape ({self.d},), got {type(x).__name__}"
+            )
+        if x.shape != (self.d,):
+            raise ValueError(
+                f"{what} must have shape ({self.d},) for this problem, got {tuple(x.shape)}"
+            )
+        return self._check_finite(x.detach().to(device=self.device, dtype=self.dtype), what)
+
+    def _points(self, X: torch.Tensor) -> torch.Tensor:
+        if not isinstance(X, torch.Tensor):
+            raise TypeError(
+                f"X must be a torch tensor of shape ({self.n}, {self.d}), got {type(X).__name__}"
+            )
+        if X.shape == (self.d,):
+            X = X.expand(self.n, self.d)
+        if X.shape != (self.n, self.d):
+            raise ValueError(
+                f"X must have shape (n, d) = ({self.n}, {self.d}) (one point per client) or "
+                f"({self.d},), got {tuple(X.shape)}"
+            )
+        return self._check_finite(X.detach().to(device=self.device, dtype=self.dtype), "X")
+
+    @staticmethod
+    def _check_finite(x: torch.Tensor, what: str) -> torch.Tensor:
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(
+                f"{what} contains NaN or inf (did the method diverge? try a smaller step size)"
+            )
+        return x
+
+    def _numpy(self, t: torch.Tensor) -> np.ndarray:
+        return np.ascontiguousarray(t.numpy())
+
+    # -- regularizer ----------------------------------------------------------------------------
+    def _reg_grad(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reg == "nonconvex":
+            return (2.0 * self.lam) * x / (1.0 + x * x) ** 2
+        return self.lam * x
+
+    def _reg_value(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reg == "nonconvex":
+            return self.lam * (x * x / (1.0 + x * x)).sum(-1)
+        return 0.5 * self.lam * (x * x).sum(-1)
+
+    # -- the one-pass engine -----------------------------------------------------------------------
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        """Device copies of the data for the torch backend (built on first use)."""
+        if self._torch is None:
+            dev, dt = self.device, self.dtype
+            t: dict[str, torch.Tensor] = {
+                "y": torch.from_numpy(self._y).to(dev),
+                "w": torch.from_numpy(self._w).to(dev),
+                "client": torch.from_numpy(self._client).to(dev),
+                "offsets": torch.from_numpy(self.offsets).to(dev),
+            }
+            if self.storage == "sparse":
+                row = np.repeat(np.arange(self.n_samples, dtype=np.int64), np.diff(self._indptr))
+                t["row"] = torch.from_numpy(row).to(dev)
+                t["col"] = torch.from_numpy(self._indices).to(dev)
+                t["val"] = torch.from_numpy(self._data).to(dev, dt)
+            else:
+                t["A"] = torch.from_numpy(np.asarray(self._A)).to(dev, dt)
+            self._torch = t
+        return self._torch
+
+    def _z_and_scatter_numba(
+        self,
+        X: np.ndarray,
+        rows: np.ndarray,
+        client: np.ndarray,
+        weights: np.ndarray | None,
+        same_x: bool,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(z, G): z_k = ⟨a_{rows[k]}, X[client[k]]⟩, G[c] = Σ_k w_k φ'(z_k) a_{rows[k]}."""
+        dt = self._A.dtype
+        if same_x and rows is self._rows:
+            z = np.asarray(self._A @ X[0], dtype=dt)
+        else:
+            z = np.empty(rows.size, dtype=dt)
+            cl = np.zeros_like(client) if same_x else client
+            if self.storage == "sparse":
+                K.rowdot_csr(self._indptr, self._indices, self._data, rows, cl, X, z)
+            else:
+                K.rowdot_dense(self._A, rows, cl, X, z)
+        y = self._y if rows is self._rows else self._y[rows]
+        w = self._w if weights is None else weights
+        r = (_dphi_np(self.loss_kind, z, y) * w).astype(dt, copy=False)
+        G = np.zeros((self.n, self.d), dtype=dt)
+        if self.storage == "sparse":
+            K.scatter_csr(self._indptr, self._indices, self._data, rows, client, r, G)
+        else:
+            K.scatter_dense(self._A, rows, client, r, G)
+        return z, G
+
+    def _grads_torch(
+        self, X: torch.Tensor, rows: torch.Tensor | None, weights: torch.Tensor | None
+    ) -> torch.Tensor:
+        t = self._tensors()
+        client = t["client"] if rows is None else t["client"][rows]
+        y = t["y"] if rows is None else t["y"][rows]
+        w = t["w"] if weights is None else weights
+        n_rows = self.n_samples if rows is None else rows.numel()
+        if self.storage == "sparse":
+            row, col, val = t["row"], t["col"], t["val"]
+            local = torch.arange(n_rows, device=self.device)
+            if rows is not None:  # keep the non-zeros of the chosen rows, renumbered 0..B−1
+                pos = torch.full((self.n_samples,), -1, dtype=torch.int64, device=self.device)
+                pos[rows] = local
+                keep = pos[row] >= 0
+                row, col, val = pos[row][keep], col[keep], val[keep]
+            else:
+                row = row
+            c_nz = client[row]
+            z = torch.zeros(n_rows, dtype=self.dtype, device=self.device)
+            z.index_add_(0, row, val * X[c_nz, col])
+            r = _dphi_torch(self.loss_kind, z, y) * w
+            G = torch.zeros(self.n * self.d, dtype=self.dtype, device=self.device)
+            G.index_add_(0, c_nz * self.d + col, val * r[row])
+            return G.view(self.n, self.d)
+        A = t["A"] if rows is None else t["A"][rows]
+        z = (A * X[client]).sum(-1)
+        r = _dphi_torch(self.loss_kind, z, y) * w
+        G = torch.zeros(self.n, self.d, dtype=self.dtype, device=self.device)
+        G.index_add_(0, client, r[:, None] * A)
+        return G
+
+    # -- oracles --------------------------------------------------------------------------------
+    def client_grads(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d): row i is ∇f_i(x), in one pass over the data."""
+        x = self._point(x)
+        if self.backend == "numba":
+            _, G = self._z_and_scatter_numba(
+                self._numpy(x)[None, :], self._rows, self._client, None, True
+            )
+            out = torch.from_numpy(G)
+        else:
+            out = self._grads_torch(x.expand(self.n, self.d), None, None)
+        return out.add_(self._reg_grad(x))
+
+    def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
+        """(n, d): row i is ∇f_i(X[i]), in one pass over the data."""
+        X = self._points(X)
+        if self.backend == "numba":
+            Xn = self._numpy(X.contiguous())
+            _, G = self._z_and_scatter_numba(Xn, self._rows, self._client, None, False)
+            out = torch.from_numpy(G)
+        else:
+            out = self._grads_torch(X, None, None)
+        return out.add_(self._reg_grad(X))
+
+    def grad(self, x: torch.Tensor) -> torch.Tensor:
+        """∇f(x) = (1/n) Σ_i ∇f_i(x)."""
+        return self.client_grads(x).mean(dim=0)
+
+    def client_losses(self, x: torch.Tensor) -> torch.Tensor:
+        """(n,): f_i(x)."""
+        x = self._point(x)
+        if self.backend == "numba":
+            zn = np.asarray(self._A @ self._numpy(x), dtype=self._A.dtype)
+            per_n = _phi_np(self.loss_kind, zn, self._y) * self._w
+            out = torch.from_numpy(np.bincount(self._client, weights=per_n, minlength=self.n))
+            out = out.to(self.dtype)
+        else:
+            t = self._tensors()
+            if self.storage == "sparse":
+                z = torch.zeros(self.n_samples, dtype=self.dtype, device=self.device)
+                z.index_add_(0, t["row"], t["val"] * x[t["col"]])
+            else:
+                z = t["A"] @ x
+            per = _phi_torch(self.loss_kind, z, t["y"]) * t["w"]
+            out = torch.zeros(self.n, dtype=self.dtype, device=self.device)
+            out.index_add_(0, t["client"], per)
+        return out + self._reg_value(x)
+
+    def loss(self, x: torch.Tensor) -> float:
+        """f(x) = (1/n) Σ_i f_i(x)."""
+        return float(self.client_losses(x).double().mean())
+
+    def minibatch_rows(
+        self, batch_sizes: torch.Tensor | int, keys: Keys
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows (in storage order) of every client's minibatch and their weights 1/b_i.
+
+        Client i draws b_i of its m_i samples uniformly without replacement: sample j of client
+        i gets the keyed uniform u = keys[i].uniform at counter j, and the b_i smallest u win.
+        So client i's draw depends only on keys[i] (a client computed alone draws the same).
+        """
+        b = self._batch_sizes(batch_sizes)
+        keys = keys.expand((self.n,)).to(self.device)
+        dev = self.device
+        t = self._tensors() if self.backend == "torch" else None
+        client = t["client"] if t is not None else torch.from_numpy(self._client)
+        offsets = t["offsets"] if t is not None else torch.from_numpy(self.offsets)
+        local = torch.arange(self.n_samples, device=dev) - offsets[client]
+        if bool((b == self.client_sizes.to(b.device)).all()):
+            rows = torch.arange(self.n_samples, device=dev)
+        else:
+            w = bits32_torch(keys.lo[client], keys.hi[client], local)
+            u = (w.to(torch.float64) + 0.5) * 2.0**-32
+            order = torch.argsort(client.to(torch.float64) + u, stable=True)
+            bd = b.to(dev)
+            rows = order[local < bd[client]]  # the segments keep their place after sorting
+        weights = 1.0 / b.to(dev, torch.float64)[client[rows]]
+        return rows, weights.to(self.dtype)
+
+    def client_stoch_grads(
+        self, X: torch.Tensor, batch_sizes: torch.Tensor | int, keys: Keys
+    ) -> torch.Tensor:
+        """Row i averages ∇ of b_i samples of client i (without replacement, drawn with keys[i]).
+
+        ``X`` is (d,) (same point for all clients) or (n, d); the regularizer's gradient is
+        exact (it is not sampled). With b_i = m_i this is :meth:`client_grads_at`.
+        """
+        X = self._points(X)
+        rows, weights = self.minibatch_rows(batch_sizes, keys)
+        if self.backend == "numba":
+            r_np = rows.numpy()
+            out = torch.from_numpy(
+                self._z_and_scatter_numba(
+                    self._numpy(X.contiguous()), r_np, self._client[r_np], weights.numpy(), False
+                )[1]
+            )
+        else:
+            out = self._grads_torch(X, rows, weights)
+        return out.add_(self._reg_grad(X))
+
+    def _batch_sizes(self, batch_sizes: torch.Tensor | int) -> torch.Tensor:
+        if isinstance(batch_sizes, bool):
+            raise TypeError("batch_sizes must be an integer or an integer tensor of shape (n,)")
+        b = torch.as_tensor(batch_sizes)
+        if b.dtype.is_floating_point or b.dtype == torch.bool:
+            raise TypeError(f"batch_sizes must be integers, got dtype {b.dtype}")
+        b = b.to(torch.int64).cpu().expand(self.n) if b.ndim == 0 else b.to(torch.int64).cpu()
+        if b.shape != (self.n,):
+            raise ValueError(
+                f"batch_sizes must be one integer or shape ({self.n},), got {tuple(b.shape)}"
+            )
+        bad = (b < 1) | (b > self.client_sizes)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ValueError(
+                f"batch size {int(b[i])} for client {i} must be in [1, m_i = "
+                f"{int(self.client_sizes[i])}] (the client's number of samples)"
+            )
+        return b
+
+    # -- data access and metadata ----------------------------------------------------------------
+    def data_matrix(self) -> sp.csr_matrix | np.ndarray:
+        """The N × d data in client order (float64; rows offsets[i]:offsets[i+1] are client i's)."""
+        return self._A64
+
+    @property
+    def curvature(self) -> float:
+        """κ = sup φ'' of the loss (1/4 logistic, 2 squared)."""
+        return CURVATURE[self.loss_kind]
+
+    @property
+    def reg_curvature(self) -> float:
+        """The smoothness constant of λR (2λ nonconvex, λ for ℓ2)."""
+        return REG_CURVATURE[self.reg] * self.lam
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out.update(
+            {
+                "split": self.split,
+                "lam": self.lam,
+                "reg": self.reg if self.lam > 0 else "none",
+                "n_samples": self.n_samples,
+                "dtype": str(self.dtype).replace("torch.", ""),
+            }
+        )
+        spec = getattr(self, "spec", None)
+        if spec:
+            out["spec"] = spec
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"<problem {self.name} on {self.dataset or 'data'}: n={self.n} clients, d={self.d}, "
+            f"N={self.n_samples}, split={self.split or '?'}, L={self.L:.4g}, L_AM={self.L_AM:.4g}, "
+            f"L_QM={self.L_QM:.4g}>"
+        )
+
+
+def _default_name(loss: str, lam: float, reg: str) -> str:
+    base = "logreg" if loss == "logistic" else "least_squares"
+    if lam == 0:
+        return base
+    return f"{base}_{reg}"
+
+
+def _expit(t: np.ndarray) -> np.ndarray:
+    from scipy.special import expit
+
+    return np.asarray(expit(t))
+
+
+def _phi_np(loss: str, z: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if loss == "logistic":
+        return np.asarray(np.logaddexp(0.0, -y * z))
+    return np.asarray((z - y) ** 2)
+
+
+def _dphi_np(loss: str, z: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if loss == "logistic":
+        return np.asarray(-y * _expit(-y * z))
+    return np.asarray(2.0 * (z - y))
+
+
+def _phi_torch(loss: str, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if loss == "logistic":
+        return torch.nn.functional.softplus(-y * z)
+    return (z - y) ** 2
+
+
+def _dphi_torch(loss: str, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if loss == "logistic":
+        return -y * torch.sigmoid(-y * z)
+    return 2.0 * (z - y)
+
+
+def _reg_value_np(reg: str, x: np.ndarray) -> float:
+    if reg == "nonconvex":
+        return float(np.sum(x * x / (1.0 + x * x)))
+    return 0.5 * float(x @ x)
+
+
+# --------------------------------------------------------------------------------------------
+# factories (Python API and PROBLEMS registry)
+# --------------------------------------------------------------------------------------------
+def _from_dataset(
+    loss: Loss,
+    dataset: str | os.PathLike[str] | Dataset,
+    n_clients: int | None,
+    split: str | Split | Sequence[Any],
+    lam: float,
+    reg: Regularizer,
+    dtype: str | torch.dtype,
+    device: str | torch.device | None,
+    storage: Storage,
+    n_features: int | None,
+) -> LinearModelProblem:
+    data = load(dataset, n_features=n_features)
+    parts, split_name = resolve_split(split, data, n_clients)
+    return LinearModelProblem(
+        data.X,
+        data.y,
+        parts,
+        loss=loss,
+        lam=lam,
+        reg=reg,
+        dtype=dtype,
+        device=device,
+        storage=storage,
+        dataset=data.name,
+        split=split_name,
+    )
+
+
+@PROBLEMS.register("logistic_regression")
+def logistic_regression(
+    dataset: str | os.PathLike[str] | Dataset,
+    n_clients: int | None = None,
+    split: str | Split | Sequence[Any] = "contiguous",
+    lam: float = 0.1,
+    reg: Regularizer = "nonconvex",
+    dtype: str | torch.dtype = "float64",
+    device: str | torch.device | None = "cpu",
+    storage: Storage = "auto",
+    n_features: int | None = None,
+) -> LinearModelProblem:
+    """Logistic regression over n clients, with the nonconvex (default) or the ℓ2 regularizer.
+
+    f_i(x) = (1/m_i) Σ_j log(1 + exp(−y_j a_jᵀx)) + λ Σ_k x_k²/(1 + x_k²)  ([EF21] §5, λ = 0.1),
+    or + (λ/2)‖x‖² with ``reg="l2"`` (then μ = λ, and f_star/x_star are computed on first use).
+    ``dataset``: a bundled name ("a9a"), a path to a LIBSVM file, or a :class:`Dataset`;
+    ``split``: a split name ("contiguous", "shuffled[seed=0]", ...) or a list of per-client
+    index arrays (then ``n_clients`` is implied).
+    """
+    return _from_dataset(
+        "logistic", dataset, n_clients, split, lam, reg, dtype, device, storage, n_features
+    )
+
+
+@PROBLEMS.register("least_squares")
+def least_squares(
+    dataset: str | os.PathLike[str] | Dataset,
+    n_clients: int | None = None,
+    split: str | Split | Sequence[Any] = "contiguous",
+    lam: float = 0.0,
+    reg: Regularizer = "nonconvex",
+    dtype: str | torch.dtype = "float64",
+    device: str | torch.device | None = "cpu",
+    storage: Storage = "auto",
+    n_features: int | None = None,
+) -> LinearModelProblem:
+    """Least squares on a dataset's labels: f_i(x) = (1/m_i)‖A_i x − y_i‖² (+ λR(x)).
+
+    With λ = 0 (default) or ``reg="l2"``: exact x* (minimum-norm), f*, and μ (smallest positive
+    eigenvalue of the Hessian); with the nonconvex regularizer those are unknown (None).
+    """
+    return _from_dataset(
+        "squared", dataset, n_clients, split, lam, reg, dtype, device, storage, n_features
+    )

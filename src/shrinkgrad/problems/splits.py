@@ -1,0 +1,300 @@
+"""Client splits: which samples of a dataset each of the n clients holds.
+
+A split maps ``(dataset, n_clients)`` to a list of n integer index arrays (one per client, each
+non-empty). Build one by name with the shared syntax, ``make_split("dirichlet[alpha=0.5,seed=0]")``,
+or pass an explicit list of index arrays to a problem. Registered splits (``shrinkgrad list
+splits``):
+
+* ``contiguous`` — equal chunks in file order as in the EF21 authors' code: client i < n − 1 gets
+  samples [i·m, (i + 1)·m) with m = ⌊N/n⌋, the last client also gets the remainder;
+* ``shuffled[seed=0]`` — the same chunks of a keyed random permutation;
+* ``by_label`` — samples sorted by label (stable), then chunked: clients see one class each
+  (except at most one mixed client), the most label-heterogeneous split;
+* ``dirichlet[alpha=0.5,seed=0]`` — label skew: for every class, proportions over the clients
+  drawn from Dir(α·1_n) (Hsu et al. 2019); small α, strong skew;
+* ``heterogeneous_smoothness`` — samples sorted by squared row norm ‖a_j‖², then chunked, so
+  that the per-client L_i (which grow with the norms of the client's rows) spread widely.
+
+Randomness comes only from :mod:`shrinkgrad.rng` (stream ``"split"``). ``n_clients`` larger than
+the number of samples is an error, unless a split is asked to reuse samples
+(``contiguous[reuse=true]``, ``shuffled[reuse=true]``): then client i gets sample i mod N.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..registry import Registry, Spec
+from ..rng import Keys
+from .datasets import Dataset
+
+__all__ = [
+    "SPLITS",
+    "ByLabel",
+    "Contiguous",
+    "Dirichlet",
+    "ExplicitSplit",
+    "HeterogeneousSmoothness",
+    "Shuffled",
+    "Split",
+    "check_parts",
+    "make_split",
+    "resolve_split",
+]
+
+
+class Split(abc.ABC):
+    """Base class of every split (see the module docstring)."""
+
+    __registry__: ClassVar[Registry[Split]]
+    #: canonical name, set by the registry when built from a name
+    spec: str = ""
+    #: whether n_clients > N is allowed (samples then appear at several clients)
+    reuse: bool = False
+
+    def __call__(self, data: Dataset, n_clients: int) -> list[np.ndarray]:
+        """The clients' index arrays (int64, each non-empty) for ``n_clients`` clients."""
+        n = _check_n_clients(n_clients)
+        N = data.n_samples
+        if n > N and not self.reuse:
+            raise ValueError(
+                f"n_clients={n} exceeds the {N} samples of dataset {data.name!r}: every client "
+                f"needs at least one sample; use at most {N} clients, or allow sample reuse "
+                "explicitly, e.g. split='contiguous[reuse=true]'"
+            )
+        return check_parts(self._parts(data, n), N)
+
+    @abc.abstractmethod
+    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+        """The index arrays (``n`` ≤ N unless ``reuse``)."""
+
+    @property
+    def name(self) -> str:
+        return self.spec or type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"<split {self.name}>"
+
+
+SPLITS: Registry[Split] = Registry("split", base=Split)
+Split.__registry__ = SPLITS
+
+
+def _check_n_clients(n_clients: Any) -> int:
+    if isinstance(n_clients, bool) or not isinstance(n_clients, (int, np.integer)) or n_clients < 1:
+        raise ValueError(f"n_clients must be a positive integer, got {n_clients!r}")
+    return int(n_clients)
+
+
+def chunks(order: np.ndarray, n: int, reuse: bool = False) -> list[np.ndarray]:
+    """The EF21 authors' chunking of ``order`` into n parts (last part takes the remainder).
+
+    With ``reuse`` and n > len(order), part i is ``[order[i mod N]]``.
+    """
+    N = order.size
+    if n > N:
+        if not reuse:  # pragma: no cover - guarded by Split.__call__
+            raise ValueError(f"cannot split {N} samples over {n} clients")
+        return [order[[i % N]] for i in range(n)]
+    m = N // n
+    parts = [order[i * m : (i + 1) * m] for i in range(n - 1)]
+    parts.append(order[(n - 1) * m :])
+    return parts
+
+
+def _uniform(seed: int, count: int, client: int = 0) -> np.ndarray:
+    keys = Keys.derive(seed, client=client, stream="split")
+    return keys.uniform(count).numpy()
+
+
+def _permutation(seed: int, count: int, client: int = 0) -> np.ndarray:
+    """A keyed random permutation of range(count) (stable sort of keyed uniforms)."""
+    return np.argsort(_uniform(seed, count, client), kind="stable").astype(np.int64)
+
+
+@SPLITS.register("contiguous")
+class Contiguous(Split):
+    """Equal chunks in file order, the last client takes the remainder (EF21 authors' code)."""
+
+    def __init__(self, reuse: bool = False) -> None:
+        self.reuse = reuse
+
+    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+        return chunks(np.arange(data.n_samples, dtype=np.int64), n, self.reuse)
+
+
+@SPLITS.register("shuffled")
+class Shuffled(Split):
+    """Equal chunks of a keyed random permutation (stream "split", the given seed)."""
+
+    def __init__(self, seed: int = 0, reuse: bool = False) -> None:
+        if seed < 0:
+            raise ValueError(f"split seed must be ≥ 0, got {seed}")
+        self.seed = seed
+        self.reuse = reuse
+
+    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+        return chunks(_permutation(self.seed, data.n_samples), n, self.reuse)
+
+
+@SPLITS.register("by_label")
+class ByLabel(Split):
+    """Samples sorted by label (−1 first, stable), then equal chunks: one class per client."""
+
+    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+        return chunks(np.argsort(data.y, kind="stable").astype(np.int64), n)
+
+
+@SPLITS.register("heterogeneous_smoothness")
+class HeterogeneousSmoothness(Split):
+    """Samples sorted by squared row norm ‖a_j‖² (ascending, stable), then equal chunks.
+
+    Client i's L_i grows with the norms of its rows (λ_max(A_iᵀA_i)/m_i lies between
+    max_j ‖a_j‖²/m_i and the mean of its ‖a_j‖²), so grouping rows of similar norm spreads the
+    L_i widely.
+    """
+
+    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+        X = data.X
+        norms = np.asarray(X.multiply(X).sum(axis=1)).reshape(-1)
+        return chunks(np.argsort(norms, kind="stable").astype(np.int64), n)
+
+
+@SPLITS.register("dirichlet")
+class Dirichlet(Split):
+    """Label skew: class-c samples are divided in proportions p_c ~ Dir(α·1_n) (Hsu et al. 2019).
+
+    Every class's samples are shuffled (keyed), the Dirichlet proportions come from Gamma(α)
+    variates obtained by inverting the Gamma CDF at keyed uniforms, and the cut points are
+    round(N_c · cumsum(p_c)). A client left empty then receives the last sample of the currently
+    largest client (a deterministic fix-up, so that every client holds data).
+    """
+
+    def __init__(self, alpha: float = 0.5, seed: int = 0) -> None:
+        if not (alpha > 0 and np.isfinite(alpha)):
+            raise ValueError(
+                f"dirichlet concentration alpha must be a finite number > 0, got {alpha}"
+            )
+        if seed < 0:
+            raise ValueError(f"split seed must be ≥ 0, got {seed}")
+        self.alpha = float(alpha)
+        self.seed = seed
+
+    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+        from scipy.special import gammaincinv
+
+        classes = np.unique(data.y)
+        buckets: list[list[np.ndarray]] = [[] for _ in range(n)]
+        for c, label in enumerate(classes):
+            idx = np.flatnonzero(data.y == label).astype(np.int64)
+            idx = idx[_permutation(self.seed, idx.size, client=2 * c + 1)]
+            u = _uniform(self.seed, n, client=2 * c + 2)
+            g = gammaincinv(self.alpha, u)
+            total = float(g.sum())
+            p = g / total if total > 0 and np.isfinite(total) else (u == u.max()).astype(float)
+            cuts = np.rint(np.cumsum(p) * idx.size).astype(np.int64)
+            cuts[-1] = idx.size
+            start = 0
+            for i in range(n):
+                end = max(start, int(cuts[i]))
+                buckets[i].append(idx[start:end])
+                start = end
+        parts = [np.concatenate(b) for b in buckets]
+        sizes = np.array([p.size for p in parts])
+        for empty in np.flatnonzero(sizes == 0).tolist():
+            donor = int(np.argmax(sizes))
+            parts[empty] = parts[donor][-1:]
+            parts[donor] = parts[donor][:-1]
+            sizes[empty] = 1
+            sizes[donor] -= 1
+        return parts
+
+
+class ExplicitSplit(Split):
+    """A split given as an explicit list of per-client index arrays (n_clients is implied)."""
+
+    reuse = True
+
+    def __init__(self, parts: Sequence[Any]) -> None:
+        self.parts = [_as_index_array(p, i) for i, p in enumerate(parts)]
+        if not self.parts:
+            raise ValueError("an explicit split needs at least one client's index array")
+        self.spec = f"explicit[n_clients={len(self.parts)}]"
+
+    def __call__(self, data: Dataset, n_clients: int | None = None) -> list[np.ndarray]:
+        if n_clients is not None and n_clients != len(self.parts):
+            raise ValueError(
+                f"n_clients={n_clients} but the explicit split has {len(self.parts)} index "
+                "arrays; omit n_clients (it is implied) or pass that many arrays"
+            )
+        return check_parts(self.parts, data.n_samples)
+
+    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:  # pragma: no cover - unused
+        return self.parts
+
+
+def _as_index_array(p: Any, i: int) -> np.ndarray:
+    if isinstance(p, torch.Tensor):
+        p = p.detach().cpu().numpy()
+    arr = np.asarray(p)
+    if arr.ndim != 1:
+        raise ValueError(f"client {i}'s indices must be a 1-D array, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        if arr.dtype.kind == "b":
+            raise TypeError(
+                f"client {i}'s indices are booleans; pass integer sample indices (np.flatnonzero)"
+            )
+        if arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise TypeError(f"client {i}'s indices must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def check_parts(parts: Sequence[np.ndarray], n_samples: int) -> list[np.ndarray]:
+    """Validate index arrays against a dataset of ``n_samples`` rows (non-empty, in range)."""
+    out = []
+    for i, p in enumerate(parts):
+        arr = _as_index_array(p, i)
+        if arr.size == 0:
+            raise ValueError(f"client {i} has no samples; every client needs at least one")
+        if arr.min() < 0 or arr.max() >= n_samples:
+            raise ValueError(
+                f"client {i}'s indices must be in [0, {n_samples}) (the dataset's samples), got "
+                f"min {arr.min()}, max {arr.max()}"
+            )
+        out.append(arr)
+    return out
+
+
+def make_split(spec: str | Spec | Split) -> Split:
+    """Build a split from its name, e.g. ``make_split("shuffled[seed=1]")``."""
+    return SPLITS.make(spec)
+
+
+def resolve_split(
+    split: str | Spec | Split | Sequence[Any], data: Dataset, n_clients: int | None
+) -> tuple[list[np.ndarray], str]:
+    """Index arrays and a canonical description for a split name, object or explicit list."""
+    if isinstance(split, (str, Spec, Split)):
+        s = make_split(split)
+        if isinstance(s, ExplicitSplit):
+            return s(data, n_clients), s.name
+        if n_clients is None:
+            raise ValueError(
+                f"n_clients is required with split {s.name!r} (it is implied only by an explicit "
+                "list of index arrays)"
+            )
+        return s(data, n_clients), s.name
+    if isinstance(split, (Sequence, np.ndarray)):
+        e = ExplicitSplit(list(split))
+        return e(data, n_clients), e.name
+    raise TypeError(
+        "split must be a split name such as 'contiguous' or 'dirichlet[alpha=0.5]', a Split, or "
+        f"a list of per-client index arrays; got {type(split).__name__}"
+    )
