@@ -20,15 +20,24 @@ is a function of (seed, round, client) only. ``C.compress(x, seed=...)`` is the 
 from __future__ import annotations
 
 import abc
-import math
+import os
 from typing import ClassVar, Literal
 
+import numpy as np
 import torch
 
 from ..registry import Registry
 from ..rng import Keys
+from ._wire import BitReader, BitWriter
 
 __all__ = ["COMPRESSORS", "Collective", "Compressor", "Kind", "make_compressor"]
+
+#: Which implementation runs on CPU tensors: "auto" (numba kernels for long rows, torch for short
+#: ones, where per-call overhead dominates), "torch" (always the reference path) or "numba".
+#: The environment variable ``SHRINKGRAD_KERNELS`` sets the initial value.
+KERNELS: str = os.environ.get("SHRINKGRAD_KERNELS", "auto")
+#: Row length from which "auto" uses the numba kernels on CPU.
+NUMBA_MIN_D = 1 << 14
 
 Kind = Literal["unbiased", "contractive"]
 Collective = Literal["allreduce", "allgather"]
@@ -56,6 +65,11 @@ class Compressor(abc.ABC):
     #: human-readable formulas shown by ``shrinkgrad list compressors``
     constant_formula: ClassVar[str] = ""
     bits_formula: ClassVar[str] = ""
+    #: True when C(x) = x ⊙ m for a (possibly random) 0/1 mask m with a fixed number of ones
+    #: (Top-k, scaled rand-k): then ‖C(x)‖² + ‖C(x) − x‖² = ‖x‖², which ``compose`` uses
+    projection: bool = False
+    #: True when the message size depends on the draw (Bernoulli): see :meth:`message_bits`
+    variable_size: bool = False
 
     # -- constants ------------------------------------------------------------------------------
     def omega(self, d: int) -> float:
@@ -87,34 +101,83 @@ class Compressor(abc.ABC):
         """Bits of the message behind each row of an already compressed tensor, shape ``(...)``.
 
         Equal to :meth:`bits` for fixed-size messages; compressors whose message size is random
-        (Bernoulli sparsification) override it to count the actual message.
+        (Bernoulli sparsification) count the actual message from the number of non-zeros.
         """
         d = compressed.shape[-1]
+        if self.variable_size:
+            nnz = torch.count_nonzero(compressed, dim=-1)
+            return self._bits_for_nnz(nnz, d, compressed.dtype)
         return torch.full(
             compressed.shape[:-1], float(self.bits(d, compressed.dtype)), dtype=torch.float64
         )
 
+    def _bits_for_nnz(self, nnz: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
+        """Message size of a variable-size compressor given the non-zeros of each row."""
+        raise NotImplementedError
+
+    # -- sparse structure (used by compose) -----------------------------------------------------
+    def sparse_k(self, d: int) -> int | None:
+        """k when every message carries exactly k chosen coordinates (Top-k, rand-k), else None."""
+        return None
+
+    def index_bits(self, d: int) -> int:
+        """Bits a message spends on *which* coordinates it carries (0 for dense messages)."""
+        return 0
+
     # -- application ----------------------------------------------------------------------------
-    def __call__(self, x: torch.Tensor, keys: Keys | None = None) -> torch.Tensor:
-        """Compress every row of ``x`` (shape ``(..., d)``) with the per-row ``keys``."""
+    def __call__(
+        self, x: torch.Tensor, keys: Keys | None = None, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Compress every row of ``x`` (shape ``(..., d)``) with the per-row ``keys``.
+
+        ``out`` (same shape, dtype and device as ``x``, not overlapping it) receives the result
+        and is returned: hot loops preallocate it once (fresh multi-megabyte tensors page-fault
+        on first touch). Raises ``TypeError`` for non-float input and ``ValueError`` for
+        non-finite input.
+        """
         self._check_input(x)
-        if not self.deterministic:
-            if keys is None:
-                raise ValueError(
-                    f"{self.name} is random and needs keys: call C(x, Keys.derive(seed, round=t, "
-                    "client=i)) or C.compress(x, seed=...)"
-                )
-            keys = keys.expand(x.shape[:-1])
-            if keys.device != x.device:
-                keys = keys.to(x.device)
-        return self._apply(x, keys)
+        keys = self._prepare_keys(x, keys)
+        if out is not None:
+            self._check_out(x, out)
+        return self._apply(x, keys, out)
+
+    def _prepare_keys(self, x: torch.Tensor, keys: Keys | None) -> Keys | None:
+        if self.deterministic:
+            return None
+        if keys is None:
+            raise ValueError(
+                f"{self.name} is random and needs keys: call C(x, Keys.derive(seed, round=t, "
+                "client=i)) or C.compress(x, seed=...)"
+            )
+        if not isinstance(keys, Keys):
+            raise TypeError(
+                f"keys must be shrinkgrad.rng.Keys (e.g. Keys.derive(seed, round=t, client=i)), "
+                f"got {type(keys).__name__}"
+            )
+        keys = keys.expand(x.shape[:-1])
+        if keys.device != x.device:
+            keys = keys.to(x.device)
+        return keys
+
+    def _check_out(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch tensor, got {type(out).__name__}")
+        if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+            raise ValueError(
+                f"out must match the input: shape {tuple(x.shape)}, {x.dtype} on {x.device}; got "
+                f"shape {tuple(out.shape)}, {out.dtype} on {out.device}"
+            )
+        if out.data_ptr() == x.data_ptr() and x.numel() > 0:
+            raise ValueError(
+                "out must not be the input tensor itself (compression is not in place)"
+            )
 
     def compress(
         self,
         x: torch.Tensor,
         seed: int = 0,
         *,
-        round: int = 0,  # noqa: A002 - the papers' word
+        round: int = 0,
         client: int | torch.Tensor = 0,
     ) -> torch.Tensor:
         """Convenience form: keys derived from ``(seed, round, client)``.
@@ -126,22 +189,52 @@ class Compressor(abc.ABC):
         return self(x, keys)
 
     @abc.abstractmethod
-    def _apply(self, x: torch.Tensor, keys: Keys | None) -> torch.Tensor:
-        """Compress validated input; ``keys`` already has shape ``x.shape[:-1]`` (or is None)."""
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        """Compress validated input; ``keys`` already has shape ``x.shape[:-1]`` (or is None).
+
+        Writes into ``out`` and returns it when given, else returns a new tensor.
+        """
+
+    def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fixed-size sparsifiers: the chosen indices and the values sent, each ``(..., k)``."""
+        raise NotImplementedError(f"{self.name} is not a fixed-size sparsifier")
 
     # -- wire format ----------------------------------------------------------------------------
     def encode(self, x: torch.Tensor, keys: Keys | None = None) -> torch.Tensor:
         """Encode one vector ``x`` (shape ``(d,)``) as a ``uint8`` payload of ⌈bits(d)/8⌉ bytes.
 
-        ``decode(encode(x, keys), ...)`` equals ``self(x, keys)`` exactly.
+        ``decode(encode(x, keys), d, x.dtype, keys)`` equals ``self(x, keys)`` exactly. The
+        layout is a sequence of bit fields (see :mod:`shrinkgrad.compressors._wire`).
         """
-        raise NotImplementedError(f"{self.name} has no wire format yet")
+        self._check_input(x)
+        if x.ndim != 1:
+            raise ValueError(f"encode takes one vector of shape (d,), got shape {tuple(x.shape)}")
+        keys = self._prepare_keys(x, keys)
+        w = BitWriter(x.device)
+        self._encode_fields(w, x, keys)
+        return w.to_bytes()
 
     def decode(
         self, payload: torch.Tensor, d: int, dtype: torch.dtype, keys: Keys | None = None
     ) -> torch.Tensor:
         """Inverse of :meth:`encode`: the dense compressed vector of length ``d``."""
-        raise NotImplementedError(f"{self.name} has no wire format yet")
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"decode produces float32 or float64 vectors, got {dtype}")
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise ValueError(f"decode needs the vector length d >= 1, got {d!r}")
+        if not self.deterministic:
+            if keys is None:
+                raise ValueError(f"{self.name} is random: decode needs the keys used by encode")
+            keys = keys.expand(()).to(payload.device)
+        return self._decode_fields(BitReader(payload), d, dtype, keys)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        raise NotImplementedError(f"{self.name} has no wire format")
+
+    def _decode_fields(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> torch.Tensor:
+        raise NotImplementedError(f"{self.name} has no wire format")
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -167,7 +260,72 @@ class Compressor(abc.ABC):
 
 def _log2ceil(d: int) -> int:
     """⌈log₂ d⌉ bits to address one of d positions (0 for d = 1)."""
-    return max(0, math.ceil(math.log2(d))) if d > 1 else 0
+    return (int(d) - 1).bit_length() if d > 1 else 0
+
+
+def _use_numba(x: torch.Tensor) -> bool:
+    """Whether the CPU numba kernels should handle ``x`` (see :data:`KERNELS`)."""
+    if x.device.type != "cpu":
+        return False
+    if KERNELS == "numba":
+        return True
+    if KERNELS == "torch":
+        return False
+    return x.shape[-1] >= NUMBA_MIN_D
+
+
+def _rows(x: torch.Tensor) -> np.ndarray:
+    """``x`` as a C-contiguous 2-D numpy array ``(rows, d)`` (zero-copy when possible)."""
+    return np.ascontiguousarray(x.detach().reshape(-1, x.shape[-1]).numpy())
+
+
+def _out_rows(x: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, np.ndarray, bool]:
+    """An output tensor for a numba kernel, its 2-D numpy view and whether to copy back.
+
+    The kernel writes straight into ``out`` when it is contiguous; otherwise into a scratch
+    tensor that is copied into ``out`` afterwards.
+    """
+    if out is not None and out.is_contiguous():
+        return out, out.view(-1, x.shape[-1]).numpy(), False
+    res = torch.empty(x.shape, dtype=x.dtype)
+    return res, res.view(-1, x.shape[-1]).numpy(), out is not None
+
+
+def _keys_rows(keys: Keys) -> tuple[np.ndarray, np.ndarray]:
+    """Row keys as two flat ``uint64`` arrays for the numba kernels."""
+    lo, hi = keys.numpy()
+    return lo.reshape(-1).astype(np.uint64), hi.reshape(-1).astype(np.uint64)
+
+
+def _emit(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """Return ``result``, or copy it into ``out`` and return ``out``."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def non_finite_error(name: str) -> ValueError:
+    return ValueError(
+        f"{name} got a non-finite input (inf or nan): compressors need finite vectors; check the "
+        "gradients (e.g. torch.isfinite(x).all()) or lower the step size"
+    )
+
+
+def _require_finite(x: torch.Tensor, name: str) -> None:
+    """The torch path's check: one pass of ``isfinite``."""
+    if not bool(torch.isfinite(x).all()):
+        raise non_finite_error(name)
+
+
+def _check_positive_int(value: int, what: str, name: str, upper: int | None = None) -> int:
+    """Validate an integer parameter, naming it and its allowed range."""
+    rng = f"[1, {upper}]" if upper is not None else ">= 1"
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} needs an integer {what}, got {value!r}")
+    if value < 1 or (upper is not None and value > upper):
+        raise ValueError(f"{name} needs {what} in {rng}, got {value}")
+    return int(value)
 
 
 COMPRESSORS: Registry[Compressor] = Registry("compressor", base=Compressor)

@@ -1,0 +1,483 @@
+"""Quantizers: QSGD, TernGrad, natural compression, natural dithering and scaled sign.
+
+The random ones round each |x_j| (relative to a per-row scale) to one of two neighbouring
+levels, up with exactly the probability that makes the result unbiased, using the keyed draw
+rule of :mod:`shrinkgrad.compressors._random` (8 random bits per coordinate, more only on ties).
+Each has a torch reference path (any device) and, for long rows on CPU, a numba kernel that
+produces bit-identical output from the same keys and the same row norm.
+
+Row norms are accumulated in float64 and the ℓ₂ norm sent on the wire is rounded *up* to the
+dtype, so that |x_j|/‖x‖ ≤ 1 after rounding; rows whose float64 sum of squares would overflow
+or underflow (float64 inputs beyond ~1e±150) are recomputed with a max-rescaling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..rng import Keys
+from . import _kernels as K
+from ._random import draw_up, kernel_keys
+from ._wire import BitReader, BitWriter, float_width
+from .base import (
+    COMPRESSORS,
+    Compressor,
+    _check_positive_int,
+    _emit,
+    _log2ceil,
+    _out_rows,
+    _require_finite,
+    _rows,
+    _use_numba,
+    non_finite_error,
+)
+
+__all__ = ["QSGD", "NaturalCompression", "NaturalDithering", "ScaledSign", "Ternary", "l2_norms"]
+
+
+# --------------------------------------------------------------------------------------------
+# shared helpers
+# --------------------------------------------------------------------------------------------
+def _row_stat(x: torch.Tensor, what: int, name: str, numba: bool) -> torch.Tensor:
+    """Σx², max|x| or Σ|x| per row in float64, checking that the input is finite."""
+    if numba:
+        x2 = _rows(x)
+        res = np.empty(x2.shape[0], dtype=np.float64)
+        if K.row_stats(x2, what, res) != K.OK:
+            raise non_finite_error(name)
+        return torch.from_numpy(res).reshape(x.shape[:-1])
+    _require_finite(x, name)
+    x64 = x.to(torch.float64)
+    if what == 0:
+        return x64.square().sum(dim=-1)
+    if what == 1:
+        return x64.abs().amax(dim=-1)
+    return x64.abs().sum(dim=-1)
+
+
+def _norm_overflow(name: str, dtype: torch.dtype, what: str = "ℓ₂ norm") -> ValueError:
+    return ValueError(
+        f"{name}: the {what} of a row exceeds the {dtype} range ({torch.finfo(dtype).max:.3g}); "
+        "rescale the input or compress float64 tensors"
+    )
+
+
+def l2_norms(x: torch.Tensor, name: str = "compressor", numba: bool = False) -> torch.Tensor:
+    """‖x‖₂ of every row (shape ``x.shape[:-1]``) in x's dtype, rounded up (never below the
+    float64 value); ValueError for non-finite input or a norm beyond the dtype's range."""
+    ss = _row_stat(x, 0, name, numba)
+    norm = ss.sqrt()
+    odd = ~((ss > 2.0**-1000) & (ss < math.inf))
+    if bool(odd.any()):  # zero rows and float64 extremes: rescale by the largest entry
+        xo = x[odd].to(torch.float64)
+        m = xo.abs().amax(dim=-1, keepdim=True)
+        scaled = (xo / torch.where(m > 0, m, torch.ones_like(m))).square().sum(dim=-1)
+        norm[odd] = m.squeeze(-1) * scaled.sqrt()
+    nd = norm.to(x.dtype)
+    if x.dtype != torch.float64:
+        up = torch.nextafter(nd, torch.full_like(nd, math.inf))
+        nd = torch.where(nd.to(torch.float64) < norm, up, nd)
+    if not bool(torch.isfinite(nd).all()):
+        raise _norm_overflow(name, x.dtype)
+    return nd
+
+
+def _pow2(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2**e exactly, for exponents e in the dtype's normal range (built from the bit pattern)."""
+    if dtype == torch.float32:
+        return ((e.to(torch.int32) + 127).clamp(1, 254) << 23).view(torch.float32)
+    return ((e.to(torch.int64) + 1023).clamp(1, 2046) << 52).view(torch.float64)
+
+
+def _sign_bits(x: torch.Tensor) -> torch.Tensor:
+    """1 where the sign bit of x is set (negative numbers and −0.0)."""
+    return torch.signbit(x).to(torch.int64)
+
+
+def _with_sign(v: torch.Tensor, sbit: torch.Tensor) -> torch.Tensor:
+    return torch.copysign(v, torch.where(sbit.bool(), -1.0, 1.0).to(v.dtype))
+
+
+def _max_pow2(dtype: torch.dtype) -> float:
+    """The largest power of two of the dtype (2^127 for float32, 2^1023 for float64)."""
+    return 2.0 ** (127 if dtype == torch.float32 else 1023)
+
+
+def _finish(name: str, status: int, dtype: torch.dtype) -> None:
+    if status == K.NON_FINITE:
+        raise non_finite_error(name)
+    if status == K.OVERFLOW:
+        raise ValueError(
+            f"{name}: rounding up to the next power of two overflows {dtype} (|x_j| above "
+            f"{_max_pow2(dtype):.3g}); rescale the input or use float64"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# uniform levels: QSGD and TernGrad
+# --------------------------------------------------------------------------------------------
+def round_levels_torch(
+    x: torch.Tensor, scale: torch.Tensor, s: int, keys: Keys
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, levels): unbiased rounding of |x_j|/scale to {0, …, s} (twin of ``round_rows``)."""
+    sc = scale[..., None]
+    zero_row = sc == 0
+    safe = torch.where(zero_row, torch.ones_like(sc), sc)
+    r = x.abs() / safe
+    fl = torch.floor(r)
+    top = fl >= s
+    frac = torch.where(top | zero_row, torch.zeros_like(r), r - fl)
+    up = draw_up(frac, keys)
+    lev = torch.where(top, torch.full_like(fl, float(s)), fl + up.to(x.dtype))
+    lev = torch.where(zero_row, torch.zeros_like(lev), lev)
+    return torch.copysign(sc * lev, x), lev
+
+
+class _LevelQuantizer(Compressor):
+    """Shared machinery of QSGD and TernGrad: sign, per-row scale, s uniform levels."""
+
+    kind = "unbiased"
+    collective = "allgather"
+    positively_homogeneous = True
+    s: int = 1
+
+    def _norm(self, x: torch.Tensor, numba: bool) -> torch.Tensor:
+        """The per-row scale sent on the wire (ℓ₂ norm for QSGD, max |x_j| for TernGrad)."""
+        raise NotImplementedError
+
+    def _scale_from_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        """The spacing of the levels: norm/s."""
+        return norm
+
+    def _scale(self, x: torch.Tensor, numba: bool) -> torch.Tensor:
+        return self._scale_from_norm(self._norm(x, numba))
+
+    def _level_bits(self) -> int:
+        return _log2ceil(self.s + 1)
+
+    def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(float_width(dtype) + d * (1 + self._level_bits()))
+
+    def paper_bits(self, d: int) -> float:
+        return float(32 + d * (1 + self._level_bits()))
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        assert keys is not None
+        numba = _use_numba(x)
+        scale = self._scale(x, numba)
+        if numba:
+            res, o2, copy = _out_rows(x, out)
+            lo, hi, lo2, hi2 = kernel_keys(keys)
+            sc = scale.reshape(-1).numpy()
+            K.round_rows(_rows(x), sc, self.s, lo, hi, lo2, hi2, o2)
+            return _emit(res, out) if copy else res
+        return _emit(round_levels_torch(x, scale, self.s, keys)[0], out)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        assert keys is not None
+        norm = self._norm(x, False)
+        scale = self._scale_from_norm(norm)
+        _, lev = round_levels_torch(x, scale, self.s, keys)
+        w.add_float(norm.reshape(1))
+        w.add((lev.to(torch.int64) << 1) | _sign_bits(x), 1 + self._level_bits())
+
+    def _decode_fields(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> torch.Tensor:
+        norm = r.read_float(1, dtype)
+        code = r.read(d, 1 + self._level_bits())
+        scale = self._scale_from_norm(norm)
+        return _with_sign(scale * (code >> 1).to(dtype), code & 1)
+
+
+@COMPRESSORS.register("qsgd")
+class QSGD(_LevelQuantizer):
+    """QSGD with s levels and the ℓ₂ norm (Alistarh et al. 2017; [K18] §2):
+    C(x)_j = ‖x‖₂ · sign(x_j) · ξ_j/s, ξ_j ∈ {⌊s|x_j|/‖x‖⌋, ⌊·⌋ + 1} unbiased.
+
+    ω = min(d/s², √d/s) (Alistarh et al. Lemma 3.1; methods.md §2): per coordinate the variance
+    is (‖x‖/s)² p(1−p) ≤ min(1/4·(‖x‖/s)², ‖x‖|x_j|/s), summed ≤ min(d/(4s²)… , √d/s)·‖x‖²
+    (the stated constant drops the 1/4 as the paper does). Message: the norm (32 bits) and, per
+    coordinate, a sign bit and a level of ⌈log₂(s+1)⌉ bits.
+
+    The scale sent is ‖x‖ rounded up to the dtype; levels use scale/s computed in the dtype.
+    """
+
+    constant_formula = "ω = min(d/s², √d/s)"
+    bits_formula = "32 + d·(1 + ⌈log₂(s+1)⌉)"
+
+    def __init__(self, s: int) -> None:
+        self.s = _check_positive_int(s, "s (the number of levels)", "qsgd", upper=1 << 24)
+
+    def omega(self, d: int) -> float:
+        return min(d / self.s**2, math.sqrt(d) / self.s)
+
+    def _norm(self, x: torch.Tensor, numba: bool) -> torch.Tensor:
+        return l2_norms(x, self.name, numba)
+
+    def _scale_from_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        return norm / torch.tensor(float(self.s), dtype=norm.dtype, device=norm.device)
+
+
+@COMPRESSORS.register("ternary")
+class Ternary(_LevelQuantizer):
+    """TernGrad (Wen et al. 2017; [K18] §2): C(x)_j = ‖x‖_∞ · sign(x_j) · b_j,
+    b_j ~ Bernoulli(|x_j|/‖x‖_∞).
+
+    Unbiased with the exact variance Σ_j (‖x‖_∞|x_j| − x_j²), i.e.
+    ω(x) = ‖x‖₁‖x‖_∞/‖x‖² − 1 ≤ √d − 1 (‖x‖₁ ≤ √d‖x‖₂, ‖x‖_∞ ≤ ‖x‖₂; methods.md §2), the
+    constant reported. Message: ‖x‖_∞ (32 bits) and 2 bits (sign, level) per coordinate.
+    """
+
+    constant_formula = "ω = √d − 1  (exactly ‖x‖₁‖x‖_∞/‖x‖² − 1)"
+    bits_formula = "32 + 2·d"
+
+    def __init__(self) -> None:
+        self.s = 1
+
+    def omega(self, d: int) -> float:
+        return math.sqrt(d) - 1.0
+
+    @staticmethod
+    def omega_of(x: torch.Tensor) -> torch.Tensor:
+        """The exact ω(x) = ‖x‖₁‖x‖_∞/‖x‖² − 1 of every row (float64)."""
+        x64 = x.to(torch.float64)
+        return x64.abs().sum(-1) * x64.abs().amax(-1) / x64.square().sum(-1) - 1.0
+
+    def _norm(self, x: torch.Tensor, numba: bool) -> torch.Tensor:
+        return _row_stat(x, 1, self.name, numba).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# natural compression and natural dithering
+# --------------------------------------------------------------------------------------------
+def natural_torch(x: torch.Tensor, keys: Keys, name: str) -> torch.Tensor:
+    """Natural compression of every coordinate (twin of ``natural_rows``)."""
+    fi = torch.finfo(x.dtype)
+    top = _max_pow2(x.dtype)
+    a = x.abs()
+    if not bool((a <= top).all()):
+        _require_finite(x, name)
+        _finish(name, K.OVERFLOW, x.dtype)
+    tiny = fi.tiny
+    small = a < tiny
+    e = torch.frexp(a).exponent
+    lowv = torch.where(small, torch.zeros_like(a), _pow2(e - 1, x.dtype))
+    upv = torch.where(small, torch.full_like(a, tiny), lowv + lowv)
+    safe = torch.where(small, torch.ones_like(a), lowv)
+    frac = torch.where(small, a * (1.0 / tiny), a / safe - 1.0)
+    frac = torch.where(a == 0, torch.zeros_like(frac), frac)
+    up = draw_up(frac, keys)
+    return torch.copysign(torch.where(up, upv, lowv), x)
+
+
+@COMPRESSORS.register("natural")
+class NaturalCompression(Compressor):
+    """Natural compression (Horváth et al. 2019, "Natural compression for distributed deep
+    learning", Thm 1): round |x_j| ∈ [2^e, 2^{e+1}) to 2^{e+1} with probability
+    (|x_j| − 2^e)/2^e, else to 2^e; keep the sign.
+
+    Unbiased; the variance of one coordinate t ∈ [a, 2a] is (t − a)(2a − t) ≤ t²/8 (maximum at
+    t = 4a/3), so ω = 1/8. Message: per coordinate a sign bit and the 8-bit exponent (11 bits
+    for float64): 9·d bits. Values below the smallest normal number 2^{-126} round to 0 or
+    2^{-126} (unbiased; the 1/8 bound is stated for normal inputs); |x_j| above the largest
+    power of two of the dtype raises ValueError (rounding up would overflow).
+    """
+
+    kind = "unbiased"
+    collective = "allgather"
+    positively_homogeneous = False
+    constant_formula = "ω = 1/8"
+    bits_formula = "9·d (sign + 8-bit exponent; 12·d for float64)"
+
+    def omega(self, d: int) -> float:
+        return 0.125
+
+    def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(d * (1 + self._exp_bits(dtype)))
+
+    def paper_bits(self, d: int) -> float:
+        return 9.0 * d
+
+    @staticmethod
+    def _exp_bits(dtype: torch.dtype) -> int:
+        return 8 if dtype == torch.float32 else 11
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        assert keys is not None
+        if _use_numba(x):
+            res, o2, copy = _out_rows(x, out)
+            fi = torch.finfo(x.dtype)
+            lo, hi, lo2, hi2 = kernel_keys(keys)
+            top = _max_pow2(x.dtype)
+            status = K.natural_rows(_rows(x), fi.tiny, top, lo, hi, lo2, hi2, o2)
+            _finish(self.name, status, x.dtype)
+            return _emit(res, out) if copy else res
+        return _emit(natural_torch(x, keys, self.name), out)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        assert keys is not None
+        y = natural_torch(x, keys, self.name)
+        eb = self._exp_bits(x.dtype)
+        mant = torch.finfo(x.dtype).bits - 1 - eb
+        pattern = y.abs().view(torch.int32 if x.dtype == torch.float32 else torch.int64)
+        code = (pattern.to(torch.int64) >> mant) & ((1 << eb) - 1)
+        w.add((code << 1) | _sign_bits(y), 1 + eb)
+
+    def _decode_fields(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> torch.Tensor:
+        eb = self._exp_bits(dtype)
+        mant = torch.finfo(dtype).bits - 1 - eb
+        code = r.read(d, 1 + eb)
+        mag = code >> 1
+        if dtype == torch.float32:
+            v = (mag << mant).to(torch.int32).view(torch.float32)
+        else:
+            v = (mag << mant).view(torch.float64)
+        return _with_sign(v, code & 1)
+
+
+def dither_torch(
+    x: torch.Tensor, norm: torch.Tensor, s: int, keys: Keys
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, level code) of natural dithering (twin of ``dither_rows``); code 0 is zero and
+    code c ≥ 1 the level 2^{c−s}."""
+    nr = norm[..., None]
+    zero_row = nr == 0
+    safe = torch.where(zero_row, torch.ones_like(nr), nr)
+    u = (x.abs() / safe).clamp_max(1.0)
+    low = 2.0 ** (1 - s)
+    small = u < low
+    e = torch.frexp(u).exponent.to(torch.int64)
+    a = torch.where(small, torch.zeros_like(u), _pow2(e - 1, x.dtype))
+    b = torch.where(small, torch.full_like(u, low), a + a)
+    safe_a = torch.where(small, torch.ones_like(a), a)
+    frac = torch.where(small, u / low, u / safe_a - 1.0)
+    frac = torch.where(zero_row, torch.zeros_like(frac), frac)
+    up = draw_up(frac, keys)
+    lev = torch.where(up, b, a)
+    code_a = torch.where(small, torch.zeros_like(e), e - 1 + s)
+    code = torch.where(up, code_a + 1, code_a)
+    out = torch.copysign(nr * lev, x)
+    out = torch.where(zero_row, torch.copysign(torch.zeros_like(x), x), out)
+    code = torch.where(zero_row, torch.zeros_like(code), code)
+    return out, code
+
+
+@COMPRESSORS.register("natural_dithering")
+class NaturalDithering(Compressor):
+    """Natural dithering with s levels and the ℓ₂ norm (Horváth et al. 2019, §4):
+    u_j = |x_j|/‖x‖₂ is rounded, unbiasedly, to a neighbour in {0, 2^{1−s}, …, 1/2, 1};
+    C(x)_j = ‖x‖₂ · sign(x_j) · level.
+
+    Variance (derived here, checked by the Monte-Carlo tests): a coordinate in a binade
+    [a, 2a] contributes ≤ u²/8 (as natural compression), one below L = 2^{1−s} contributes
+    u(L − u) ≤ min(uL, L²/4); with Σu = ‖x‖₁/‖x‖ ≤ √d this gives
+    ω = 1/8 + min(√d·2^{1−s}, d·2^{−2s}), a factor 4 tighter in the second term than
+    Horváth et al. Thm 7 (1/8 + min(√d·2^{1−s}, d·2^{2−2s}) for p = 2). Message: the norm
+    (32 bits) and per coordinate a sign bit and a level index of ⌈log₂(s+1)⌉ bits.
+    """
+
+    kind = "unbiased"
+    collective = "allgather"
+    positively_homogeneous = True
+    constant_formula = "ω = 1/8 + min(√d·2^(1−s), d·2^(−2s))"
+    bits_formula = "32 + d·(1 + ⌈log₂(s+1)⌉)"
+
+    def __init__(self, s: int) -> None:
+        self.s = _check_positive_int(s, "s (the number of levels)", "natural_dithering", 62)
+
+    def omega(self, d: int) -> float:
+        return 0.125 + min(math.sqrt(d) * 2.0 ** (1 - self.s), d * 2.0 ** (-2 * self.s))
+
+    def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(float_width(dtype) + d * (1 + _log2ceil(self.s + 1)))
+
+    def paper_bits(self, d: int) -> float:
+        return float(32 + d * (1 + _log2ceil(self.s + 1)))
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        assert keys is not None
+        numba = _use_numba(x)
+        norm = l2_norms(x, self.name, numba)
+        if numba:
+            res, o2, copy = _out_rows(x, out)
+            lo, hi, lo2, hi2 = kernel_keys(keys)
+            K.dither_rows(_rows(x), norm.reshape(-1).numpy(), self.s, lo, hi, lo2, hi2, o2)
+            return _emit(res, out) if copy else res
+        return _emit(dither_torch(x, norm, self.s, keys)[0], out)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        assert keys is not None
+        norm = l2_norms(x, self.name, False)
+        _, code = dither_torch(x, norm, self.s, keys)
+        w.add_float(norm.reshape(1))
+        w.add((code << 1) | _sign_bits(x), 1 + _log2ceil(self.s + 1))
+
+    def _decode_fields(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> torch.Tensor:
+        norm = r.read_float(1, dtype)
+        code = r.read(d, 1 + _log2ceil(self.s + 1))
+        c = code >> 1
+        lev = torch.where(c == 0, torch.zeros(d, dtype=dtype), _pow2(c - self.s, dtype))
+        return _with_sign(norm * lev, code & 1)
+
+
+# --------------------------------------------------------------------------------------------
+# scaled sign
+# --------------------------------------------------------------------------------------------
+@COMPRESSORS.register("scaled_sign")
+class ScaledSign(Compressor):
+    """Scaled sign (Karimireddy et al. 2019, "Error feedback fixes SignSGD", Lemma 8):
+    C(x) = (‖x‖₁/d) · sign(x), the sign taken from the sign bit (so +0 maps to +‖x‖₁/d).
+
+    Deterministic and contractive: ‖C(x) − x‖² = ‖x‖² − ‖x‖₁²/d, i.e.
+    α(x) = ‖x‖₁²/(d‖x‖²) ≥ 1/d, the constant reported (tight for a single spike). The scale is
+    computed in float64 and rounded to the dtype, which can exceed the bound by at most
+    d·(rounding of the scale)² ≤ u²‖x‖² (u the unit round-off). Message: the scale (32 bits)
+    and one sign bit per coordinate.
+    """
+
+    kind = "contractive"
+    deterministic = True
+    positively_homogeneous = True
+    collective = "allgather"
+    constant_formula = "α = 1/d  (exactly ‖x‖₁²/(d‖x‖²))"
+    bits_formula = "32 + d"
+
+    def alpha(self, d: int) -> float:
+        return 1.0 / d
+
+    def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(float_width(dtype) + d)
+
+    def paper_bits(self, d: int) -> float:
+        return float(32 + d)
+
+    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1]
+        m = _row_stat(x, 2, self.name, _use_numba(x)) / d
+        if not bool(torch.isfinite(m).all()):  # float64 sums beyond 1.8e308: average instead
+            m = (x.to(torch.float64).abs() / d).sum(-1)
+        return m.to(x.dtype)
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        m = self._scale(x)
+        if out is None:
+            return torch.copysign(m[..., None].expand_as(x), x)
+        return torch.copysign(m[..., None].expand_as(x), x, out=out)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        w.add_float(self._scale(x).reshape(1))
+        w.add(_sign_bits(x), 1)
+
+    def _decode_fields(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> torch.Tensor:
+        m = r.read_float(1, dtype)
+        return _with_sign(m.expand(d).clone(), r.read(d, 1))

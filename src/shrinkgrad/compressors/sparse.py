@@ -1,0 +1,309 @@
+"""Random sparsifiers: rand-k (unbiased and scaled) and Bernoulli sparsification.
+
+rand-k index sets
+-----------------
+Row r keeps S_r = {(π_r(i) + ρ_r) mod d : i = 0, …, k−1}, where
+
+* π_r is a keyed pseudo-random permutation of [0, d): a 4-round Feistel network on
+  b = ⌈log₂ d⌉ bits (halves of ⌊b/2⌋ and ⌈b/2⌉ bits, round function ``mix32(half ⊕ key_t)``),
+  restricted to [0, d) by cycle walking (re-apply until the value is < d; < 2 steps on average);
+* ρ_r is uniform on [0, d) (rejection sampling of 32-bit words, so exactly uniform).
+
+The k indices are distinct because π_r is a bijection, and P(j ∈ S_r) = k/d *exactly* for every j
+because of the uniform rotation ρ_r alone — which is all that unbiasedness and ω = d/k − 1 need
+(E‖C(x) − x‖² = Σ_j x_j² (d/k·P(j∈S))·… depends only on the inclusion probabilities). The
+Feistel permutation makes the set as a whole look like a uniform k-subset. Cost O(k) per row
+(never ``randperm``, which is unusably slow on this CPU), computable index by index on any device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..rng import Keys, mix32_torch
+from . import _kernels as K
+from ._random import draw_up, kernel_keys
+from ._wire import BitReader, BitWriter, float_width
+from .base import (
+    COMPRESSORS,
+    Compressor,
+    _check_positive_int,
+    _emit,
+    _keys_rows,
+    _log2ceil,
+    _out_rows,
+    _require_finite,
+    _rows,
+    _use_numba,
+    non_finite_error,
+)
+
+__all__ = ["Bernoulli", "RandK", "RandKScaled", "randk_indices_torch"]
+
+#: fold tag of the rand-k permutation keys
+RANDK_TAG = "rand_k"
+#: 32-bit words tried for the uniform rotation (rejection probability < d/2³² each)
+ROT_TRIES = 8
+
+
+def _feistel(
+    v: torch.Tensor, m: int, mask_lo: int, mask_hi: int, rk: list[torch.Tensor]
+) -> torch.Tensor:
+    left = v >> m
+    right = v & mask_lo
+    left = left ^ (mix32_torch(right ^ rk[0]) & mask_hi)
+    right = right ^ (mix32_torch(left ^ rk[1]) & mask_lo)
+    left = left ^ (mix32_torch(right ^ rk[2]) & mask_hi)
+    right = right ^ (mix32_torch(left ^ rk[3]) & mask_lo)
+    return (left << m) | right
+
+
+def randk_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
+    """The rand-k index sets of every row key (shape ``(*keys.shape, k)``), torch reference.
+
+    ``keys`` are the already folded permutation keys (``row_keys.fold("rand_k")``).
+    """
+    b = _log2ceil(d)
+    m = b // 2
+    mask_lo = (1 << m) - 1
+    mask_hi = (1 << (b - m)) - 1
+    words = keys.bits32(4 + ROT_TRIES)
+    rk = [words[..., t : t + 1] for t in range(4)]
+    w = words[..., 4:]
+    limit = 2**32 - (2**32 % d)
+    accepted = w < limit
+    first = torch.where(
+        accepted.any(dim=-1),
+        accepted.to(torch.int64).argmax(dim=-1),
+        torch.full_like(w[..., 0], ROT_TRIES - 1),
+    )
+    rot = w.gather(-1, first[..., None]) % d
+    i = torch.arange(k, device=keys.device, dtype=torch.int64).expand(*keys.shape, k)
+    y = _feistel(i, m, mask_lo, mask_hi, rk)
+    while True:
+        over = y >= d
+        if not bool(over.any()):
+            break
+        y = torch.where(over, _feistel(y, m, mask_lo, mask_hi, rk), y)
+    return (y + rot) % d
+
+
+class _RandKBase(Compressor):
+    collective = "allgather"
+    positively_homogeneous = True
+    _scaled: bool = True
+
+    def __init__(self, k: int, shared_seed: bool = False) -> None:
+        self.k = _check_positive_int(k, "k (the number of kept coordinates)", self._family)
+        self.shared_seed = bool(shared_seed)
+
+    @property
+    def _family(self) -> str:
+        return "rand_k" if self._scaled else "rand_k_scaled"
+
+    def _k(self, d: int) -> int:
+        if self.k > d:
+            raise ValueError(
+                f"{self._family}[k={self.k}] cannot keep more than d={d} coordinates; use k in "
+                f"[1, {d}]"
+            )
+        return self.k
+
+    def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(self._k(d) * float_width(dtype) + self.index_bits(d))
+
+    def paper_bits(self, d: int) -> float:
+        return 32.0 * self._k(d)
+
+    def sparse_k(self, d: int) -> int:
+        return self._k(d)
+
+    def index_bits(self, d: int) -> int:
+        return 0 if self.shared_seed else self._k(d) * _log2ceil(d)
+
+    def _scale(self, d: int) -> float:
+        return d / self._k(d) if self._scaled else 1.0
+
+    def _idx(self, keys: Keys, d: int, numba: bool) -> torch.Tensor:
+        k = self._k(d)
+        pk = keys.fold(RANDK_TAG)
+        if numba:
+            lo, hi = _keys_rows(pk)
+            idx = np.empty((lo.shape[0], k), dtype=np.int64)
+            K.randk_indices(lo, hi, d, k, ROT_TRIES, idx)
+            return torch.from_numpy(idx).reshape(*keys.shape, k)
+        return randk_indices_torch(pk, d, k)
+
+    def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
+        assert keys is not None
+        d = x.shape[-1]
+        _require_finite(x, self.name)
+        idx = self._idx(keys, d, _use_numba(x))
+        vals = x.gather(-1, idx)
+        if self._scaled:
+            vals = vals * torch.tensor(self._scale(d), dtype=x.dtype, device=x.device)
+            if not bool(torch.isfinite(vals).all()):
+                raise _overflow_error(self.name, x.dtype)
+        return idx, vals
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        assert keys is not None
+        d = x.shape[-1]
+        if _use_numba(x):
+            idx = self._idx(keys, d, True)
+            res, o2, copy = _out_rows(x, out)
+            sc = np.array([self._scale(d)], dtype=o2.dtype)
+            status = K.scatter_rows(_rows(x), idx.reshape(-1, idx.shape[-1]).numpy(), sc, True, o2)
+            if status == K.NON_FINITE:
+                raise non_finite_error(self.name)
+            if status == K.OVERFLOW:
+                raise _overflow_error(self.name, x.dtype)
+            return _emit(res, out) if copy else res
+        idx, vals = self._select(x, keys)
+        res = torch.zeros_like(x) if out is None else out.zero_()
+        return res.scatter_(-1, idx, vals)
+
+    def _encode_indices(self, w: BitWriter, idx: torch.Tensor, d: int) -> None:
+        if not self.shared_seed:
+            w.add(idx, _log2ceil(d))
+
+    def _decode_indices(self, r: BitReader, d: int, keys: Keys | None) -> torch.Tensor:
+        if self.shared_seed:
+            assert keys is not None
+            return self._idx(keys.to(r.device), d, False)
+        return r.read(self._k(d), _log2ceil(d))
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        idx, vals = self._select(x, keys)
+        self._encode_indices(w, idx, x.shape[-1])
+        w.add_float(vals)
+
+    def _decode_fields(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> torch.Tensor:
+        idx = self._decode_indices(r, d, keys).reshape(-1)
+        vals = r.read_float(idx.numel(), dtype)
+        return torch.zeros(d, dtype=dtype, device=r.device).scatter_(0, idx, vals)
+
+
+def _overflow_error(name: str, dtype: torch.dtype) -> ValueError:
+    return ValueError(
+        f"{name}: a compressed value overflows {dtype} (|x_j| times the scaling exceeds "
+        f"{torch.finfo(dtype).max:.3g}); rescale the input or compress float64 tensors"
+    )
+
+
+@COMPRESSORS.register("rand_k")
+class RandK(_RandKBase):
+    """Unbiased random-k sparsification ([K18] §2; methods.md §2): keep k coordinates drawn
+    without replacement and scale them by d/k.
+
+    E C(x) = x and E‖C(x) − x‖² = Σ_j x_j² (d/k − 1) = (d/k − 1)‖x‖², so ω = d/k − 1 exactly
+    for every x. Message: k values of 32 bits plus k indices of ⌈log₂ d⌉ bits, or only the values
+    with ``shared_seed=true`` (the receiver regenerates the indices from the shared key).
+    ``scaled(rand_k[k=…])`` is exactly ``rand_k_scaled[k=…]``.
+    """
+
+    kind = "unbiased"
+    constant_formula = "ω = d/k − 1"
+    bits_formula = "k·(32 + ⌈log₂ d⌉); 32·k with shared_seed=true"
+
+    def omega(self, d: int) -> float:
+        return d / self._k(d) - 1.0
+
+    def scaled_form(self) -> Compressor:
+        """C/(1 + ω) computed exactly: the same selection without the d/k scaling."""
+        return RandKScaled(self.k, self.shared_seed)
+
+
+@COMPRESSORS.register("rand_k_scaled")
+class RandKScaled(_RandKBase):
+    """Scaled rand-k = (k/d)·rand-k: keep k random coordinates unscaled (contractive).
+
+    E‖C(x) − x‖² = (1 − k/d)‖x‖² exactly, so α = k/d (methods.md §2; = 1/(1 + ω) of rand-k).
+    Same indices, bits and wire format as ``rand_k`` with the same keys.
+    """
+
+    kind = "contractive"
+    projection = True
+    _scaled = False
+    constant_formula = "α = k/d"
+    bits_formula = "k·(32 + ⌈log₂ d⌉); 32·k with shared_seed=true"
+
+    def alpha(self, d: int) -> float:
+        return self._k(d) / d
+
+
+@COMPRESSORS.register("bernoulli")
+class Bernoulli(Compressor):
+    """Bernoulli sparsification: keep each coordinate independently with probability p and
+    scale it by 1/p (methods.md §2).
+
+    Unbiased with E‖C(x) − x‖² = (1/p − 1)‖x‖², so ω = 1/p − 1 exactly. The message is random:
+    a 32-bit count, then (index of ⌈log₂ d⌉ bits, value) for every kept non-zero coordinate;
+    :meth:`message_bits` counts the actual message, ``bits(d)`` is its expectation for inputs
+    without zero coordinates (an upper bound otherwise). The keep decisions use the same
+    8-bit-first draw rule as the quantizers (P(keep) = p to 2⁻⁷²).
+    """
+
+    kind = "unbiased"
+    collective = "allgather"
+    positively_homogeneous = True
+    variable_size = True
+    constant_formula = "ω = 1/p − 1"
+    bits_formula = "32 + p·d·(32 + ⌈log₂ d⌉) expected (message_bits counts the actual size)"
+
+    def __init__(self, p: float) -> None:
+        if isinstance(p, bool) or not isinstance(p, (int, float)):
+            raise TypeError(f"bernoulli needs a number p (the keep probability), got {p!r}")
+        if not (0.0 < float(p) <= 1.0):
+            raise ValueError(f"bernoulli needs p (the keep probability) in (0, 1], got p={p}")
+        self.p = float(p)
+
+    def omega(self, d: int) -> float:
+        return 1.0 / self.p - 1.0
+
+    def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return 32.0 + self.p * d * (float_width(dtype) + _log2ceil(d))
+
+    def paper_bits(self, d: int) -> float:
+        return 32.0 * self.p * d
+
+    def _bits_for_nnz(self, nnz: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
+        return 32.0 + nnz.to(torch.float64) * (float_width(dtype) + _log2ceil(d))
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        assert keys is not None
+        if _use_numba(x):
+            res, o2, copy = _out_rows(x, out)
+            sc = np.array([1.0 / self.p], dtype=o2.dtype)
+            lo, hi, lo2, hi2 = kernel_keys(keys)
+            status = K.bernoulli_rows(_rows(x), self.p, sc, lo, hi, lo2, hi2, o2)
+            if status == K.NON_FINITE:
+                raise non_finite_error(self.name)
+            if status == K.OVERFLOW:
+                raise _overflow_error(self.name, x.dtype)
+            return _emit(res, out) if copy else res
+        _require_finite(x, self.name)
+        keep = draw_up(torch.full(x.shape, self.p, dtype=torch.float64, device=x.device), keys)
+        vals = x * torch.tensor(1.0 / self.p, dtype=x.dtype, device=x.device)
+        res = torch.where(keep, vals, torch.zeros_like(x))
+        if not bool(torch.isfinite(res).all()):
+            raise _overflow_error(self.name, x.dtype)
+        return _emit(res, out)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        y = self(x, keys)
+        idx = y.nonzero().reshape(-1)
+        w.add(torch.tensor([idx.numel()]), 32)
+        w.add(idx, _log2ceil(x.shape[-1]))
+        w.add_float(y[idx])
+
+    def _decode_fields(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> torch.Tensor:
+        n = int(r.read(1, 32)[0])
+        idx = r.read(n, _log2ceil(d))
+        vals = r.read_float(n, dtype)
+        return torch.zeros(d, dtype=dtype, device=r.device).scatter_(0, idx, vals)
