@@ -1,0 +1,576 @@
+"""The method abstraction: init/step pairs over explicit state, split into server and client parts.
+
+Every method of methods.md §3 is written once, as three pure functions over explicit state
+(optax-style; design.md principle 1):
+
+1. ``server_pre(cfg, server, r)``: what the server does before the clients act in round ``r``
+   (EF21: x^r = x^{r-1} − γ g^{r-1}; DCGD: nothing);
+2. ``client_step(cfg, server, clients, oracle, r)``: what *any subset* of clients does, on a
+   leading tensor axis. The subset is given by the global client ids stored in ``clients.ids``;
+   the ids alone determine every random draw (keyed by (seed, stream, client, round)), so a
+   client computes the same thing whether it runs alone, in a group on one rank, or in the full
+   simulator batch. It returns the new client state and a :class:`Message`: the *weighted*
+   contributions (``weight_i · c_i``, weights 1/n or w_i) that the server needs summed;
+3. a **reduction** ``reduce(values) -> (d,)`` summing the contributions over clients. The
+   default :func:`sum_clients` sums the local client axis; a distributed runner passes a
+   function that sums its local clients and then ``all_reduce``-s across ranks;
+4. ``server_post(cfg, server, aggregate, r)``: the server's update from the aggregate
+   (EF21: g^r = g^{r-1} + Σ_i weight_i c_i).
+
+:meth:`BoundMethod.step` composes the four; :meth:`BoundMethod.init` does the same for the
+initialisation (round 0). The server state is small and replicated: every rank of a distributed
+run applies ``server_pre`` / ``server_post`` to the same aggregate and so holds the same x.
+
+Randomness convention: the draws of the step that produces round ``r`` (from state ``r − 1``)
+use ``KeyStream(seed, ids, stream).at(r)``; the initialisation draws at round 0. Streams:
+"compressor", "participation", "minibatch", "delay", "order".
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from ..compressors import Compressor, make_compressor
+from ..registry import Registry
+from ..rng import Keys, KeyStream
+from .stepsize import StepSize, parse_stepsize
+
+__all__ = [
+    "METHODS",
+    "BoundMethod",
+    "Config",
+    "Constants",
+    "GradientOracle",
+    "HasIds",
+    "HasX",
+    "Init",
+    "Message",
+    "Method",
+    "NonFiniteError",
+    "ProblemLike",
+    "Reduce",
+    "State",
+    "Traffic",
+    "make_method",
+    "sum_clients",
+]
+
+#: initial g_i of the EF21 family (and the table of IAG): ∇f_i(x⁰), C(∇f_i(x⁰)) or 0
+Init = Literal["full", "compressed", "zero"]
+#: which compressors a method accepts
+Requirement = Literal["none", "unbiased", "contractive"]
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+class NonFiniteError(ValueError):
+    """A method produced non-finite values (it diverged): raised instead of computing with NaN."""
+
+
+def sum_clients(values: torch.Tensor) -> torch.Tensor:
+    """The default reduction: sum the (already weighted) contributions over the client axis."""
+    return values.sum(dim=0)
+
+
+# --------------------------------------------------------------------------------------------
+# What flows between the parts
+# --------------------------------------------------------------------------------------------
+class Traffic(NamedTuple):
+    """Bits moved in one round, one entry per client of the group (float64 tensors, shape (m,)).
+
+    ``up`` counts the actual messages honestly (values, indices, norms: the compressor's
+    :meth:`~shrinkgrad.compressors.Compressor.message_bits` in the wire dtype; a full vector costs
+    d × bits of the wire dtype); ``up_paper`` uses the papers' convention (32 bits per sent float,
+    indices free: ``paper_bits``); ``down`` counts the vector each client had to receive (the
+    broadcast iterate). Clients that send nothing count 0.
+    """
+
+    up: torch.Tensor
+    up_paper: torch.Tensor
+    down: torch.Tensor
+
+
+class Message(NamedTuple):
+    """What a group of clients hands to the reduction.
+
+    ``values`` has shape (m, d): row j is client ``ids[j]``'s contribution, already multiplied by
+    its reduction weight (1/n, or w_i for the weighted methods); it is ``None`` when the round has
+    nothing to aggregate (e.g. DCGD's initialisation). ``traffic`` is what it cost.
+    """
+
+    values: torch.Tensor | None
+    traffic: Traffic
+
+
+class HasX(Protocol):
+    """A server state exposes the current iterate ``x`` (shape (d,))."""
+
+    @property
+    def x(self) -> torch.Tensor: ...
+
+
+class HasIds(Protocol):
+    """A client state exposes the global ids of its clients (int64, shape (m,))."""
+
+    @property
+    def ids(self) -> torch.Tensor: ...
+
+
+ServerT = TypeVar("ServerT", bound=HasX)
+ClientT = TypeVar("ClientT", bound=HasIds)
+
+
+@dataclasses.dataclass(frozen=True)
+class State(Generic[ServerT, ClientT]):
+    """The full explicit state after ``round`` rounds: server part and a group of clients."""
+
+    round: int
+    server: ServerT
+    clients: ClientT
+
+    @property
+    def x(self) -> torch.Tensor:
+        """The current iterate x^round."""
+        return self.server.x
+
+
+# --------------------------------------------------------------------------------------------
+# Problem constants and gradient oracles
+# --------------------------------------------------------------------------------------------
+class ProblemLike(Protocol):
+    """What binding a method needs from a problem: sizes and smoothness constants."""
+
+    n: int
+    d: int
+    L: float
+    L_i: torch.Tensor
+    mu: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Constants:
+    """The constants of f = (1/n) Σ f_i that step-size rules use (methods.md §1).
+
+    A distributed runner whose ranks only hold part of the data builds this from the global
+    constants; a :class:`~shrinkgrad.problems.Problem` carries them itself.
+    """
+
+    n: int
+    d: int
+    L: float
+    L_i: torch.Tensor
+    mu: float | None = None
+
+    def __post_init__(self) -> None:
+        n, d = self.n, self.d
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise TypeError(f"the number of clients n must be an integer >= 1, got {n!r}")
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise TypeError(f"the dimension d must be an integer >= 1, got {d!r}")
+        L = float(self.L)
+        if not math.isfinite(L) or L <= 0:
+            raise ValueError(f"the smoothness constant L must be finite and > 0, got {L}")
+        L_i = torch.as_tensor(self.L_i, dtype=torch.float64).reshape(-1).cpu()
+        if L_i.numel() != n:
+            raise ValueError(f"L_i must have one entry per client (n={n}), got {L_i.numel()}")
+        if not bool(torch.isfinite(L_i).all()) or bool((L_i <= 0).any()):
+            raise ValueError("the clients' smoothness constants L_i must be finite and > 0")
+        object.__setattr__(self, "L", L)
+        object.__setattr__(self, "L_i", L_i)
+        if self.mu is not None:
+            object.__setattr__(self, "mu", float(self.mu))
+
+    @classmethod
+    def of(cls, problem: ProblemLike) -> Constants:
+        """Read (and validate) the constants of ``problem``."""
+        try:
+            return cls(problem.n, problem.d, problem.L, problem.L_i, getattr(problem, "mu", None))
+        except AttributeError as e:
+            raise TypeError(
+                f"{type(problem).__name__} is not a problem: it lacks {e.name!r} (a problem has "
+                "n, d, L, L_i and optionally mu)"
+            ) from None
+
+    @property
+    def L_AM(self) -> float:
+        """(1/n) Σ L_i."""
+        return float(self.L_i.mean())
+
+    @property
+    def L_QM(self) -> float:
+        """√((1/n) Σ L_i²)."""
+        return math.sqrt(float((self.L_i**2).mean()))
+
+
+class GradientOracle(Protocol):
+    """Client gradients for a group of clients given by their global ids.
+
+    The simulator uses :class:`~shrinkgrad.methods.oracle.ProblemOracle`; a distributed rank
+    implements the same two methods over its local data (mapping global ids to its rows).
+    """
+
+    def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """(m, d): row j is ∇f_{ids[j]}(x) for x of shape (d,), or ∇f_{ids[j]}(x[j]) for (m, d)."""
+        ...
+
+    def stoch_grads(
+        self, x: torch.Tensor, ids: torch.Tensor, batch_sizes: torch.Tensor, keys: Keys
+    ) -> torch.Tensor:
+        """(m, d) minibatch estimators: row j averages ``batch_sizes[j]`` samples (keys[j])."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration of a bound method
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, eq=False)
+class Config:
+    """Everything fixed for a run: sizes, compressor and its constant, step size, seed, dtypes.
+
+    Built by :meth:`Method.bind`. ``alpha`` is the contraction constant the method works with
+    (for an unscaled unbiased compressor with ω < 1 used by a contractive method, α = 1 − ω),
+    ``omega`` the variance constant (unbiased compressors only, else ``None``).
+    """
+
+    constants: Constants
+    compressor: Compressor
+    stepsize: float
+    stepsize_rule: str
+    seed: int
+    dtype: torch.dtype
+    device: torch.device
+    wire_dtype: torch.dtype
+    alpha: float
+    omega: float | None
+    #: reduction weight of every client (global, shape (n,)): 1/n, or w_i for EF21-W
+    weights: torch.Tensor
+    _streams: dict[tuple[str, bytes], KeyStream] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
+
+    @property
+    def n(self) -> int:
+        return self.constants.n
+
+    @property
+    def d(self) -> int:
+        return self.constants.d
+
+    def keys(self, stream: str, ids: torch.Tensor, round: int) -> Keys:
+        """Keys of the clients ``ids`` in ``stream`` at ``round`` (KeyStreams are cached)."""
+        ids_np = ids.detach().cpu().numpy()
+        tag = (stream, ids_np.tobytes())
+        ks = self._streams.get(tag)
+        if ks is None:
+            if len(self._streams) > 64:
+                self._streams.clear()
+            ks = KeyStream(self.seed, ids_np, stream=stream, device=self.device)
+            self._streams[tag] = ks
+        return ks.at(round)
+
+    def compress(self, x: torch.Tensor, ids: torch.Tensor, round: int) -> torch.Tensor:
+        """C applied row-wise to ``x`` (m, d) with the clients' compressor keys at ``round``."""
+        C = self.compressor
+        keys = None if C.deterministic else self.keys("compressor", ids, round)
+        try:
+            return C(x, keys)
+        except ValueError:
+            if not bool(torch.isfinite(x).all()):
+                raise NonFiniteError(
+                    f"round {round}: a client's vector to compress has non-finite entries (the "
+                    "method diverged; try a smaller step size)"
+                ) from None
+            raise
+
+    # -- bit counting -------------------------------------------------------------------------
+    @property
+    def dense_bits(self) -> float:
+        """Bits of one uncompressed d-vector in the wire dtype."""
+        return float(self.d * torch.finfo(self.wire_dtype).bits)
+
+    def full(self, m: int, bits: float) -> torch.Tensor:
+        return torch.full((m,), bits, dtype=torch.float64, device=self.device)
+
+    def dense_traffic(self, m: int, *, down: bool = True) -> Traffic:
+        """Each of ``m`` clients sends one uncompressed vector (and received the iterate)."""
+        return Traffic(
+            self.full(m, self.dense_bits),
+            self.full(m, 32.0 * self.d),
+            self.full(m, self.dense_bits if down else 0.0),
+        )
+
+    def compressed_traffic(
+        self, c: torch.Tensor, active: torch.Tensor | None = None, *, down: bool = True
+    ) -> Traffic:
+        """Each client of the group sends its row of the compressed tensor ``c`` (m, d).
+
+        ``active`` (bool, (m,)) marks the clients that actually sent (others count 0 bits).
+        Random-size messages are counted by the compressor's ``message_bits`` on the message
+        cast to the wire dtype; fixed-size ones by ``bits(d, wire_dtype)``.
+        """
+        m = c.shape[0]
+        C = self.compressor
+        if (
+            getattr(C, "variable_size", False)
+            or type(C).message_bits is not Compressor.message_bits
+        ):
+            up = C.message_bits(c.to(self.wire_dtype)).to(torch.float64).to(self.device)
+        else:
+            up = self.full(m, float(C.bits(self.d, self.wire_dtype)))
+        paper = self.full(m, float(C.paper_bits(self.d)))
+        down_t = self.full(m, self.dense_bits if down else 0.0)
+        if active is not None:
+            mask = active.to(torch.float64)
+            up, paper, down_t = up * mask, paper * mask, down_t * mask
+        return Traffic(up, paper, down_t)
+
+    def no_traffic(self, m: int) -> Traffic:
+        z = self.full(m, 0.0)
+        return Traffic(z, z, z)
+
+
+# --------------------------------------------------------------------------------------------
+# Methods
+# --------------------------------------------------------------------------------------------
+class Method(abc.ABC, Generic[ServerT, ClientT]):
+    """Base class of every method; subclasses implement the parts listed in the module docstring.
+
+    A method object holds only its own hyper-parameters (delay model, participation
+    probability, initialisation, ...). :meth:`bind` adds the problem's constants, the compressor,
+    the step size and the seed, and returns a :class:`BoundMethod` with ``init`` and ``step``.
+    """
+
+    __registry__: ClassVar[Registry[Method[Any, Any]]]
+
+    #: canonical name, e.g. ``"ef21_pp[p=0.5]"``; set by the registry when built from a name
+    spec: str = ""
+    #: which compressors the method accepts (compatibility as data, design.md principle 8)
+    requires: ClassVar[Requirement] = "contractive"
+
+    @property
+    def name(self) -> str:
+        """The canonical name: the registry spec, or one built from the parameters."""
+        return self.spec or self.default_spec()
+
+    def default_spec(self) -> str:
+        """The name of an object built directly (not from a name); subclasses add parameters."""
+        return type(self).__name__.lower()
+
+    def __repr__(self) -> str:
+        return f"<method {self.name}>"
+
+    # -- binding -----------------------------------------------------------------------------
+    def bind(
+        self,
+        problem: ProblemLike,
+        compressor: Compressor | str | None = None,
+        stepsize: float | str | StepSize = "theory",
+        seed: int = 0,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        wire_dtype: torch.dtype = torch.float32,
+    ) -> BoundMethod[ServerT, ClientT]:
+        """Fix the problem constants, compressor, step size and seed of a run.
+
+        ``stepsize`` is a positive number, ``"theory"`` (the rule of methods.md §4 for this
+        method, resolved from the problem's and compressor's constants), or ``"theory*m"``
+        (m times the theory step). ``compressor`` defaults to ``identity``.
+        """
+        consts = problem if isinstance(problem, Constants) else Constants.of(problem)
+        self.check_problem(consts)
+        if compressor is None:
+            compressor = "identity"
+        comp = make_compressor(compressor)
+        alpha, omega = self._check_compressor(comp, consts.d)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        dt = dtype if dtype is not None else getattr(problem, "dtype", torch.float64)
+        if dt not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dt}")
+        if wire_dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"wire_dtype must be a floating dtype, got {wire_dtype}")
+        dev = (
+            torch.device(device)
+            if device is not None
+            else getattr(problem, "device", torch.device("cpu"))
+        )
+        weights = self.client_weights(consts).to(dtype=dt, device=dev)
+        cfg = Config(
+            constants=consts,
+            compressor=comp,
+            stepsize=math.nan,
+            stepsize_rule="",
+            seed=int(seed),
+            dtype=dt,
+            device=torch.device(dev),
+            wire_dtype=wire_dtype,
+            alpha=alpha,
+            omega=omega,
+            weights=weights,
+        )
+        spec = parse_stepsize(stepsize)
+        if spec.theory:
+            gamma, rule = self.theory_stepsize(cfg)
+            gamma *= spec.multiplier
+            rule = rule + (f"*{spec.multiplier:g}" if spec.multiplier != 1.0 else "")
+        else:
+            gamma, rule = spec.value, "constant"
+        if not math.isfinite(gamma) or gamma <= 0:
+            raise ValueError(f"{self.name}: the step size must be finite and > 0, got {gamma}")
+        cfg = dataclasses.replace(cfg, stepsize=float(gamma), stepsize_rule=rule)
+        return BoundMethod(self, cfg)
+
+    def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
+        """Return (α, ω) the method works with, or raise a ValueError saying what to use."""
+        if self.requires == "none":
+            if C.kind != "unbiased" or C.omega(d) != 0.0:
+                raise ValueError(
+                    f"{self.name} sends uncompressed gradients and takes no compressor (got "
+                    f"{C.name}); use dcgd for unbiased compressors or ef21 for contractive ones"
+                )
+            return 1.0, 0.0
+        if self.requires == "unbiased":
+            if C.kind != "unbiased":
+                raise ValueError(
+                    f"{self.name} needs an unbiased compressor (E[Q(x)] = x, [K18] Def. 1); "
+                    f"{C.name} is contractive (biased), which would bias every step. Use an "
+                    "unbiased one such as rand_k[k=...], qsgd[s=...] or identity, or run "
+                    f"ef21 / ef with {C.name}"
+                )
+            omega = float(C.omega(d))
+            return 1.0 / (1.0 + omega), omega
+        # contractive methods
+        if C.kind == "contractive":
+            return float(C.alpha(d)), None
+        omega = float(C.omega(d))
+        if omega < 1.0:
+            # E‖Q(x) − x‖² ≤ ω‖x‖² = (1 − (1 − ω))‖x‖²: unscaled Q is contractive with α = 1 − ω
+            return 1.0 - omega, omega
+        raise ValueError(
+            f"{self.name} needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] "
+            f"Def. 1); {C.name} is unbiased with ω = {omega:g} ≥ 1 for d = {d}, so it can "
+            f"enlarge errors and is not contractive. Use scaled({C.name}) (the contractive "
+            f"C/(1+ω), α = 1/(1+ω) = {1.0 / (1.0 + omega):.4g}) or a contractive compressor "
+            "such as top_k[k=1]"
+        )
+
+    def check_problem(self, consts: Constants) -> None:
+        """Raise a ValueError when the method's parameters do not fit the problem."""
+
+    def client_weights(self, consts: Constants) -> torch.Tensor:
+        """Reduction weight of every client: 1/n (the average), overridden by EF21-W (w_i)."""
+        return torch.full((consts.n,), 1.0 / consts.n, dtype=torch.float64)
+
+    # -- the parts ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
+        """The theory step size of methods.md §4 and the name of the rule used."""
+
+    @abc.abstractmethod
+    def init_clients(
+        self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
+    ) -> tuple[ClientT, Message]:
+        """Client part of the initialisation (round 0) for the clients ``ids``."""
+
+    @abc.abstractmethod
+    def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> ServerT:
+        """Server state at round 0 from x⁰ and the reduced initial messages."""
+
+    def server_pre(self, cfg: Config, server: ServerT, r: int) -> ServerT:
+        """Server part before the clients act in round ``r`` (default: nothing)."""
+        return server
+
+    @abc.abstractmethod
+    def client_step(
+        self, cfg: Config, server: ServerT, clients: ClientT, oracle: GradientOracle, r: int
+    ) -> tuple[ClientT, Message]:
+        """Client part of round ``r`` for the group ``clients`` (a leading axis, any subset)."""
+
+    @abc.abstractmethod
+    def server_post(
+        self, cfg: Config, server: ServerT, aggregate: torch.Tensor | None, r: int
+    ) -> ServerT:
+        """Server part after the reduction of round ``r``."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BoundMethod(Generic[ServerT, ClientT]):
+    """A method with its run configuration: the ``init`` / ``step`` pair.
+
+    Example (the simulator does exactly this with ``ids = arange(n)``)::
+
+        bound = make_method("ef21").bind(problem, "top_k[k=1]", "theory", seed=0)
+        state, traffic = bound.init(x0, oracle)
+        for _ in range(100):
+            state, traffic = bound.step(state, oracle)
+    """
+
+    method: Method[ServerT, ClientT]
+    cfg: Config
+
+    @property
+    def stepsize(self) -> float:
+        return self.cfg.stepsize
+
+    def init(
+        self,
+        x0: torch.Tensor,
+        oracle: GradientOracle,
+        ids: torch.Tensor | None = None,
+        reduce: Reduce = sum_clients,
+    ) -> tuple[State[ServerT, ClientT], Traffic]:
+        """Round 0 for the clients ``ids`` (default: all n), reducing with ``reduce``."""
+        cfg = self.cfg
+        x0 = torch.as_tensor(x0, dtype=cfg.dtype, device=cfg.device)
+        if x0.shape != (cfg.d,):
+            raise ValueError(f"x0 must have shape ({cfg.d},), got {tuple(x0.shape)}")
+        ids_t = _check_ids(ids, cfg)
+        clients, msg = self.method.init_clients(cfg, x0, oracle, ids_t)
+        aggregate = None if msg.values is None else reduce(msg.values)
+        server = self.method.init_server(cfg, x0, aggregate)
+        return State(0, server, clients), msg.traffic
+
+    def step(
+        self,
+        state: State[ServerT, ClientT],
+        oracle: GradientOracle,
+        reduce: Reduce = sum_clients,
+    ) -> tuple[State[ServerT, ClientT], Traffic]:
+        """One round: server part, client part on ``state.clients``, reduction, server part."""
+        r = state.round + 1
+        m = self.method
+        server = m.server_pre(self.cfg, state.server, r)
+        clients, msg = m.client_step(self.cfg, server, state.clients, oracle, r)
+        aggregate = None if msg.values is None else reduce(msg.values)
+        server = m.server_post(self.cfg, server, aggregate, r)
+        return State(r, server, clients), msg.traffic
+
+
+def _check_ids(ids: torch.Tensor | None, cfg: Config) -> torch.Tensor:
+    if ids is None:
+        return torch.arange(cfg.n, device=cfg.device)
+    t = torch.as_tensor(ids, device=cfg.device)
+    if t.ndim != 1 or t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"client ids must be a 1-d integer tensor, got {t.dtype} {tuple(t.shape)}")
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= cfg.n):
+        raise ValueError(f"client ids must lie in [0, n={cfg.n})")
+    if torch.unique(t).numel() != t.numel():
+        raise ValueError("client ids must be distinct")
+    return t.to(torch.int64)
+
+
+METHODS: Registry[Method[Any, Any]] = Registry("method", base=Method)
+Method.__registry__ = METHODS
+
+
+def make_method(spec: str | Method[Any, Any]) -> Method[Any, Any]:
+    """Build a method from its name, e.g. ``make_method("ef21_pp[p=0.5]")``."""
+    return METHODS.make(spec)

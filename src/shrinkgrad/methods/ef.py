@@ -1,0 +1,63 @@
+"""Classic error feedback ([S14]; the baseline of [EF21])."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .base import METHODS, Config, GradientOracle, Message, Method
+from .gd import XState, client_weights
+
+__all__ = ["EF", "EFClients"]
+
+
+class EFClients(NamedTuple):
+    """Client state of EF: the error (memory) e_i of every client of the group, (m, d)."""
+
+    ids: torch.Tensor
+    e: torch.Tensor
+
+
+@METHODS.register("ef")
+class EF(Method[XState, EFClients]):
+    """Classic error feedback ([S14] 1-bit SGD; baseline in [EF21] §1; methods.md §3).
+
+    Client state e_i⁰ = 0. Round t + 1: p_i = e_i + γ∇f_i(x^t); v_i = C(p_i); e_i ← p_i − v_i;
+    client i sends v_i. Server: x^{t+1} = x^t − (1/n) Σ_i v_i. The step size enters on the
+    clients. Needs a contractive compressor. methods.md §4 gives no theory step size for EF:
+    pass a number.
+    """
+
+    requires = "contractive"
+
+    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
+        raise ValueError(
+            "ef (classic error feedback) has no theory step size in methods.md §4; pass a number "
+            "(e.g. the EF21 theory step of the same problem, which [EF21] uses for its baseline)"
+        )
+
+    def init_clients(
+        self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
+    ) -> tuple[EFClients, Message]:
+        e = torch.zeros(ids.numel(), cfg.d, dtype=cfg.dtype, device=cfg.device)
+        return EFClients(ids, e), Message(None, cfg.no_traffic(ids.numel()))
+
+    def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
+        return XState(x0)
+
+    def client_step(
+        self, cfg: Config, server: XState, clients: EFClients, oracle: GradientOracle, r: int
+    ) -> tuple[EFClients, Message]:
+        ids = clients.ids
+        p = clients.e + cfg.stepsize * oracle.grads(server.x, ids)
+        v = cfg.compress(p, ids, r)
+        return EFClients(ids, p - v), Message(
+            v * client_weights(cfg, ids), cfg.compressed_traffic(v)
+        )
+
+    def server_post(
+        self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int
+    ) -> XState:
+        assert aggregate is not None
+        return XState(server.x - aggregate)

@@ -1,0 +1,333 @@
+"""EF21 and its variants: EF21-W, EF21-SGD, EF21-W-SGD, EF21-PP, EF21-W-PP.
+
+One implementation (:class:`EF21`) with three orthogonal options, registered under the papers'
+names:
+
+========================  =====================================================================
+name                      algorithm
+========================  =====================================================================
+``ef21``                  [EF21] Alg. 1 = [EFR] Alg. 1
+``ef21_w``                [EFR] Alg. 2 (weights w_i = L_i / Σ_j L_j)
+``ef21_sgd[b=...]``       [BW] Alg. 2: minibatch gradient estimators of size b_i
+``ef21_w_sgd[b=...]``     [EFR] §3.1
+``ef21_pp[p=...]``        [BW] Alg. 4: client i takes part with probability p_i
+``ef21_w_pp[p=...]``      [EFR] §3.2
+========================  =====================================================================
+
+Round t + 1 (weighted: w_i = L_i/Σ L_j, s_i = 1/(n w_i); unweighted: w_i = 1/n, s_i = 1):
+
+1. server: x^{t+1} = x^t − γ g^t (broadcast);
+2. client i (if it takes part): c_i = C_i^{t+1}(s_i ∇̂f_i(x^{t+1}) − g_i); g_i ← g_i + c_i;
+   sends c_i;
+3. server: g^{t+1} = g^t + Σ_i w_i c_i (over the clients that took part).
+
+The invariant g = Σ_i w_i g_i holds at every round (EF21: g = (1/n) Σ g_i).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+import torch
+
+from .base import METHODS, Config, Constants, GradientOracle, Init, Message, Method
+from .gd import client_weights
+from .stepsize import theory_function
+
+__all__ = ["EF21", "EF21Clients", "EF21Server"]
+
+Rule = Literal["original", "reloaded"]
+
+
+class EF21Server(NamedTuple):
+    """Server state: x^t and the aggregate g^t = Σ_i w_i g_i^t."""
+
+    x: torch.Tensor
+    g: torch.Tensor
+
+
+class EF21Clients(NamedTuple):
+    """Client state: the estimators g_i^t of the group, (m, d)."""
+
+    ids: torch.Tensor
+    g: torch.Tensor
+
+
+def _per_client(value: float | Sequence[float] | torch.Tensor, n: int, what: str) -> torch.Tensor:
+    t = torch.as_tensor(value, dtype=torch.float64).reshape(-1).cpu()
+    if t.numel() == 1:
+        t = t.expand(n).clone()
+    if t.numel() != n:
+        raise ValueError(f"{what}: give one value or one per client (n={n}), got {t.numel()}")
+    return t
+
+
+def _fmt(t: torch.Tensor) -> str:
+    """A parameter value for a name: the number, or ``per_client`` for a vector."""
+    if t.numel() > 1 and not bool((t == t[0]).all()):
+        return "per_client"
+    v = t.reshape(-1)[0].item()
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+class EF21(Method[EF21Server, EF21Clients]):
+    """EF21 with optional weights (EF21-W), minibatches (-SGD) and partial participation (-PP).
+
+    Parameters
+    ----------
+    weighted:
+        EF21-W ([EFR] Alg. 2): weights w_i = L_i / Σ_j L_j, clients compress ∇f_i/(n w_i) − g_i.
+    p:
+        participation probability (one for all, or one per client); 1 is full participation.
+        Non-participants compute and send nothing and keep g_i ([BW] Alg. 4). Draws are keyed
+        by (seed, "participation", i, round).
+    batch:
+        minibatch size b_i (one for all, or one per client) of the gradient estimators
+        (problem's ``client_stoch_grads``, sampling keyed by (seed, "minibatch", i, round));
+        ``None`` uses exact gradients.
+    init:
+        g_i⁰ = ∇f_i(x⁰) (``full``, scaled by s_i for EF21-W), C(∇f_i(x⁰)) (``compressed``) or 0
+        (``zero``). Every client takes part in the initialisation; with minibatches it uses
+        exact gradients.
+    rule:
+        theory step size of plain EF21: ``original`` 1/(L + L_QM ξ(α)) ([EF21] Thm 1) or
+        ``reloaded`` 1/(L + L_AM ξ(α)) ([EFR] Thm 3). EF21-W always uses the latter.
+    pl:
+        use the PL-case rule (needs the problem's μ).
+    sigma2:
+        variance bound σ² of the minibatch estimators for the EF21-SGD rule (default 0: the
+        deterministic step, as in the authors' code).
+    """
+
+    requires = "contractive"
+
+    def __init__(
+        self,
+        *,
+        weighted: bool = False,
+        p: float | Sequence[float] | torch.Tensor = 1.0,
+        batch: int | Sequence[int] | torch.Tensor | None = None,
+        init: Init = "full",
+        rule: Rule = "original",
+        pl: bool = False,
+        sigma2: float = 0.0,
+    ) -> None:
+        if init not in ("full", "compressed", "zero"):
+            raise ValueError(f"init must be full, compressed or zero, got {init!r}")
+        if rule not in ("original", "reloaded"):
+            raise ValueError(f"rule must be original or reloaded, got {rule!r}")
+        p_t = torch.as_tensor(p, dtype=torch.float64).reshape(-1).cpu()
+        if p_t.numel() == 0 or not bool(((p_t > 0) & (p_t <= 1)).all()):
+            raise ValueError(
+                "participation probability p must be in (0, 1] (1 = everybody every round), "
+                f"got {p}"
+            )
+        b_t = None
+        if batch is not None:
+            b_t = torch.as_tensor(batch).reshape(-1).cpu()
+            if b_t.is_floating_point() or b_t.numel() == 0 or bool((b_t < 1).any()):
+                raise ValueError(f"minibatch size b must be a positive integer, got {batch}")
+            b_t = b_t.to(torch.int64)
+        if not (math.isfinite(sigma2) and sigma2 >= 0):
+            raise ValueError(f"sigma2 must be a finite number >= 0, got {sigma2}")
+        if rule == "reloaded" and (weighted or b_t is not None or bool((p_t < 1).any())):
+            raise ValueError(
+                "rule=reloaded applies to plain ef21 only (EF21-W always uses the L_AM rule; the "
+                "SGD and PP variants have their own rules)"
+            )
+        self.weighted = weighted
+        self.p = p_t
+        self.batch = b_t
+        self.init = init
+        self.rule = rule
+        self.pl = pl
+        self.sigma2 = float(sigma2)
+
+    @property
+    def partial(self) -> bool:
+        return bool((self.p < 1).any())
+
+    def default_spec(self) -> str:
+        name = "ef21" + ("_w" if self.weighted else "")
+        params: list[str] = []
+        if self.batch is not None:
+            name += "_sgd"
+            params.append(f"b={_fmt(self.batch)}")
+        if self.partial:
+            name += "_pp"
+            params.append(f"p={_fmt(self.p)}")
+        if self.init != "full":
+            params.append(f"init={self.init}")
+        if self.rule != "original":
+            params.append(f"rule={self.rule}")
+        if self.pl:
+            params.append("pl=true")
+        if self.sigma2 != 0.0:
+            params.append(f"sigma2={self.sigma2!r}")
+        return name + (f"[{','.join(params)}]" if params else "")
+
+    # -- configuration -------------------------------------------------------------------------
+    def check_problem(self, consts: Constants) -> None:
+        for what, t in (
+            ("participation probabilities p", self.p),
+            ("minibatch sizes b", self.batch),
+        ):
+            if t is not None and t.numel() not in (1, consts.n):
+                raise ValueError(
+                    f"{self.name}: {what}: give one value or one per client (n={consts.n}), "
+                    f"got {t.numel()}"
+                )
+
+    def client_weights(self, consts: Constants) -> torch.Tensor:
+        if not self.weighted:
+            return super().client_weights(consts)
+        w: torch.Tensor = theory_function("ef21w_weights")(consts.L_i)
+        return w.to(torch.float64)
+
+    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
+        c = cfg.constants
+        am = self.weighted or self.rule == "reloaded"  # the L_AM rules of [EFR]
+        Lm = c.L_AM if am else c.L_QM
+        w = "w" if am else ""
+        if self.batch is not None and self.partial:
+            raise ValueError(
+                f"{self.name}: no theory step size combines minibatches and partial "
+                "participation; pass a number"
+            )
+        if self.pl:
+            if self.batch is not None or self.partial:
+                raise ValueError(f"{self.name}: the PL rule covers full-gradient EF21/EF21-W only")
+            if c.mu is None:
+                raise ValueError(
+                    f"{self.name} with pl=true needs the PL constant mu of the problem, which is "
+                    "not known; drop pl=true or use a problem with mu"
+                )
+            name = f"stepsize_ef21{w}_pl"
+            return float(theory_function(name)(c.L, Lm, cfg.alpha, c.mu)), name
+        if self.partial:
+            name = f"stepsize_ef21{w}_pp"
+            p = _per_client(self.p, c.n, "p")
+            return float(theory_function(name)(c.L, Lm, cfg.alpha, p)), name
+        if self.batch is not None:
+            name = f"stepsize_ef21{w}_sgd"
+            gamma = theory_function(name)(c.L, Lm, cfg.alpha, sigma2=self.sigma2)
+            return float(gamma), name
+        name = "stepsize_ef21_reloaded" if am else "stepsize_ef21"
+        return float(theory_function(name)(c.L, Lm, cfg.alpha)), name
+
+    # -- the parts ----------------------------------------------------------------------------
+    def _scale(self, cfg: Config, ids: torch.Tensor) -> torch.Tensor | None:
+        """s_i = 1/(n w_i) as a column (EF21-W), or None (EF21: s_i = 1)."""
+        if not self.weighted:
+            return None
+        return (1.0 / (cfg.n * cfg.weights[ids])).unsqueeze(1)
+
+    def _targets(
+        self, cfg: Config, x: torch.Tensor, ids: torch.Tensor, oracle: GradientOracle, r: int
+    ) -> torch.Tensor:
+        """s_i ∇̂f_i(x) for the clients ``ids``: exact or minibatch gradients, scaled for EF21-W."""
+        if self.batch is None or r == 0:
+            grads = oracle.grads(x, ids)
+        else:
+            b = self.batch.to(ids.device)
+            b = b.expand(ids.numel()) if b.numel() == 1 else b[ids]
+            keys = cfg.keys("minibatch", ids, r)
+            grads = oracle.stoch_grads(x, ids, b, keys)
+        scale = self._scale(cfg, ids)
+        return grads if scale is None else grads * scale
+
+    def init_clients(
+        self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
+    ) -> tuple[EF21Clients, Message]:
+        m = ids.numel()
+        if self.init == "zero":
+            g = torch.zeros(m, cfg.d, dtype=cfg.dtype, device=cfg.device)
+            return EF21Clients(ids, g), Message(None, cfg.no_traffic(m))
+        target = self._targets(cfg, x0, ids, oracle, 0)
+        if self.init == "full":
+            return EF21Clients(ids, target), Message(
+                target * client_weights(cfg, ids), cfg.dense_traffic(m)
+            )
+        c = cfg.compress(target, ids, 0)
+        return EF21Clients(ids, c), Message(c * client_weights(cfg, ids), cfg.compressed_traffic(c))
+
+    def init_server(
+        self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
+    ) -> EF21Server:
+        g = torch.zeros_like(x0) if aggregate is None else aggregate
+        return EF21Server(x0, g)
+
+    def server_pre(self, cfg: Config, server: EF21Server, r: int) -> EF21Server:
+        return EF21Server(server.x - cfg.stepsize * server.g, server.g)
+
+    def participants(self, cfg: Config, ids: torch.Tensor, r: int) -> torch.Tensor | None:
+        """Bool mask (m,) of the clients taking part in round ``r``; ``None`` when all do."""
+        if not self.partial:
+            return None
+        u = cfg.keys("participation", ids, r).uniform(1, torch.float64)[:, 0]
+        return u < self.p.to(u.device)[ids] if self.p.numel() > 1 else u < float(self.p[0])
+
+    def client_step(
+        self, cfg: Config, server: EF21Server, clients: EF21Clients, oracle: GradientOracle, r: int
+    ) -> tuple[EF21Clients, Message]:
+        ids, g = clients.ids, clients.g
+        part = self.participants(cfg, ids, r)
+        if part is None or bool(part.all()):
+            c = cfg.compress(self._targets(cfg, server.x, ids, oracle, r) - g, ids, r)
+            return EF21Clients(ids, g + c), Message(
+                c * client_weights(cfg, ids), cfg.compressed_traffic(c)
+            )
+        c = torch.zeros_like(g)
+        if bool(part.any()):
+            sel = ids[part]
+            c[part] = cfg.compress(self._targets(cfg, server.x, sel, oracle, r) - g[part], sel, r)
+        return EF21Clients(ids, g + c), Message(
+            c * client_weights(cfg, ids), cfg.compressed_traffic(c, part)
+        )
+
+    def server_post(
+        self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int
+    ) -> EF21Server:
+        assert aggregate is not None
+        return EF21Server(server.x, server.g + aggregate)
+
+
+# --------------------------------------------------------------------------------------------
+# registered names
+# --------------------------------------------------------------------------------------------
+@METHODS.register("ef21")
+def ef21(init: Init = "full", rule: Rule = "original", pl: bool = False) -> EF21:
+    """EF21 ([EF21] Alg. 1; [EFR] Alg. 1): g_i ← g_i + C(∇f_i(x^{t+1}) − g_i); contractive C."""
+    return EF21(init=init, rule=rule, pl=pl)
+
+
+@METHODS.register("ef21_w")
+def ef21_w(init: Init = "full", pl: bool = False) -> EF21:
+    """EF21-W ([EFR] Alg. 2): weights w_i = L_i/Σ L_j, step 1/(L + L_AM ξ(α)); contractive C."""
+    return EF21(weighted=True, init=init, pl=pl)
+
+
+@METHODS.register("ef21_sgd")
+def ef21_sgd(b: int = 1, init: Init = "full", sigma2: float = 0.0) -> EF21:
+    """EF21-SGD ([BW] Alg. 2): EF21 with minibatch gradient estimators of size b."""
+    return EF21(batch=b, init=init, sigma2=sigma2)
+
+
+@METHODS.register("ef21_w_sgd")
+def ef21_w_sgd(b: int = 1, init: Init = "full", sigma2: float = 0.0) -> EF21:
+    """EF21-W-SGD ([EFR] §3.1): EF21-W with minibatch gradient estimators of size b."""
+    return EF21(weighted=True, batch=b, init=init, sigma2=sigma2)
+
+
+@METHODS.register("ef21_pp")
+def ef21_pp(p: float = 0.5, init: Init = "full") -> EF21:
+    """EF21-PP ([BW] Alg. 4): each client takes part with probability p; others keep g_i."""
+    return EF21(p=p, init=init)
+
+
+@METHODS.register("ef21_w_pp")
+def ef21_w_pp(p: float = 0.5, init: Init = "full") -> EF21:
+    """EF21-W-PP ([EFR] §3.2): EF21-W where each client takes part with probability p."""
+    return EF21(weighted=True, p=p, init=init)

@@ -1,0 +1,113 @@
+"""Gradient descent and distributed compressed gradient descent (DCGD, [K18]).
+
+Both are stateless on the clients: client i sends ∇f_i(x^t) (GD) or Q_i(∇f_i(x^t)) (DCGD) and the
+server steps x^{t+1} = x^t − γ (1/n) Σ_i (message_i).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .base import METHODS, Config, GradientOracle, Message, Method
+from .stepsize import theory_function
+
+__all__ = ["DCGD", "GD", "Group", "XState"]
+
+
+class XState(NamedTuple):
+    """Server state of the stateless methods: the iterate x (d,)."""
+
+    x: torch.Tensor
+
+
+class Group(NamedTuple):
+    """Client state of the stateless methods: only the global ids (m,) of the group."""
+
+    ids: torch.Tensor
+
+
+def client_weights(cfg: Config, ids: torch.Tensor) -> torch.Tensor:
+    """The reduction weights of the clients ``ids`` as a column (m, 1)."""
+    return cfg.weights[ids].unsqueeze(1)
+
+
+def dcgd_theory(cfg: Config) -> tuple[float, str]:
+    """γ = 1/(L + 2ω L_max/n) (:func:`shrinkgrad.theory.stepsize_dcgd`; 1/L for ω = 0)."""
+    c = cfg.constants
+    omega = 0.0 if cfg.omega is None else cfg.omega
+    gamma = theory_function("stepsize_dcgd")(c.L, float(c.L_i.max()), omega, c.n)
+    return float(gamma), "stepsize_dcgd"
+
+
+@METHODS.register("gd")
+class GD(Method[XState, Group]):
+    """Gradient descent: x^{t+1} = x^t − γ ∇f(x^t), each client sending ∇f_i(x^t) in full.
+
+    The uncompressed parent of every method (the identity compressor reduces DCGD, EF, EF21 and
+    EF21-W to it). Theory step: 1/L (descent lemma; ``stepsize_dcgd`` with ω = 0).
+    """
+
+    requires = "none"
+
+    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
+        return dcgd_theory(cfg)
+
+    def init_clients(
+        self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
+    ) -> tuple[Group, Message]:
+        return Group(ids), Message(None, cfg.no_traffic(ids.numel()))
+
+    def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
+        return XState(x0)
+
+    def client_step(
+        self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int
+    ) -> tuple[Group, Message]:
+        grads = oracle.grads(server.x, clients.ids)
+        values = grads * client_weights(cfg, clients.ids)
+        return clients, Message(values, cfg.dense_traffic(clients.ids.numel()))
+
+    def server_post(
+        self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int
+    ) -> XState:
+        assert aggregate is not None
+        return XState(server.x - cfg.stepsize * aggregate)
+
+
+@METHODS.register("dcgd")
+class DCGD(Method[XState, Group]):
+    """Distributed compressed gradient descent ([K18], distributed quantized GD; methods.md §3).
+
+    Client i sends Q_i^t(∇f_i(x^t)) with an unbiased compressor (a fresh keyed draw per client
+    and round); the server steps x^{t+1} = x^t − γ (1/n) Σ_i Q_i^t(∇f_i(x^t)). No client state.
+    Converges to a neighbourhood of size ∝ γω(1/n)Σ‖∇f_i(x*)‖² unless all ∇f_i(x*) = 0.
+    Theory step: 1/(L + 2ωL_max/n) (``stepsize_dcgd``, convex f_i, (D)).
+    """
+
+    requires = "unbiased"
+
+    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
+        return dcgd_theory(cfg)
+
+    def init_clients(
+        self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
+    ) -> tuple[Group, Message]:
+        return Group(ids), Message(None, cfg.no_traffic(ids.numel()))
+
+    def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
+        return XState(x0)
+
+    def client_step(
+        self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int
+    ) -> tuple[Group, Message]:
+        ids = clients.ids
+        q = cfg.compress(oracle.grads(server.x, ids), ids, r)
+        return clients, Message(q * client_weights(cfg, ids), cfg.compressed_traffic(q))
+
+    def server_post(
+        self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int
+    ) -> XState:
+        assert aggregate is not None
+        return XState(server.x - cfg.stepsize * aggregate)

@@ -1,0 +1,147 @@
+"""Plain per-client loops of the methods, written independently of ``shrinkgrad.methods``.
+
+Each function runs one algorithm of methods.md §3 client by client, with the per-client keys of
+the library's documented convention (the step producing round r draws at ``round=r`` in the
+streams "compressor", "participation", "minibatch"; the initialisation at round 0), and returns
+the list of iterates x⁰, x¹, …. Gradients come from the fixture's raw data (A_i, y_i), not from
+the problem's batched oracles.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shrinkgrad.compressors import Compressor
+from shrinkgrad.rng import Keys
+
+
+def grad_i(problem: object, i: int, x: torch.Tensor) -> torch.Tensor:
+    A, y, m = problem.A[i], problem.y[i], problem.m  # type: ignore[attr-defined]
+    return A.T @ (A @ x - y) / m
+
+
+def stoch_grad_i(problem: object, i: int, x: torch.Tensor, b: int, key: Keys) -> torch.Tensor:
+    A, y, m = problem.A[i], problem.y[i], problem.m  # type: ignore[attr-defined]
+    rows = (key.uniform(b, torch.float64) * m).long()
+    As, ys = A[rows], y[rows]
+    return As.T @ (As @ x - ys) / b
+
+
+def key(seed: int, r: int, i: int, stream: str = "compressor") -> Keys:
+    return Keys.derive(seed, round=r, client=i, stream=stream)
+
+
+def compress(C: Compressor, v: torch.Tensor, seed: int, r: int, i: int) -> torch.Tensor:
+    return C(v, None if C.deterministic else key(seed, r, i))
+
+
+def gd_loop(problem: object, gamma: float, rounds: int, x0: torch.Tensor) -> list[torch.Tensor]:
+    xs = [x0]
+    x = x0
+    for _ in range(rounds):
+        x = x - gamma * problem.grad(x)  # type: ignore[attr-defined]
+        xs.append(x)
+    return xs
+
+
+def dcgd_loop(
+    problem: object, C: Compressor, gamma: float, seed: int, rounds: int, x0: torch.Tensor
+) -> list[torch.Tensor]:
+    n = problem.n  # type: ignore[attr-defined]
+    xs, x = [x0], x0
+    for r in range(1, rounds + 1):
+        total = torch.zeros_like(x)
+        for i in range(n):
+            total = total + compress(C, grad_i(problem, i, x), seed, r, i)
+        x = x - gamma * total / n
+        xs.append(x)
+    return xs
+
+
+def ef_loop(
+    problem: object, C: Compressor, gamma: float, seed: int, rounds: int, x0: torch.Tensor
+) -> list[torch.Tensor]:
+    n = problem.n  # type: ignore[attr-defined]
+    e = [torch.zeros_like(x0) for _ in range(n)]
+    xs, x = [x0], x0
+    for r in range(1, rounds + 1):
+        total = torch.zeros_like(x)
+        for i in range(n):
+            p = e[i] + gamma * grad_i(problem, i, x)
+            v = compress(C, p, seed, r, i)
+            e[i] = p - v
+            total = total + v
+        x = x - total / n
+        xs.append(x)
+    return xs
+
+
+def ef21_loop(
+    problem: object,
+    C: Compressor,
+    gamma: float,
+    seed: int,
+    rounds: int,
+    x0: torch.Tensor,
+    *,
+    weighted: bool = False,
+    p: float = 1.0,
+    batch: int | None = None,
+) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """EF21 / EF21-W / -PP / -SGD, init g_i = s_i ∇f_i(x⁰). Returns iterates and every g_i^t."""
+    n = problem.n  # type: ignore[attr-defined]
+    L_i = problem.L_i  # type: ignore[attr-defined]
+    w = [float(L_i[i] / L_i.sum()) if weighted else 1.0 / n for i in range(n)]
+    s = [1.0 / (n * w[i]) if weighted else 1.0 for i in range(n)]
+    g_i = [s[i] * grad_i(problem, i, x0) for i in range(n)]
+    g = sum(w[i] * g_i[i] for i in range(n))
+    x = x0
+    xs, gs = [x0], [list(g_i)]
+    for r in range(1, rounds + 1):
+        x = x - gamma * g
+        for i in range(n):
+            if p < 1.0:
+                u = key(seed, r, i, "participation").uniform(1, torch.float64)[0]
+                if not u < p:
+                    continue
+            if batch is None:
+                gr = grad_i(problem, i, x)
+            else:
+                gr = stoch_grad_i(problem, i, x, batch, key(seed, r, i, "minibatch"))
+            c = compress(C, s[i] * gr - g_i[i], seed, r, i)
+            g_i[i] = g_i[i] + c
+            g = g + w[i] * c
+        xs.append(x)
+        gs.append(list(g_i))
+    return xs, gs
+
+
+def iag_loop(
+    problem: object, gamma: float, rounds: int, x0: torch.Tensor, order: list[int]
+) -> list[torch.Tensor]:
+    """Uncompressed IAG: table of ∇f_i at the last visit, x ← x − γ mean(table)."""
+    n = problem.n  # type: ignore[attr-defined]
+    table = [grad_i(problem, i, x0) for i in range(n)]
+    xs, x = [x0], x0
+    for r in range(1, rounds + 1):
+        i = order[r - 1]
+        table[i] = grad_i(problem, i, x)
+        x = x - gamma * sum(table) / n
+        xs.append(x)
+    return xs
+
+
+def delayed_loop(
+    problem: object, C: Compressor, gamma: float, seed: int, rounds: int, x0: torch.Tensor, tau: int
+) -> list[torch.Tensor]:
+    """DCGD with the fixed delay τ: client i uses x^{max(t − τ, 0)} in the step from x^t."""
+    n = problem.n  # type: ignore[attr-defined]
+    xs = [x0]
+    for r in range(1, rounds + 1):
+        t = r - 1
+        stale = xs[max(t - tau, 0)]
+        total = torch.zeros_like(x0)
+        for i in range(n):
+            total = total + compress(C, grad_i(problem, i, stale), seed, r, i)
+        xs.append(xs[-1] - gamma * total / n)
+    return xs
