@@ -22,6 +22,7 @@ __all__ = ["COMMANDS", "main"]
 #: command name -> ("module:attribute", one-line help shown by ``shrinkgrad --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("shrinkgrad.cli.listing:list_cmd", "List registered components and their maths."),
+    "theory": ("shrinkgrad.cli.theory:theory_cmd", "A problem's constants and step sizes."),
 }
 
 

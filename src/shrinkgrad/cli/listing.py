@@ -6,6 +6,7 @@ Families register a printer in :data:`LISTINGS` (name -> function printing a ric
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.console import Console
@@ -41,9 +42,51 @@ def _compressors(console: Console) -> None:
     console.print(table)
 
 
+def _datasets(console: Console) -> None:
+    from ..problems.datasets import BUNDLED
+
+    table = Table(title=escape("bundled datasets (load with shrinkgrad.datasets.load('name'))"))
+    for col in ("name", "samples", "features", "raw labels → (−1, +1)", "description"):
+        table.add_column(col)
+    for name, info in sorted(BUNDLED.items()):
+        lo, hi = info.label_values
+        labels = f"{lo:g}, {hi:g}"
+        cells = [name, str(info.n_samples), str(info.n_features), labels, info.description]
+        table.add_row(*(escape(c) for c in cells))
+    console.print(table)
+
+
+def _registry_table(console: Console, title: str, registry: Any) -> None:
+    table = Table(title=escape(title))
+    for col in ("name", "parameters", "summary"):
+        table.add_column(col)
+    for name in registry.names():
+        entry = registry.entry(name)
+        params = ", ".join(
+            p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in entry.keyword
+        )
+        table.add_row(escape(name), escape(params), escape(entry.summary))
+    console.print(table)
+
+
+def _problems(console: Console) -> None:
+    from ..problems import PROBLEMS
+
+    _registry_table(console, "problems (build with make_problem('name[param=value]'))", PROBLEMS)
+
+
+def _splits(console: Console) -> None:
+    from ..problems import SPLITS
+
+    _registry_table(console, "client splits (split='name[param=value]')", SPLITS)
+
+
 #: family name -> printer
 LISTINGS: dict[str, Callable[[Console], None]] = {
     "compressors": _compressors,
+    "datasets": _datasets,
+    "problems": _problems,
+    "splits": _splits,
 }
 
 
