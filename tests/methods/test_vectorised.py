@@ -69,7 +69,7 @@ def test_ef_equals_per_client_loop(p5: LeastSquares) -> None:
 # groups of clients with a pluggable reduction
 # --------------------------------------------------------------------------------------------
 class FakeAllReduce:
-    """``k`` threads each call ``reduce(local_values)``; every one gets the global sum.
+    """``k`` threads each call ``reduce(values, weights)``; every one gets the global weighted sum.
 
     Partial sums are added in group order, so the result is deterministic.
     """
@@ -81,8 +81,8 @@ class FakeAllReduce:
         self.barrier = threading.Barrier(k)
 
     def for_group(self, j: int):  # type: ignore[no-untyped-def]
-        def reduce(values: torch.Tensor) -> torch.Tensor:
-            self.parts[j] = values.sum(dim=0)
+        def reduce(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+            self.parts[j] = weights @ values  # the local weighted sum of this group
             if self.barrier.wait() == 0:
                 total = self.parts[0]
                 for part in self.parts[1:]:

@@ -19,7 +19,7 @@ from .base import (
     State,
     Traffic,
     make_method,
-    sum_clients,
+    weighted_sum,
 )
 from .delayed import IAG, DelayedDCGD
 from .ef import EF
@@ -52,5 +52,5 @@ __all__ = [
     "gd",
     "make_method",
     "parse_stepsize",
-    "sum_clients",
+    "weighted_sum",
 ]

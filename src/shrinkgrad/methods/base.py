@@ -9,11 +9,12 @@ Every method of methods.md §3 is written once, as three pure functions over exp
    leading tensor axis. The subset is given by the global client ids stored in ``clients.ids``;
    the ids alone determine every random draw (keyed by (seed, stream, client, round)), so a
    client computes the same thing whether it runs alone, in a group on one rank, or in the full
-   simulator batch. It returns the new client state and a :class:`Message`: the *weighted*
-   contributions (``weight_i · c_i``, weights 1/n or w_i) that the server needs summed;
-3. a **reduction** ``reduce(values) -> (d,)`` summing the contributions over clients. The
-   default :func:`sum_clients` sums the local client axis; a distributed runner passes a
-   function that sums its local clients and then ``all_reduce``-s across ranks;
+   simulator batch. It returns the new client state and a :class:`Message`: the clients'
+   vectors ``values`` (m, d) and their reduction ``weights`` (m,) (1/n, or w_i for EF21-W);
+3. a **reduction** ``reduce(values, weights) -> (d,)``, the weighted sum over clients. The
+   default :func:`weighted_sum` computes Σ_j weights[j] · values[j] over the local client axis;
+   a distributed runner passes a function that does the same on its local clients and then
+   ``all_reduce``-s (sums) the result across ranks;
 4. ``server_post(cfg, server, aggregate, r)``: the server's update from the aggregate
    (EF21: g^r = g^{r-1} + Σ_i weight_i c_i).
 
@@ -59,7 +60,7 @@ __all__ = [
     "State",
     "Traffic",
     "make_method",
-    "sum_clients",
+    "weighted_sum",
 ]
 
 #: initial g_i of the EF21 family (and the table of IAG): ∇f_i(x⁰), C(∇f_i(x⁰)) or 0
@@ -67,16 +68,20 @@ Init = Literal["full", "compressed", "zero"]
 #: which compressors a method accepts
 Requirement = Literal["none", "unbiased", "contractive"]
 
-Reduce = Callable[[torch.Tensor], torch.Tensor]
+#: ``reduce(values (m, d), weights (m,)) -> (d,)``: Σ_j weights[j] · values[j] over all clients
+Reduce = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class NonFiniteError(ValueError):
     """A method produced non-finite values (it diverged): raised instead of computing with NaN."""
 
 
-def sum_clients(values: torch.Tensor) -> torch.Tensor:
-    """The default reduction: sum the (already weighted) contributions over the client axis."""
-    return values.sum(dim=0)
+def weighted_sum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The default reduction: Σ_j weights[j] · values[j] over the local client axis (one gemv).
+
+    With weights 1/n this is the average (1/n) Σ_i c_i of [EF21]; with w_i, Σ_i w_i c_i of [EFR].
+    """
+    return weights @ values
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,12 +105,14 @@ class Traffic(NamedTuple):
 class Message(NamedTuple):
     """What a group of clients hands to the reduction.
 
-    ``values`` has shape (m, d): row j is client ``ids[j]``'s contribution, already multiplied by
-    its reduction weight (1/n, or w_i for the weighted methods); it is ``None`` when the round has
-    nothing to aggregate (e.g. DCGD's initialisation). ``traffic`` is what it cost.
+    ``values`` has shape (m, d): row j is client ``ids[j]``'s vector (zero for a client that sent
+    nothing); ``weights`` (m,) are the clients' reduction weights (1/n, or w_i for the weighted
+    methods). Both are ``None`` when the round has nothing to aggregate (e.g. DCGD's
+    initialisation). ``traffic`` is what it cost.
     """
 
     values: torch.Tensor | None
+    weights: torch.Tensor | None
     traffic: Traffic
 
 
@@ -288,6 +295,10 @@ class Config:
                     "method diverged; try a smaller step size)"
                 ) from None
             raise
+
+    def message(self, values: torch.Tensor, ids: torch.Tensor, traffic: Traffic) -> Message:
+        """A :class:`Message` of the clients ``ids`` with their reduction weights."""
+        return Message(values, self.weights[ids], traffic)
 
     # -- bit counting -------------------------------------------------------------------------
     @property
@@ -525,7 +536,7 @@ class BoundMethod(Generic[ServerT, ClientT]):
         x0: torch.Tensor,
         oracle: GradientOracle,
         ids: torch.Tensor | None = None,
-        reduce: Reduce = sum_clients,
+        reduce: Reduce = weighted_sum,
     ) -> tuple[State[ServerT, ClientT], Traffic]:
         """Round 0 for the clients ``ids`` (default: all n), reducing with ``reduce``."""
         cfg = self.cfg
@@ -534,24 +545,29 @@ class BoundMethod(Generic[ServerT, ClientT]):
             raise ValueError(f"x0 must have shape ({cfg.d},), got {tuple(x0.shape)}")
         ids_t = _check_ids(ids, cfg)
         clients, msg = self.method.init_clients(cfg, x0, oracle, ids_t)
-        aggregate = None if msg.values is None else reduce(msg.values)
-        server = self.method.init_server(cfg, x0, aggregate)
+        server = self.method.init_server(cfg, x0, _reduce(msg, reduce))
         return State(0, server, clients), msg.traffic
 
     def step(
         self,
         state: State[ServerT, ClientT],
         oracle: GradientOracle,
-        reduce: Reduce = sum_clients,
+        reduce: Reduce = weighted_sum,
     ) -> tuple[State[ServerT, ClientT], Traffic]:
         """One round: server part, client part on ``state.clients``, reduction, server part."""
         r = state.round + 1
         m = self.method
         server = m.server_pre(self.cfg, state.server, r)
         clients, msg = m.client_step(self.cfg, server, state.clients, oracle, r)
-        aggregate = None if msg.values is None else reduce(msg.values)
-        server = m.server_post(self.cfg, server, aggregate, r)
+        server = m.server_post(self.cfg, server, _reduce(msg, reduce), r)
         return State(r, server, clients), msg.traffic
+
+
+def _reduce(msg: Message, reduce: Reduce) -> torch.Tensor | None:
+    if msg.values is None:
+        return None
+    assert msg.weights is not None
+    return reduce(msg.values, msg.weights)
 
 
 def _check_ids(ids: torch.Tensor | None, cfg: Config) -> torch.Tensor:

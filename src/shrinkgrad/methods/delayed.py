@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from .base import METHODS, Config, GradientOracle, Init, Message, Method
-from .gd import Group, client_weights, dcgd_theory
+from .gd import Group, dcgd_theory
 from .stepsize import theory_function
 
 __all__ = ["IAG", "DelayModel", "DelayedDCGD", "HistState", "IAGClients", "IAGServer"]
@@ -107,7 +107,7 @@ class DelayedDCGD(Method[HistState, Group]):
     def init_clients(
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
     ) -> tuple[Group, Message]:
-        return Group(ids), Message(None, cfg.no_traffic(ids.numel()))
+        return Group(ids), Message(None, None, cfg.no_traffic(ids.numel()))
 
     def init_server(
         self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
@@ -126,7 +126,7 @@ class DelayedDCGD(Method[HistState, Group]):
             slots = (t - delays) % (self.tau + 1)
             grads = oracle.grads(server.history[slots], ids)
         q = cfg.compress(grads, ids, r)
-        return clients, Message(q * client_weights(cfg, ids), cfg.compressed_traffic(q))
+        return clients, cfg.message(q, ids, cfg.compressed_traffic(q))
 
     def server_post(
         self, cfg: Config, server: HistState, aggregate: torch.Tensor | None, r: int
@@ -204,20 +204,17 @@ class IAG(Method[IAGServer, IAGClients]):
         m = ids.numel()
         if self.init == "zero":
             table = torch.zeros(m, cfg.d, dtype=cfg.dtype, device=cfg.device)
-            return IAGClients(ids, table), Message(table, cfg.no_traffic(m))
+            return IAGClients(ids, table), Message(None, None, cfg.no_traffic(m))
         grads = oracle.grads(x0, ids)
         if self.init == "full":
-            return IAGClients(ids, grads), Message(
-                grads * client_weights(cfg, ids), cfg.dense_traffic(m)
-            )
+            return IAGClients(ids, grads), cfg.message(grads, ids, cfg.dense_traffic(m))
         q = cfg.compress(grads, ids, 0)
-        return IAGClients(ids, q), Message(q * client_weights(cfg, ids), cfg.compressed_traffic(q))
+        return IAGClients(ids, q), cfg.message(q, ids, cfg.compressed_traffic(q))
 
     def init_server(
         self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
     ) -> IAGServer:
-        assert aggregate is not None
-        return IAGServer(x0, aggregate)
+        return IAGServer(x0, torch.zeros_like(x0) if aggregate is None else aggregate)
 
     def client_step(
         self, cfg: Config, server: IAGServer, clients: IAGClients, oracle: GradientOracle, r: int
@@ -226,15 +223,17 @@ class IAG(Method[IAGServer, IAGClients]):
         active = ids == self.active_client(cfg, r)
         values = torch.zeros_like(clients.table)
         if not bool(active.any()):  # the active client is in another group
-            return clients, Message(values, cfg.no_traffic(ids.numel()))
+            return clients, cfg.message(values, ids, cfg.no_traffic(ids.numel()))
         sel = ids[active]
         q = cfg.compress(oracle.grads(server.x, sel), sel, r)
         table = clients.table.clone()
-        values[active] = (q - table[active]) * client_weights(cfg, sel)
+        values[active] = q - table[active]
         table[active] = q
         full_q = torch.zeros_like(table)
         full_q[active] = q
-        return IAGClients(ids, table), Message(values, cfg.compressed_traffic(full_q, active))
+        return IAGClients(ids, table), cfg.message(
+            values, ids, cfg.compressed_traffic(full_q, active)
+        )
 
     def server_post(
         self, cfg: Config, server: IAGServer, aggregate: torch.Tensor | None, r: int

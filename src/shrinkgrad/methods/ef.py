@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from .base import METHODS, Config, GradientOracle, Message, Method
-from .gd import XState, client_weights
+from .gd import XState
 
 __all__ = ["EF", "EFClients"]
 
@@ -41,7 +41,7 @@ class EF(Method[XState, EFClients]):
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
     ) -> tuple[EFClients, Message]:
         e = torch.zeros(ids.numel(), cfg.d, dtype=cfg.dtype, device=cfg.device)
-        return EFClients(ids, e), Message(None, cfg.no_traffic(ids.numel()))
+        return EFClients(ids, e), Message(None, None, cfg.no_traffic(ids.numel()))
 
     def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
         return XState(x0)
@@ -52,9 +52,7 @@ class EF(Method[XState, EFClients]):
         ids = clients.ids
         p = clients.e + cfg.stepsize * oracle.grads(server.x, ids)
         v = cfg.compress(p, ids, r)
-        return EFClients(ids, p - v), Message(
-            v * client_weights(cfg, ids), cfg.compressed_traffic(v)
-        )
+        return EFClients(ids, p - v), cfg.message(v, ids, cfg.compressed_traffic(v))
 
     def server_post(
         self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int

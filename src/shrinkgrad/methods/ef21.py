@@ -33,7 +33,6 @@ from typing import Literal, NamedTuple
 import torch
 
 from .base import METHODS, Config, Constants, GradientOracle, Init, Message, Method
-from .gd import client_weights
 from .stepsize import theory_function
 
 __all__ = ["EF21", "EF21Clients", "EF21Server"]
@@ -244,14 +243,12 @@ class EF21(Method[EF21Server, EF21Clients]):
         m = ids.numel()
         if self.init == "zero":
             g = torch.zeros(m, cfg.d, dtype=cfg.dtype, device=cfg.device)
-            return EF21Clients(ids, g), Message(None, cfg.no_traffic(m))
+            return EF21Clients(ids, g), Message(None, None, cfg.no_traffic(m))
         target = self._targets(cfg, x0, ids, oracle, 0)
         if self.init == "full":
-            return EF21Clients(ids, target), Message(
-                target * client_weights(cfg, ids), cfg.dense_traffic(m)
-            )
+            return EF21Clients(ids, target), cfg.message(target, ids, cfg.dense_traffic(m))
         c = cfg.compress(target, ids, 0)
-        return EF21Clients(ids, c), Message(c * client_weights(cfg, ids), cfg.compressed_traffic(c))
+        return EF21Clients(ids, c), cfg.message(c, ids, cfg.compressed_traffic(c))
 
     def init_server(
         self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
@@ -276,16 +273,12 @@ class EF21(Method[EF21Server, EF21Clients]):
         part = self.participants(cfg, ids, r)
         if part is None or bool(part.all()):
             c = cfg.compress(self._targets(cfg, server.x, ids, oracle, r) - g, ids, r)
-            return EF21Clients(ids, g + c), Message(
-                c * client_weights(cfg, ids), cfg.compressed_traffic(c)
-            )
+            return EF21Clients(ids, g + c), cfg.message(c, ids, cfg.compressed_traffic(c))
         c = torch.zeros_like(g)
         if bool(part.any()):
             sel = ids[part]
             c[part] = cfg.compress(self._targets(cfg, server.x, sel, oracle, r) - g[part], sel, r)
-        return EF21Clients(ids, g + c), Message(
-            c * client_weights(cfg, ids), cfg.compressed_traffic(c, part)
-        )
+        return EF21Clients(ids, g + c), cfg.message(c, ids, cfg.compressed_traffic(c, part))
 
     def server_post(
         self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int

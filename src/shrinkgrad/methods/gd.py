@@ -13,7 +13,7 @@ import torch
 from .base import METHODS, Config, GradientOracle, Message, Method
 from .stepsize import theory_function
 
-__all__ = ["DCGD", "GD", "Group", "XState"]
+__all__ = ["DCGD", "GD", "Group", "XState", "dcgd_theory"]
 
 
 class XState(NamedTuple):
@@ -26,11 +26,6 @@ class Group(NamedTuple):
     """Client state of the stateless methods: only the global ids (m,) of the group."""
 
     ids: torch.Tensor
-
-
-def client_weights(cfg: Config, ids: torch.Tensor) -> torch.Tensor:
-    """The reduction weights of the clients ``ids`` as a column (m, 1)."""
-    return cfg.weights[ids].unsqueeze(1)
 
 
 def dcgd_theory(cfg: Config) -> tuple[float, str]:
@@ -57,7 +52,7 @@ class GD(Method[XState, Group]):
     def init_clients(
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
     ) -> tuple[Group, Message]:
-        return Group(ids), Message(None, cfg.no_traffic(ids.numel()))
+        return Group(ids), Message(None, None, cfg.no_traffic(ids.numel()))
 
     def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
         return XState(x0)
@@ -66,8 +61,7 @@ class GD(Method[XState, Group]):
         self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int
     ) -> tuple[Group, Message]:
         grads = oracle.grads(server.x, clients.ids)
-        values = grads * client_weights(cfg, clients.ids)
-        return clients, Message(values, cfg.dense_traffic(clients.ids.numel()))
+        return clients, cfg.message(grads, clients.ids, cfg.dense_traffic(clients.ids.numel()))
 
     def server_post(
         self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int
@@ -94,7 +88,7 @@ class DCGD(Method[XState, Group]):
     def init_clients(
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
     ) -> tuple[Group, Message]:
-        return Group(ids), Message(None, cfg.no_traffic(ids.numel()))
+        return Group(ids), Message(None, None, cfg.no_traffic(ids.numel()))
 
     def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
         return XState(x0)
@@ -104,7 +98,7 @@ class DCGD(Method[XState, Group]):
     ) -> tuple[Group, Message]:
         ids = clients.ids
         q = cfg.compress(oracle.grads(server.x, ids), ids, r)
-        return clients, Message(q * client_weights(cfg, ids), cfg.compressed_traffic(q))
+        return clients, cfg.message(q, ids, cfg.compressed_traffic(q))
 
     def server_post(
         self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int

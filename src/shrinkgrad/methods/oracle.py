@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from ..rng import Keys
-from .base import ProblemLike
+from .base import NonFiniteError, ProblemLike
 
 __all__ = ["ProblemOracle"]
 
@@ -46,9 +46,18 @@ class ProblemOracle:
             return True
         return False
 
+    @staticmethod
+    def _finite(x: torch.Tensor) -> None:
+        if not bool(torch.isfinite(x).all()):
+            raise NonFiniteError(
+                "a gradient was requested at a point with NaN or inf entries: the method "
+                "diverged (try a smaller step size)"
+            )
+
     def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Row j: ∇f_{ids[j]}(x) (x of shape (d,)) or ∇f_{ids[j]}(x[j]) (x of shape (m, d))."""
         p = self.problem
+        self._finite(x)
         if x.ndim == 1:
             G = p.client_grads(x)
             return G if self._is_all(ids) else G[ids]
@@ -63,6 +72,7 @@ class ProblemOracle:
     ) -> torch.Tensor:
         """Minibatch estimators of the clients ``ids`` (sampling keyed per client)."""
         p = self.problem
+        self._finite(x)
         if self._is_all(ids):
             return p.client_stoch_grads(x, batch_sizes, keys)
         lo = torch.zeros(self.n, dtype=torch.int64, device=keys.lo.device)
