@@ -8,20 +8,41 @@ bit counts, as a vectorised simulator, a CLI and torch.distributed training.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .compressors import COMPRESSORS, Compressor, make_compressor
+from .methods import METHODS, Method, make_method
 from .registry import Registry, SpecError, parse_spec
 from .rng import Keys, KeyStream
+
+if TYPE_CHECKING:
+    from .sim import SimResult, simulate
+
+
+def __getattr__(name: str) -> Any:
+    # the simulator pulls in pandas and the problems package: imported on first use only
+    if name in ("simulate", "SimResult"):
+        from . import sim
+
+        return getattr(sim, name)
+    raise AttributeError(f"module 'shrinkgrad' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 
 __all__ = [
     "COMPRESSORS",
+    "METHODS",
     "Compressor",
     "KeyStream",
     "Keys",
+    "Method",
     "Registry",
+    "SimResult",
     "SpecError",
     "__version__",
     "make_compressor",
+    "make_method",
     "parse_spec",
+    "simulate",
 ]

@@ -303,3 +303,22 @@ def test_float32_runs_stay_float32() -> None:
 def test_unknown_method_suggests_a_name() -> None:
     with pytest.raises(SpecError, match="did you mean 'ef21'"):
         make_method("ef12")
+
+
+def test_cli_lists_every_method() -> None:
+    from click.testing import CliRunner
+
+    from shrinkgrad.cli import cli
+
+    out = CliRunner().invoke(cli, ["list", "methods"], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    for name in METHODS.names():
+        assert name in out.output
+    assert "L_AM ξ(α)" in out.output and "contractive" in out.output
+
+
+def test_package_root_exports() -> None:
+    import shrinkgrad
+
+    assert shrinkgrad.make_method("ef21").name == "ef21"
+    assert callable(shrinkgrad.simulate) and shrinkgrad.SimResult.__name__ == "SimResult"

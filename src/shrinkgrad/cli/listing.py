@@ -81,10 +81,29 @@ def _splits(console: Console) -> None:
     _registry_table(console, "client splits (split='name[param=value]')", SPLITS)
 
 
+def _methods(console: Console) -> None:
+    from ..methods import METHODS
+
+    title = "methods (simulate(problem, 'name[param=value]', compressor, stepsize='theory*m'))"
+    table = Table(title=escape(title))
+    for col in ("name", "parameters", "compressor", "theory step size", "summary"):
+        table.add_column(col)
+    for name in METHODS.names():
+        entry = METHODS.entry(name)
+        method = METHODS.make(name)
+        params = ", ".join(
+            p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in entry.keyword
+        )
+        cells = [name, params, method.requires, method.theory_formula(), entry.summary]
+        table.add_row(*(escape(c) for c in cells))
+    console.print(table)
+
+
 #: family name -> printer
 LISTINGS: dict[str, Callable[[Console], None]] = {
     "compressors": _compressors,
     "datasets": _datasets,
+    "methods": _methods,
     "problems": _problems,
     "splits": _splits,
 }

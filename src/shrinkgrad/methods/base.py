@@ -481,6 +481,10 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         return torch.full((consts.n,), 1.0 / consts.n, dtype=torch.float64)
 
     # -- the parts ---------------------------------------------------------------------------
+    def theory_formula(self) -> str:
+        """The theory step-size rule in words (``shrinkgrad list methods``, docs)."""
+        return "none: pass a number"
+
     @abc.abstractmethod
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         """The theory step size of methods.md §4 and the name of the rule used."""

@@ -88,6 +88,9 @@ class DelayedDCGD(Method[HistState, Group]):
     def default_spec(self) -> str:
         return f"delayed_dcgd[tau={self.tau},model={self.model}]"
 
+    def theory_formula(self) -> str:
+        return "min{1/(L + 2ω L_max/n), 0.99·2/[L(1 + √(1 + 8τ(τ+1)))]} ([K18], (?))"
+
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         return delayed_theory(cfg, self.tau)
 
@@ -182,6 +185,9 @@ class IAG(Method[IAGServer, IAGClients]):
 
     def default_spec(self) -> str:
         return f"iag[order={self.order},init={self.init}]"
+
+    def theory_formula(self) -> str:
+        return "delayed rule with τ = n − 1 (cyclic order only; [K18], (?))"
 
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         if self.order == "random":

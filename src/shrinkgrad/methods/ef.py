@@ -31,6 +31,9 @@ class EF(Method[XState, EFClients]):
 
     requires = "contractive"
 
+    def theory_formula(self) -> str:
+        return "none in methods.md §4: pass a number"
+
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         raise ValueError(
             "ef (classic error feedback) has no theory step size in methods.md §4; pass a number "

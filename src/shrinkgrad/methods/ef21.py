@@ -185,6 +185,18 @@ class EF21(Method[EF21Server, EF21Clients]):
         w: torch.Tensor = theory_function("ef21w_weights")(consts.L_i)
         return w.to(torch.float64)
 
+    def theory_formula(self) -> str:
+        am = self.weighted or self.rule == "reloaded"
+        Lm = "L_AM" if am else "L_QM"
+        if self.pl:
+            return f"min{{1/(L + {Lm}·√(2β/θ)), θ/(2μ)}} (PL)"
+        if self.partial:
+            return f"1/(L + √(B/θ_p)), B ∝ {Lm}² ([BW] Thm 7{', [EFR] §3.2' if am else ''})"
+        if self.batch is not None:
+            return f"1/(L + {Lm} ξ(α_ν)) (stepsize_ef21{'w' if am else ''}_sgd, σ² = sigma2)"
+        src = "[EFR] Thms 2, 3" if am else "[EF21] Thm 1"
+        return f"1/(L + {Lm} ξ(α)) ({src})"
+
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         c = cfg.constants
         am = self.weighted or self.rule == "reloaded"  # the L_AM rules of [EFR]

@@ -46,6 +46,9 @@ class GD(Method[XState, Group]):
 
     requires = "none"
 
+    def theory_formula(self) -> str:
+        return "1/L (descent lemma)"
+
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         return dcgd_theory(cfg)
 
@@ -81,6 +84,9 @@ class DCGD(Method[XState, Group]):
     """
 
     requires = "unbiased"
+
+    def theory_formula(self) -> str:
+        return "1/(L + 2ω L_max/n) (stepsize_dcgd)"
 
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         return dcgd_theory(cfg)
