@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..rng_numba import bits32, mix32
 
 __all__ = [
+    "CHUNK",
     "NON_FINITE",
     "OK",
     "OVERFLOW",
@@ -51,58 +52,60 @@ _U1 = np.uint64(1)
 
 
 # --------------------------------------------------------------------------------------------
-# row statistics: sum of squares, max |x|, sum |x| (float64 accumulation, non-finite detection)
+# row statistics: sum of squares or of |x| (float64, deterministic chunked order), finiteness
 # --------------------------------------------------------------------------------------------
-@njit(cache=True)
+#: chunk length of the parallel loops (a multiple of 4, so a chunk starts on a fresh word)
+CHUNK = 1 << 14
+
+
+@njit(cache=True, parallel=True)
 def row_stats(x2: np.ndarray, what: int, res: np.ndarray) -> int:  # pragma: no cover - compiled
-    """``what`` = 0: Σ x_j², 1: max |x_j|, 2: Σ |x_j| per row into ``res`` (float64)."""
+    """``what`` = 0: Σ x_j², 2: Σ |x_j| per row into ``res`` (float64).
+
+    Partial sums over fixed chunks are added in chunk order, so the result does not depend on
+    the number of threads; NON_FINITE when a row holds inf or nan.
+    """
     n, d = x2.shape
+    nch = (d + CHUNK - 1) // CHUNK
+    part = np.empty(nch, dtype=np.float64)
     for r in range(n):
         row = x2[r]
-        a0 = 0.0
-        a1 = 0.0
-        a2 = 0.0
-        a3 = 0.0
-        bad = 0.0
-        j = 0
-        while j + 4 <= d:
-            v0 = abs(np.float64(row[j]))
-            v1 = abs(np.float64(row[j + 1]))
-            v2 = abs(np.float64(row[j + 2]))
-            v3 = abs(np.float64(row[j + 3]))
-            bad += (v0 + v1 + v2 + v3) * 0.0
-            if what == 0:
-                a0 += v0 * v0
-                a1 += v1 * v1
-                a2 += v2 * v2
-                a3 += v3 * v3
-            elif what == 1:
-                a0 = max(a0, v0)
-                a1 = max(a1, v1)
-                a2 = max(a2, v2)
-                a3 = max(a3, v3)
-            else:
-                a0 += v0
-                a1 += v1
-                a2 += v2
-                a3 += v3
-            j += 4
-        while j < d:
-            v0 = abs(np.float64(row[j]))
-            bad += v0 * 0.0
-            if what == 0:
-                a0 += v0 * v0
-            elif what == 1:
-                a0 = max(a0, v0)
-            else:
-                a0 += v0
-            j += 1
-        if bad != 0.0:
-            return NON_FINITE
-        if what == 1:
-            res[r] = max(max(a0, a1), max(a2, a3))
-        else:
-            res[r] = (a0 + a1) + (a2 + a3)
+        for c in prange(nch):
+            j = c * CHUNK
+            end = min(d, j + CHUNK)
+            a0 = 0.0
+            a1 = 0.0
+            a2 = 0.0
+            a3 = 0.0
+            while j + 4 <= end:
+                v0 = abs(np.float64(row[j]))
+                v1 = abs(np.float64(row[j + 1]))
+                v2 = abs(np.float64(row[j + 2]))
+                v3 = abs(np.float64(row[j + 3]))
+                if what == 0:
+                    a0 += v0 * v0
+                    a1 += v1 * v1
+                    a2 += v2 * v2
+                    a3 += v3 * v3
+                else:
+                    a0 += v0
+                    a1 += v1
+                    a2 += v2
+                    a3 += v3
+                j += 4
+            while j < end:
+                v0 = abs(np.float64(row[j]))
+                a0 += v0 * v0 if what == 0 else v0
+                j += 1
+            part[c] = (a0 + a1) + (a2 + a3)
+        total = 0.0
+        for c in range(nch):
+            total += part[c]
+        if not (total < np.inf):  # inf or nan: a non-finite entry (float32 squares never overflow)
+            for j in range(d):
+                if not (abs(row[j]) < np.inf):
+                    return NON_FINITE
+        res[r] = total
     return OK
 
 
@@ -132,7 +135,7 @@ def _round_up(
     return w2 < (t2 - tb2) * _TWO32
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def round_rows(  # pragma: no cover - compiled
     x2: np.ndarray,
     scale: np.ndarray,
@@ -151,37 +154,39 @@ def round_rows(  # pragma: no cover - compiled
     n, d = x2.shape
     fs = x2.dtype.type(s)
     one = x2.dtype.type(1.0)
+    zero = x2.dtype.type(0.0)
+    nch = (d + CHUNK - 1) // CHUNK
     for r in range(n):
         row = x2[r]
         o = out[r]
         sc = scale[r]
-        if sc == 0:
-            for j in range(d):
-                o[j] = np.copysign(x2.dtype.type(0.0), row[j])
-            continue
         k0 = lo[r]
         k1 = hi[r]
         e0 = lo2[r]
         e1 = hi2[r]
-        word = np.uint64(0)
-        for j in range(d):
-            if (j & 3) == 0:
-                word = bits32(k0, k1, np.uint64(j >> 2))
-            xv = row[j]
-            rr = abs(xv) / sc
-            fl = np.floor(rr)
-            if fl >= fs:
-                lev = fs
-            else:
-                byte = (word >> (_U8 * (np.uint64(j) & _U3))) & _U255
-                lev = fl
-                if _round_up(float(rr - fl), byte, e0, e1, j):
-                    lev = fl + one
-            o[j] = np.copysign(sc * lev, xv)
+        for c in prange(nch):
+            word = np.uint64(0)
+            for j in range(c * CHUNK, min(d, (c + 1) * CHUNK)):
+                xv = row[j]
+                if sc == 0:
+                    o[j] = np.copysign(zero, xv)
+                    continue
+                if (j & 3) == 0:
+                    word = bits32(k0, k1, np.uint64(j >> 2))
+                rr = abs(xv) / sc
+                fl = np.floor(rr)
+                if fl >= fs:
+                    lev = fs
+                else:
+                    byte = (word >> (_U8 * (np.uint64(j) & _U3))) & _U255
+                    lev = fl
+                    if _round_up(float(rr - fl), byte, e0, e1, j):
+                        lev = fl + one
+                o[j] = np.copysign(sc * lev, xv)
     return OK
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def dither_rows(  # pragma: no cover - compiled
     x2: np.ndarray,
     norm: np.ndarray,
@@ -195,92 +200,101 @@ def dither_rows(  # pragma: no cover - compiled
     """Natural dithering: unbiased rounding of u = |x_j|/‖x‖ to {0, 2^{1−s}, …, 1/2, 1}."""
     n, d = x2.shape
     one = x2.dtype.type(1.0)
+    zero = x2.dtype.type(0.0)
     low = x2.dtype.type(2.0 ** (1 - s))
+    nch = (d + CHUNK - 1) // CHUNK
     for r in range(n):
         row = x2[r]
         o = out[r]
         nr = norm[r]
-        if nr == 0:
-            for j in range(d):
-                o[j] = np.copysign(x2.dtype.type(0.0), row[j])
-            continue
         k0 = lo[r]
         k1 = hi[r]
         e0 = lo2[r]
         e1 = hi2[r]
-        word = np.uint64(0)
-        for j in range(d):
-            if (j & 3) == 0:
-                word = bits32(k0, k1, np.uint64(j >> 2))
-            xv = row[j]
-            u = min(abs(xv) / nr, one)
-            byte = (word >> (_U8 * (np.uint64(j) & _U3))) & _U255
-            if u < low:
-                a = x2.dtype.type(0.0)
-                b = low
-                frac = float(u / low)
-            else:
-                _, e = math.frexp(u)
-                a = x2.dtype.type(math.ldexp(1.0, e - 1))
-                b = a + a
-                frac = float(u / a - one)
-            lev = b if _round_up(frac, byte, e0, e1, j) else a
-            o[j] = np.copysign(nr * lev, xv)
+        for c in prange(nch):
+            word = np.uint64(0)
+            for j in range(c * CHUNK, min(d, (c + 1) * CHUNK)):
+                xv = row[j]
+                if nr == 0:
+                    o[j] = np.copysign(zero, xv)
+                    continue
+                if (j & 3) == 0:
+                    word = bits32(k0, k1, np.uint64(j >> 2))
+                u = min(abs(xv) / nr, one)
+                byte = (word >> (_U8 * (np.uint64(j) & _U3))) & _U255
+                if u < low:
+                    a = zero
+                    b = low
+                    frac = float(u / low)
+                else:
+                    _, e = math.frexp(u)
+                    a = x2.dtype.type(math.ldexp(1.0, e - 1))
+                    b = a + a
+                    frac = float(u / a - one)
+                lev = b if _round_up(frac, byte, e0, e1, j) else a
+                o[j] = np.copysign(nr * lev, xv)
     return OK
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def natural_rows(  # pragma: no cover - compiled
-    x2: np.ndarray,
-    tiny: float,
-    top: float,
+    xu: np.ndarray,
+    nbits: int,
+    mant: int,
     lo: np.ndarray,
     hi: np.ndarray,
     lo2: np.ndarray,
     hi2: np.ndarray,
-    out: np.ndarray,
+    outu: np.ndarray,
 ) -> int:
-    """Natural compression: unbiased rounding of |x_j| to a neighbouring power of two.
+    """Natural compression on the IEEE bit patterns (unsigned views of x and out).
 
-    Values below ``tiny`` (the smallest normal number) round to 0 or ``tiny``; values above
-    ``top`` (the largest power of two of the dtype) would round up past the dtype: OVERFLOW.
+    |x_j| = (1 + m/2^mant)·2^e rounds to 2^{e+1} with probability m/2^mant, else to 2^e
+    (zero exponent field: subnormals round to 0 or the smallest normal, with probability
+    m/2^mant = |x_j|/2^{e_min}); the sign bit is kept. An all-ones exponent (inf/nan) gives
+    NON_FINITE, a value above the largest power of two gives OVERFLOW.
     """
-    n, d = x2.shape
-    ft = x2.dtype.type(tiny)
-    inv_tiny = x2.dtype.type(1.0 / tiny)
-    one = x2.dtype.type(1.0)
-    zero = x2.dtype.type(0.0)
+    n, d = xu.shape
+    sign = np.uint64(1) << np.uint64(nbits - 1)
+    um = np.uint64(mant)
+    mmask = (np.uint64(1) << um) - _U1
+    emax = (np.uint64(1) << np.uint64(nbits - 1 - mant)) - _U1
+    inv = 2.0**-mant
+    nch = (d + CHUNK - 1) // CHUNK
+    status = np.zeros(nch, dtype=np.int64)
     for r in range(n):
-        row = x2[r]
-        o = out[r]
+        row = xu[r]
+        o = outu[r]
         k0 = lo[r]
         k1 = hi[r]
         e0 = lo2[r]
         e1 = hi2[r]
-        word = np.uint64(0)
-        for j in range(d):
-            if (j & 3) == 0:
-                word = bits32(k0, k1, np.uint64(j >> 2))
-            xv = row[j]
-            a = abs(xv)
-            if not (a <= top):
-                if a > top and a < np.inf:
-                    return OVERFLOW
+        for c in prange(nch):
+            word = np.uint64(0)
+            for j in range(c * CHUNK, min(d, (c + 1) * CHUNK)):
+                if (j & 3) == 0:
+                    word = bits32(k0, k1, np.uint64(j >> 2))
+                v = np.uint64(row[j])
+                sg = v & sign
+                mag = v ^ sg
+                e = mag >> um
+                m = mag & mmask
+                if e == emax:
+                    status[c] = NON_FINITE
+                    break
+                if e == emax - _U1 and m != 0 and status[c] == OK:
+                    status[c] = OVERFLOW
+                byte = (word >> (_U8 * (np.uint64(j) & _U3))) & _U255
+                if _round_up(float(m) * inv, byte, e0, e1, j):
+                    e = e + _U1
+                o[j] = sg | (e << um)
+        worst = OK
+        for c in range(nch):
+            if status[c] == NON_FINITE:
                 return NON_FINITE
-            if a == 0:
-                o[j] = np.copysign(zero, xv)
-                continue
-            byte = (word >> (_U8 * (np.uint64(j) & _U3))) & _U255
-            if a < ft:
-                lowv = zero
-                frac = float(a * inv_tiny)
-                upv = ft
-            else:
-                _, e = math.frexp(a)
-                lowv = x2.dtype.type(math.ldexp(1.0, e - 1))
-                frac = float(a / lowv - one)
-                upv = lowv + lowv
-            o[j] = np.copysign(upv if _round_up(frac, byte, e0, e1, j) else lowv, xv)
+            worst = max(worst, status[c])
+        if worst != OK:
+            return worst
     return OK
 
 
@@ -421,7 +435,7 @@ def randk_indices(  # pragma: no cover - compiled
             row[i] = np.int64((y + rot) % ud)
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def scatter_rows(  # pragma: no cover - compiled
     x2: np.ndarray, idx: np.ndarray, scale: np.ndarray, check: bool, out: np.ndarray
 ) -> int:
@@ -430,18 +444,23 @@ def scatter_rows(  # pragma: no cover - compiled
     the dtype's range gives OVERFLOW."""
     n, d = x2.shape
     sc = scale[0]
+    nch = (d + CHUNK - 1) // CHUNK
+    bad = np.zeros(nch, dtype=np.int64)
     for r in range(n):
         row = x2[r]
         o = out[r]
-        if check:
-            bad = x2.dtype.type(0.0)
-            for j in range(d):
-                bad += row[j] * 0
+        for c in prange(nch):
+            nb = 0
+            for j in range(c * CHUNK, min(d, (c + 1) * CHUNK)):
+                if check:
+                    v = row[j]
+                    nb += (v - v) != 0
                 o[j] = 0
-            if bad != 0:
-                return NON_FINITE
-        else:
-            o[:] = 0
+            bad[c] = nb
+        if check:
+            for c in range(nch):
+                if bad[c] != 0:
+                    return NON_FINITE
         ir = idx[r]
         for i in range(ir.size):
             j = ir[i]
@@ -452,7 +471,7 @@ def scatter_rows(  # pragma: no cover - compiled
     return OK
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def bernoulli_rows(  # pragma: no cover - compiled
     x2: np.ndarray,
     p: float,
@@ -466,6 +485,8 @@ def bernoulli_rows(  # pragma: no cover - compiled
     """Keep x_j with probability p (same draw rule as the rounding kernels), times scale[0]."""
     n, d = x2.shape
     sc = scale[0]
+    nch = (d + CHUNK - 1) // CHUNK
+    bad = np.zeros(nch, dtype=np.int64)
     for r in range(n):
         row = x2[r]
         o = out[r]
@@ -473,21 +494,28 @@ def bernoulli_rows(  # pragma: no cover - compiled
         k1 = hi[r]
         e0 = lo2[r]
         e1 = hi2[r]
-        word = np.uint64(0)
-        bad = x2.dtype.type(0.0)
-        for j in range(d):
-            if (j & 3) == 0:
-                word = bits32(k0, k1, np.uint64(j >> 2))
-            xv = row[j]
-            bad += xv * 0
-            byte = (word >> (_U8 * (np.uint64(j) & _U3))) & _U255
-            if _round_up(p, byte, e0, e1, j):
-                v = xv * sc
-                if abs(v) == np.inf and abs(xv) < np.inf:
-                    return OVERFLOW
-                o[j] = v
-            else:
-                o[j] = 0
-        if bad != 0:
+        for c in prange(nch):
+            word = np.uint64(0)
+            nb = 0
+            for j in range(c * CHUNK, min(d, (c + 1) * CHUNK)):
+                if (j & 3) == 0:
+                    word = bits32(k0, k1, np.uint64(j >> 2))
+                xv = row[j]
+                nb += (xv - xv) != 0
+                byte = (word >> (_U8 * (np.uint64(j) & _U3))) & _U255
+                if _round_up(p, byte, e0, e1, j):
+                    v = xv * sc
+                    if abs(v) == np.inf and abs(xv) < np.inf:
+                        nb += 1 << 40
+                    o[j] = v
+                else:
+                    o[j] = 0
+            bad[c] = nb
+        total = 0
+        for c in range(nch):
+            total += bad[c]
+        if total % (1 << 40) != 0:
             return NON_FINITE
+        if total != 0:
+            return OVERFLOW
     return OK

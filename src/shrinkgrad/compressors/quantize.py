@@ -42,7 +42,13 @@ __all__ = ["QSGD", "NaturalCompression", "NaturalDithering", "ScaledSign", "Tern
 # shared helpers
 # --------------------------------------------------------------------------------------------
 def _row_stat(x: torch.Tensor, what: int, name: str, numba: bool) -> torch.Tensor:
-    """Σx², max|x| or Σ|x| per row in float64, checking that the input is finite."""
+    """Σx² (what=0), max|x| (1) or Σ|x| (2) per row in float64, checking that x is finite."""
+    if what == 1:  # order-free, so both paths share torch's fused min/max pass
+        lo, hi = torch.aminmax(x, dim=-1)
+        m = torch.maximum(-lo, hi)
+        if not bool(torch.isfinite(m).all()):
+            raise non_finite_error(name)
+        return m.to(torch.float64)
     if numba:
         x2 = _rows(x)
         res = np.empty(x2.shape[0], dtype=np.float64)
@@ -254,24 +260,31 @@ class Ternary(_LevelQuantizer):
 # --------------------------------------------------------------------------------------------
 # natural compression and natural dithering
 # --------------------------------------------------------------------------------------------
+def _int_view(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(bit pattern as int64 in [0, 2^nbits), nbits, mantissa bits) of a float tensor."""
+    if x.dtype == torch.float32:
+        return x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF, 32, 23
+    return x.view(torch.int64), 64, 52
+
+
 def natural_torch(x: torch.Tensor, keys: Keys, name: str) -> torch.Tensor:
-    """Natural compression of every coordinate (twin of ``natural_rows``)."""
-    fi = torch.finfo(x.dtype)
-    top = _max_pow2(x.dtype)
-    a = x.abs()
-    if not bool((a <= top).all()):
-        _require_finite(x, name)
+    """Natural compression of every coordinate on the bit patterns (twin of ``natural_rows``)."""
+    bits, nbits, mant = _int_view(x)
+    mag = bits & ((1 << (nbits - 1)) - 1)  # clears the sign bit (also for negative int64)
+    e = mag >> mant
+    m = mag & ((1 << mant) - 1)
+    emax = (1 << (nbits - 1 - mant)) - 1
+    if bool((e == emax).any()):
+        raise non_finite_error(name)
+    if bool(((e == emax - 1) & (m != 0)).any()):
         _finish(name, K.OVERFLOW, x.dtype)
-    tiny = fi.tiny
-    small = a < tiny
-    e = torch.frexp(a).exponent
-    lowv = torch.where(small, torch.zeros_like(a), _pow2(e - 1, x.dtype))
-    upv = torch.where(small, torch.full_like(a, tiny), lowv + lowv)
-    safe = torch.where(small, torch.ones_like(a), lowv)
-    frac = torch.where(small, a * (1.0 / tiny), a / safe - 1.0)
-    frac = torch.where(a == 0, torch.zeros_like(frac), frac)
-    up = draw_up(frac, keys)
-    return torch.copysign(torch.where(up, upv, lowv), x)
+    up = draw_up(m.to(torch.float64) * 2.0**-mant, keys)
+    out_bits = (e + up.to(torch.int64)) << mant
+    if x.dtype == torch.float32:
+        mag_f = out_bits.to(torch.int32).view(torch.float32)
+    else:
+        mag_f = out_bits.view(torch.float64)
+    return torch.copysign(mag_f, x)
 
 
 @COMPRESSORS.register("natural")
@@ -310,10 +323,11 @@ class NaturalCompression(Compressor):
         assert keys is not None
         if _use_numba(x):
             res, o2, copy = _out_rows(x, out)
-            fi = torch.finfo(x.dtype)
             lo, hi, lo2, hi2 = kernel_keys(keys)
-            top = _max_pow2(x.dtype)
-            status = K.natural_rows(_rows(x), fi.tiny, top, lo, hi, lo2, hi2, o2)
+            utype = np.uint32 if x.dtype == torch.float32 else np.uint64
+            nbits, mant = (32, 23) if x.dtype == torch.float32 else (64, 52)
+            xu = _rows(x).view(utype)
+            status = K.natural_rows(xu, nbits, mant, lo, hi, lo2, hi2, o2.view(utype))
             _finish(self.name, status, x.dtype)
             return _emit(res, out) if copy else res
         return _emit(natural_torch(x, keys, self.name), out)

@@ -1,0 +1,87 @@
+"""Speed of every compressor on CPU, as GB/s of input and as a ratio to a memcpy.
+
+Run: ``python benchmarks/compressors.py [--d 1e6 1e7] [--repeat 7] [--threads N]``.
+
+Like is compared with like: every compressor writes into a preallocated output tensor
+(``C(x, keys, out=buf)``) and the memcpy baseline copies the same input into a preallocated
+buffer (``buf.copy_(x)``), both measured in this run (timings on a shared 2-core machine are
+noisy; the ratio is what carries over). No allocator environment variables are changed; fresh
+allocations ≥ 4 MB inside a compressor (e.g. candidate buffers) are part of its cost. Each row
+reports the best of ``--repeat`` calls after one warm-up call (which also compiles the numba
+kernels). ``torch.topk`` is a reference row (values + indices of the k largest |x_j|, no dense
+output). The numba kernels are single-threaded; torch uses its default intra-op threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from shrinkgrad import make_compressor
+from shrinkgrad.rng import Keys
+
+SPECS = [
+    "identity",
+    "top_k[k={k}]",
+    "rand_k[k={k}]",
+    "rand_k_scaled[k={k}]",
+    "bernoulli[p=0.01]",
+    "qsgd[s=16]",
+    "qsgd[s=1]",
+    "ternary",
+    "natural",
+    "natural_dithering[s=8]",
+    "scaled_sign",
+    "scaled(qsgd[s=16])",
+    "compose(top_k[k={k}],scaled(qsgd[s=16]))",
+]
+
+
+def best_of(fn: Callable[[], object], repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--d", type=float, nargs="+", default=[1e6, 1e7])
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    ap.add_argument("--only", type=str, default=None, help="substring filter on the specs")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads; float32")
+    for df in args.d:
+        d = int(df)
+        k = max(1, d // 100)
+        x = torch.randn(d, generator=torch.Generator().manual_seed(0))
+        buf = torch.empty_like(x)
+        keys = Keys.derive(1, round=0, client=0)
+        gb = x.numel() * x.element_size() / 1e9
+        t_copy = best_of(lambda: buf.copy_(x), args.repeat)
+        print(f"\nd = {d:.0e} (k = {k}, 1%): memcpy {t_copy * 1e3:.2f} ms = {gb / t_copy:.2f} GB/s")
+        print(f"{'compressor':40s} {'ms':>9s} {'GB/s':>7s} {'x memcpy':>9s}")
+
+        def row(name: str, t: float) -> None:
+            print(f"{name:40s} {t * 1e3:9.2f} {gb / t:7.2f} {t_copy / t:9.3f}")
+
+        row("torch.topk(|x|, k) [reference]", best_of(lambda: torch.topk(x.abs(), k), args.repeat))
+        for spec in SPECS:
+            name = spec.format(k=k)
+            if args.only and args.only not in name:
+                continue
+            C = make_compressor(name)
+            row(name, best_of(lambda C=C: C(x, keys, out=buf), args.repeat))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Example parameters for every registered compressor (the contract suite runs on all of them).
+
+A compressor registered without an entry here makes ``test_every_compressor_has_examples``
+fail, so the contract tests cannot silently skip it. Every example must be valid at the test
+dimension D (and its constant must exist there).
+"""
+
+from __future__ import annotations
+
+#: dimension used by the contract tests
+D = 20
+
+EXAMPLES: dict[str, list[str]] = {
+    "identity": ["identity"],
+    "top_k": ["top_k[k=1]", "top_k[k=3]"],
+    "rand_k": ["rand_k[k=3]", "rand_k[k=2,shared_seed=true]"],
+    "rand_k_scaled": ["rand_k_scaled[k=3]"],
+    "bernoulli": ["bernoulli[p=0.3]"],
+    "qsgd": ["qsgd[s=1]", "qsgd[s=4]"],
+    "ternary": ["ternary"],
+    "natural": ["natural"],
+    "natural_dithering": ["natural_dithering[s=2]", "natural_dithering[s=5]"],
+    "scaled_sign": ["scaled_sign"],
+    "scaled": ["scaled(qsgd[s=2])", "scaled(rand_k[k=3])", "scaled(natural)"],
+    "compose": [
+        "compose(top_k[k=4],qsgd[s=4])",  # projection, then unbiased on the k values
+        "compose(rand_k_scaled[k=6],qsgd[s=4])",  # random projection, then unbiased
+        "compose(top_k[k=5],scaled_sign)",  # deterministic, contractive ∘ contractive
+        "compose(rand_k[k=4],natural)",  # unbiased ∘ unbiased on the k values
+        "compose(natural,qsgd[s=8])",  # unbiased ∘ unbiased, dense
+        "compose(natural,top_k[k=16])",  # unbiased, then contractive (Minkowski)
+        "compose(scaled(natural),qsgd[s=16])",  # contractive, then unbiased
+        "compose(scaled(natural),top_k[k=19])",  # contractive ∘ contractive (Minkowski)
+    ],
+}
+
+ALL = [spec for specs in EXAMPLES.values() for spec in specs]
