@@ -267,3 +267,13 @@ def test_checkpoint_of_another_run_is_refused(lsq: LeastSquares, tmp_path: Path)
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="cannot read the checkpoint"):
         run(lsq, checkpoint=path)
+
+
+def test_problem_by_name_takes_dtype() -> None:
+    spec = "logistic_regression[dataset=australian_scale,n_clients=5]"
+    res = simulate(spec, "ef21", "top_k[k=1]", "theory", rounds=4, dtype="float32")
+    assert res.x.dtype == torch.float32
+    assert set(res.table["dataset"]) == {"australian_scale"}
+    assert set(res.table["n_clients"]) == {5} and set(res.table["d"]) == {14}
+    with pytest.raises(ValueError, match="unknown problem"):
+        simulate("logistic_regresion[dataset=a9a]", "ef21", "top_k[k=1]", rounds=1)

@@ -141,14 +141,7 @@ def _prepare_problem(
     problem: Problem | str, dtype: torch.dtype | None, device: torch.device | None
 ) -> Problem:
     if isinstance(problem, str):
-        from .. import problems as problems_pkg
-
-        make = getattr(problems_pkg, "make_problem", None)
-        if make is None:
-            raise ValueError(
-                f"cannot build the problem {problem!r} by name in this version; pass a Problem"
-            )
-        problem = make(problem)
+        problem = _problem_by_name(problem, dtype, device)
     if not isinstance(problem, Problem):
         raise TypeError(
             f"problem must be a shrinkgrad Problem or a problem name, got {type(problem).__name__}"
@@ -166,6 +159,21 @@ def _prepare_problem(
         f"problem {problem.name!r} holds {problem.dtype} data on {problem.device}; build it with "
         f"dtype={want_dtype} and device={want_device} (it has no .to() to convert)"
     )
+
+
+def _problem_by_name(spec: str, dtype: torch.dtype | None, device: torch.device | None) -> Problem:
+    """Build a problem by name, passing ``dtype``/``device`` to its factory when it takes them."""
+    from ..problems import PROBLEMS  # importing the package registers every factory
+    from ..registry import parse_spec
+
+    entry = PROBLEMS.entry(parse_spec(spec).name)
+    names = {p.name for p in entry.keyword}
+    overrides: dict[str, Any] = {}
+    if dtype is not None and "dtype" in names:
+        overrides["dtype"] = dtype
+    if device is not None and "device" in names:
+        overrides["device"] = device
+    return PROBLEMS.make(spec, **overrides)
 
 
 def _x0(problem: Problem, x0: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

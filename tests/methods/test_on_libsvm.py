@@ -1,0 +1,91 @@
+"""Method properties on the library's own problems: nonconvex logistic regression, LIBSVM data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from methods_fixtures import run, trajectory
+from test_lyapunov import violations, xi
+
+from shrinkgrad.methods import EF21, ProblemOracle
+from shrinkgrad.problems import LinearModelProblem, logistic_regression
+
+ROUNDS = 60
+GAMMA = 1e-7  # below the theory steps of the fixture (L ≈ 6.3e6)
+
+
+@pytest.fixture(scope="module")
+def logreg() -> LinearModelProblem:
+    # raw (unscaled) features, samples sorted by norm before chunking: widely spread L_i
+    # (L_QM ≈ 3.3 L_AM); 11 clients give unequal client sizes (62 × 10 and 70)
+    return logistic_regression("australian", n_clients=11, split="heterogeneous_smoothness")
+
+
+def test_fixture_is_heterogeneous(logreg: LinearModelProblem) -> None:
+    assert logreg.L_QM > 3 * logreg.L_AM
+
+
+@pytest.mark.parametrize("rule", ["reloaded", "original"])
+def test_lyapunov_decrease_on_nonconvex_logistic_regression(
+    logreg: LinearModelProblem, rule: str
+) -> None:
+    """methods.md §4 invariant on a nonconvex problem (f bounded below; f^inf cancels out)."""
+    p = logreg
+    alpha = 1 / p.d
+    theta = 1 - math.sqrt(1 - alpha)
+    Lbar = p.L_AM if rule == "reloaded" else p.L_QM
+    gamma = 1 / (p.L + Lbar * xi(alpha))
+    _, states = run("ef21[init=zero]", p, "top_k[k=1]", gamma, ROUNDS, x0=torch.ones(p.d))
+    coef = (p.L_AM / p.L_i).unsqueeze(1) if rule == "reloaded" else torch.ones(p.n, 1)
+    phi, gns = [], []
+    for s in states:
+        G = float((coef * (s.clients.g - p.client_grads(s.x)) ** 2).sum() / p.n)  # type: ignore[attr-defined]
+        phi.append(p.loss(s.x) + gamma / (2 * theta) * G)  # type: ignore[attr-defined]
+        gns.append(float(p.grad(s.x).norm() ** 2))  # type: ignore[attr-defined]
+    assert max(violations(phi, gns, gamma)) <= 1e-12
+
+
+def test_ef21_w_equals_ef21_for_top_k_on_real_data(logreg: LinearModelProblem) -> None:
+    gamma = 1 / (logreg.L + logreg.L_QM * xi(2 / logreg.d))
+    _, a = run("ef21", logreg, "top_k[k=2]", gamma, ROUNDS)
+    _, b = run("ef21_w", logreg, "top_k[k=2]", gamma, ROUNDS)
+    torch.testing.assert_close(trajectory(b), trajectory(a), rtol=1e-10, atol=1e-12)
+
+
+def test_minibatches_of_the_whole_client_are_exact_gradients(logreg: LinearModelProblem) -> None:
+    """EF21-SGD with per-client b_i = m_i (the problem's own sampler) is EF21."""
+    sizes = logreg.client_sizes
+    assert len(set(sizes.tolist())) > 1  # per-client batch sizes really differ
+    o = ProblemOracle(logreg)
+    for weighted in (False, True):
+        exact = EF21(weighted=weighted).bind(logreg, "top_k[k=2]", GAMMA, seed=1)
+        sgd = EF21(weighted=weighted, batch=sizes).bind(logreg, "top_k[k=2]", GAMMA, seed=1)
+        sa, _ = exact.init(logreg.x0(), o)
+        sb, _ = sgd.init(logreg.x0(), o)
+        for _ in range(20):
+            sa, _ = exact.step(sa, o)
+            sb, _ = sgd.step(sb, o)
+        torch.testing.assert_close(sb.x, sa.x, rtol=1e-10, atol=1e-12)
+    # smaller batches differ
+    half = EF21(batch=(sizes // 2).clamp_min(1)).bind(logreg, "top_k[k=2]", GAMMA, seed=1)
+    sc, _ = half.init(logreg.x0(), o)
+    for _ in range(20):
+        sc, _ = half.step(sc, o)
+    assert not torch.allclose(sc.x, sa.x)
+
+
+def test_per_client_participation_probabilities(logreg: LinearModelProblem) -> None:
+    p = [1.0] * 5 + [0.3] * 6
+    bound = EF21(p=p).bind(logreg, "top_k[k=1]", GAMMA, seed=3)
+    assert bound.method.name == "ef21_pp[p=per_client]"
+    o = ProblemOracle(logreg)
+    state, _ = bound.init(logreg.x0(), o)
+    sent = torch.zeros(logreg.n)
+    for _ in range(40):
+        state, traffic = bound.step(state, o)
+        sent += traffic.up > 0
+    assert torch.equal(sent[:5], torch.full((5,), 40.0))  # p_i = 1: every round
+    assert bool((sent[5:] < 40).all()) and bool((sent[5:] > 0).all())
+    assert 0.15 < float(sent[5:].mean()) / 40 < 0.45  # about p = 0.3
