@@ -1,0 +1,196 @@
+"""Oracles of the linear-model problems against an independent autograd computation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from shrinkgrad.problems import (
+    LinearModelProblem,
+    least_squares,
+    load,
+    logistic_regression,
+    make_split,
+)
+from shrinkgrad.rng import Keys
+
+CASES = [
+    ("logistic", "nonconvex", 0.1),
+    ("logistic", "l2", 0.05),
+    ("squared", "nonconvex", 0.2),
+    ("squared", "l2", 0.3),
+    ("squared", "nonconvex", 0.0),
+]
+
+
+def _build(loss: str, reg: str, lam: float, storage: str, dtype: str = "float64") -> Any:
+    factory = logistic_regression if loss == "logistic" else least_squares
+    split = make_split("dirichlet[alpha=1.0,seed=3]")  # unequal client sizes
+    return factory("a1a", n_clients=6, split=split, lam=lam, reg=reg, storage=storage, dtype=dtype)
+
+
+def _reference_fi(loss: str, reg: str, lam: float, parts: list[np.ndarray]) -> list[Any]:
+    """f_i written from scratch on dense float64 client blocks (the dataset, not the problem)."""
+    ds = load("a1a")
+    fs = []
+    for p in parts:
+        A = torch.from_numpy(ds.X[p].toarray())
+        y = torch.from_numpy(np.asarray(ds.y[p]))
+
+        def f(x: torch.Tensor, A: torch.Tensor = A, y: torch.Tensor = y) -> torch.Tensor:
+            z = A @ x
+            data = (
+                torch.log1p(torch.exp(-y * z)).mean()
+                if loss == "logistic"
+                else ((z - y) ** 2).mean()
+            )
+            r = (x**2 / (1 + x**2)).sum() if reg == "nonconvex" else 0.5 * (x**2).sum()
+            return data + lam * r
+
+        fs.append(f)
+    return fs
+
+
+def _autograd(f: Any, x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(f(x), x)
+    return g
+
+
+@pytest.mark.parametrize(("loss", "reg", "lam"), CASES)
+@pytest.mark.parametrize("storage", ["sparse", "dense"])
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_client_gradients_equal_autograd(
+    loss: str, reg: str, lam: float, storage: str, backend: str
+) -> None:
+    p = _build(loss, reg, lam, storage)
+    p.backend = backend
+    parts = make_split("dirichlet[alpha=1.0,seed=3]")(load("a1a"), 6)
+    fs = _reference_fi(loss, reg, lam, parts)
+    gen = torch.Generator().manual_seed(0)
+    x = 0.3 * torch.randn(p.d, dtype=torch.float64, generator=gen)
+    X = 0.3 * torch.randn(p.n, p.d, dtype=torch.float64, generator=gen)
+    ref = torch.stack([_autograd(f, x) for f in fs])
+    ref_at = torch.stack([_autograd(f, X[i]) for i, f in enumerate(fs)])
+    G = p.client_grads(x)
+    assert G.shape == (p.n, p.d) and G.dtype == torch.float64
+    torch.testing.assert_close(G, ref, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(p.grad(x), ref.mean(0), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(p.client_grads_at(X), ref_at, rtol=1e-12, atol=1e-13)
+    losses = torch.stack([f(x) for f in fs]).detach()
+    torch.testing.assert_close(p.client_losses(x), losses, rtol=1e-12, atol=0)
+    assert p.loss(x) == pytest.approx(float(losses.mean()), rel=1e-12)
+
+
+def test_float32_matches_float64() -> None:
+    p64 = _build("logistic", "nonconvex", 0.1, "sparse")
+    p32 = _build("logistic", "nonconvex", 0.1, "sparse", dtype="float32")
+    x = torch.linspace(-1, 1, p64.d, dtype=torch.float64)
+    G32 = p32.client_grads(x.float())
+    assert G32.dtype == torch.float32
+    torch.testing.assert_close(G32.double(), p64.client_grads(x), rtol=1e-5, atol=1e-6)
+    assert p32.L == p64.L  # constants are computed in float64 from the same data
+    torch.testing.assert_close(p32.L_i, p64.L_i, rtol=0, atol=0)
+
+
+def test_stochastic_with_full_batches_is_exact() -> None:
+    p = _build("logistic", "nonconvex", 0.1, "sparse")
+    X = torch.randn(p.n, p.d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    keys = Keys.derive(0, client=np.arange(p.n), stream="minibatch")
+    S = p.client_stoch_grads(X, p.client_sizes, keys)
+    torch.testing.assert_close(S, p.client_grads_at(X), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_minibatches_have_the_requested_sizes_and_depend_only_on_own_key(backend: str) -> None:
+    p = _build("squared", "l2", 0.1, "sparse")
+    p.backend = backend
+    b = torch.clamp(p.client_sizes // 3, min=1)
+    keys = Keys.derive(7, round=3, client=np.arange(p.n), stream="minibatch")
+    rows, w = p.minibatch_rows(b, keys)
+    client = torch.from_numpy(np.repeat(np.arange(p.n), p.client_sizes.numpy()))[rows]
+    assert torch.equal(torch.bincount(client, minlength=p.n), b)
+    torch.testing.assert_close(w, 1.0 / b[client].double())
+    # change client 0's key only: the other clients' minibatches are unchanged
+    other = Keys(keys.lo.clone(), keys.hi.clone())
+    other.lo[0] = (other.lo[0] + 12345) % 2**32
+    x = torch.ones(p.d, dtype=torch.float64)
+    S1, S2 = p.client_stoch_grads(x, b, keys), p.client_stoch_grads(x, b, other)
+    torch.testing.assert_close(S1[1:], S2[1:], rtol=0, atol=0)
+    assert not torch.equal(S1[0], S2[0])
+
+
+def test_numba_and_torch_minibatches_agree() -> None:
+    p = _build("logistic", "l2", 0.1, "dense")
+    keys = Keys.derive(1, round=9, client=np.arange(p.n), stream="minibatch")
+    X = torch.randn(p.n, p.d, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    a = p.client_stoch_grads(X, 5, keys)
+    p.backend = "torch"
+    torch.testing.assert_close(p.client_stoch_grads(X, 5, keys), a, rtol=1e-12, atol=1e-14)
+
+
+def test_minibatch_estimator_is_unbiased() -> None:
+    """Monte-Carlo over 600 keyed rounds: the mean is within 6 standard errors of ∇f_i."""
+    p = _build("logistic", "nonconvex", 0.1, "sparse")
+    x = torch.full((p.d,), 0.2, dtype=torch.float64)
+    K = 600
+    draws = torch.stack(
+        [
+            p.client_stoch_grads(x, 4, Keys.derive(11, round=t, client=np.arange(p.n), stream="mb"))
+            for t in range(K)
+        ]
+    )
+    mean, se = draws.mean(0), draws.std(0) / K**0.5
+    err = (mean - p.client_grads(x)).abs()
+    assert bool((err <= 6 * se + 1e-12).all())
+    # and the sampling is genuinely random: the draws are not all equal
+    assert float(draws.std(0).max()) > 1e-3
+
+
+def test_oracle_input_errors() -> None:
+    p = _build("logistic", "nonconvex", 0.1, "sparse")
+    with pytest.raises(ValueError, match=r"shape \(123,\)"):
+        p.client_grads(torch.zeros(5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        p.client_grads(torch.full((p.d,), float("nan"), dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"shape \(n, d\)"):
+        p.client_grads_at(torch.zeros(p.n + 1, p.d, dtype=torch.float64))
+    with pytest.raises(TypeError, match="torch tensor"):
+        p.client_grads(np.zeros(p.d))  # type: ignore[arg-type]
+    keys = Keys.derive(0, client=np.arange(p.n))
+    with pytest.raises(ValueError, match=r"batch size .* must be in \[1, m_i"):
+        p.client_stoch_grads(torch.zeros(p.d, dtype=torch.float64), 10**6, keys)
+    with pytest.raises(TypeError, match="integers"):
+        p.client_stoch_grads(torch.zeros(p.d, dtype=torch.float64), 0.5, keys)  # type: ignore[arg-type]
+
+
+def test_constructor_errors() -> None:
+    with pytest.raises(ValueError, match="lam"):
+        logistic_regression("australian", n_clients=2, lam=-1.0)
+    with pytest.raises(TypeError, match="dtype must be"):
+        logistic_regression("australian", n_clients=2, dtype="float16")
+    with pytest.raises(ValueError, match=r"no CUDA device|cpu"):
+        if torch.cuda.is_available():  # pragma: no cover - only on GPU machines
+            raise ValueError("cpu")
+        logistic_regression("australian", n_clients=2, device="cuda")
+    with pytest.raises(ValueError, match="every client needs at least one sample"):
+        LinearModelProblem(
+            np.eye(2), np.ones(2), [np.array([0]), np.array([], dtype=np.int64)], loss="squared"
+        )
+
+
+def test_storage_auto_prefers_dense_for_dense_data() -> None:
+    assert logistic_regression("australian", n_clients=5).storage == "dense"  # density 0.8
+    assert logistic_regression("a1a", n_clients=5).storage == "sparse"  # density 0.11
+
+
+def test_info_and_metadata() -> None:
+    p = logistic_regression("australian", n_clients=5, split="shuffled[seed=2]")
+    info = p.info()
+    assert info["problem"] == "logreg_nonconvex" and info["dataset"] == "australian"
+    assert info["split"] == "shuffled[seed=2]" and info["n_clients"] == 5 and info["d"] == 14
+    assert int(p.client_sizes.sum()) == 690 and p.f_lower == 0.0
+    torch.testing.assert_close(p.x0(), torch.zeros(14, dtype=torch.float64))
