@@ -25,6 +25,7 @@ _TWO32 = float(2**32)
 def draw_up(frac: torch.Tensor, keys: Keys) -> torch.Tensor:
     """Boolean tensor, True with probability ``frac`` (shape ``(..., d)``, values in [0, 1])."""
     d = frac.shape[-1]
+    keys = keys.expand(frac.shape[:-1])
     j = torch.arange(d, device=frac.device, dtype=torch.int64)
     words = keys.bits32((d + 3) // 4)
     byte = (words.index_select(-1, j >> 2) >> (8 * (j & 3))) & 255

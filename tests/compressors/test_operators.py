@@ -1,0 +1,312 @@
+"""Operator-specific facts: selections, bit formulas, derived constants, errors, kernels."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from shrinkgrad import Keys, SpecError, make_compressor
+from shrinkgrad.compressors import _kernels as K
+from shrinkgrad.compressors import base
+from shrinkgrad.compressors._random import kernel_keys
+from shrinkgrad.compressors.basic import topk_indices_torch
+from shrinkgrad.compressors.quantize import l2_norms, round_levels_torch
+from shrinkgrad.rng import bits32_numpy
+from shrinkgrad.rng_numba import bits32_array
+
+
+# --------------------------------------------------------------------------------------------
+# Top-k
+# --------------------------------------------------------------------------------------------
+def _topk_reference(x: np.ndarray, k: int) -> np.ndarray:
+    """Independent reference: stable sort by (−|x_j|, j), first k indices, ascending."""
+    order = sorted(range(x.size), key=lambda j: (-abs(float(x[j])), j))
+    return np.sort(np.array(order[:k], dtype=np.int64))
+
+
+def test_top_k_ties_go_to_lower_indices() -> None:
+    x = torch.tensor([1.0, -3.0, 2.0, 3.0, -2.0, 2.0, 0.0])
+    y = make_compressor("top_k[k=4]")(x)
+    assert y.tolist() == [0.0, -3.0, 2.0, 3.0, -2.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("d", [5, 70_000])
+@pytest.mark.parametrize("case", ["randn", "ties", "all_equal", "zeros_mostly", "spikes_at_end"])
+def test_top_k_numba_and_torch_equal_the_reference(
+    d: int, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(1)
+    if case == "randn":
+        x = rng.standard_normal(d)
+    elif case == "ties":
+        x = rng.integers(-3, 4, d).astype(np.float64)
+    elif case == "all_equal":
+        x = np.full(d, 2.5)
+    elif case == "zeros_mostly":
+        x = np.zeros(d)
+        x[rng.integers(0, d, 3)] = 1.0
+    else:  # the strided sample sees none of the large values
+        x = rng.standard_normal(d) * 1e-3
+        x[-min(d, 500) :] = 10.0 + rng.standard_normal(min(d, 500))
+    k = max(1, d // 100)
+    ref = _topk_reference(x, k)
+    xt = torch.from_numpy(x).float()
+    ref = _topk_reference(xt.numpy(), k)
+    for mode in ("torch", "numba"):
+        monkeypatch.setattr(base, "KERNELS", mode)
+        c = make_compressor(f"top_k[k={k}]")
+        idx, vals = c._select(xt, None)
+        assert idx.tolist() == ref.tolist(), mode
+        y = c(xt)
+        assert torch.equal(y.nonzero().reshape(-1), torch.from_numpy(ref)) or bool(
+            (vals == 0).any()
+        )
+        assert torch.equal(y[idx], xt[idx])
+
+
+def test_top_k_indices_torch_batched() -> None:
+    x = torch.tensor([[0.0, 1.0, 1.0, 1.0], [5.0, 0.0, -5.0, 1.0]])
+    assert topk_indices_torch(x, 2).tolist() == [[1, 2], [0, 2]]
+
+
+# --------------------------------------------------------------------------------------------
+# rand-k
+# --------------------------------------------------------------------------------------------
+def test_scaled_rand_k_is_rand_k_scaled_exactly() -> None:
+    x = torch.randn(6, 30, dtype=torch.float32)
+    keys = Keys.derive(4, client=np.arange(6))
+    a = make_compressor("scaled(rand_k[k=7])")
+    b = make_compressor("rand_k_scaled[k=7]")
+    u = make_compressor("rand_k[k=7]")
+    assert torch.equal(a(x, keys), b(x, keys))
+    assert a.alpha(30) == b.alpha(30) == 7 / 30
+    # same support as the unbiased one, values without the d/k factor
+    yu = u(x, keys)
+    assert torch.equal(yu != 0, b(x, keys) != 0)
+    assert torch.equal(yu, b(x, keys) * torch.tensor(30 / 7, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("d,k", [(1, 1), (2, 1), (7, 7), (1000, 13), (65537, 300)])
+def test_rand_k_indices_distinct_in_range_and_paths_agree(d: int, k: int) -> None:
+    from shrinkgrad.compressors.sparse import RANDK_TAG, ROT_TRIES, randk_indices_torch
+
+    keys = Keys.derive(8, round=2, client=np.arange(5)).fold(RANDK_TAG)
+    t = randk_indices_torch(keys, d, k)
+    lo, hi = keys.numpy()
+    idx = np.empty((5, k), dtype=np.int64)
+    K.randk_indices(lo.astype(np.uint64), hi.astype(np.uint64), d, k, ROT_TRIES, idx)
+    assert np.array_equal(t.numpy(), idx)
+    for row in idx:
+        assert len(set(row.tolist())) == k and row.min() >= 0 and row.max() < d
+
+
+def test_rand_k_bits_with_and_without_shared_seed() -> None:
+    assert make_compressor("rand_k[k=5]").bits(1000) == 5 * (32 + 10)
+    assert make_compressor("rand_k[k=5,shared_seed=true]").bits(1000) == 5 * 32
+    assert make_compressor("rand_k[k=5]").bits(1024, torch.float64) == 5 * (64 + 10)
+    assert make_compressor("rand_k[k=5]").paper_bits(1000) == 160
+
+
+# --------------------------------------------------------------------------------------------
+# bit formulas (the wire sizes are checked against these in the contract suite)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "spec,d,bits",
+    [
+        ("identity", 100, 3200),
+        ("top_k[k=3]", 100, 3 * (32 + 7)),
+        ("qsgd[s=4]", 100, 32 + 100 * (1 + 3)),
+        ("qsgd[s=1]", 100, 32 + 100 * 2),
+        ("qsgd[s=3]", 100, 32 + 100 * 3),
+        ("ternary", 100, 32 + 200),
+        ("natural", 100, 900),
+        ("natural_dithering[s=8]", 100, 32 + 100 * (1 + 4)),
+        ("scaled_sign", 100, 132),
+        ("bernoulli[p=0.25]", 128, 32 + 0.25 * 128 * (32 + 7)),
+        ("compose(top_k[k=10],qsgd[s=4])", 1000, 10 * 10 + 32 + 10 * 4),
+        ("compose(rand_k[k=10,shared_seed=true],natural)", 1000, 90),
+        ("compose(natural,qsgd[s=4])", 100, 32 + 100 * 4),
+        ("scaled(qsgd[s=4])", 100, 32 + 100 * 4),
+    ],
+)
+def test_bit_formulas(spec: str, d: int, bits: float) -> None:
+    assert make_compressor(spec).bits(d) == pytest.approx(bits, rel=1e-15)
+
+
+def test_bernoulli_message_bits_count_the_actual_message() -> None:
+    c = make_compressor("bernoulli[p=0.5]")
+    x = torch.randn(3, 64)
+    y = c(x, Keys.derive(2, client=np.arange(3)))
+    nnz = (y != 0).sum(dim=1).to(torch.float64)
+    assert torch.equal(c.message_bits(y), 32 + nnz * (32 + 6))
+
+
+# --------------------------------------------------------------------------------------------
+# constants of the transforms
+# --------------------------------------------------------------------------------------------
+def test_compose_constants_follow_the_derived_rules() -> None:
+    d = 100
+    qs = make_compressor("qsgd[s=4]")
+    c = make_compressor("compose(top_k[k=10],qsgd[s=4])")
+    assert c.kind == "contractive"
+    assert c.alpha(d) == pytest.approx(0.1 * (1 - qs.omega(10)))
+    c = make_compressor("compose(top_k[k=10],scaled(qsgd[s=2]))")
+    assert c.alpha(d) == pytest.approx(0.1 / (1 + make_compressor("qsgd[s=2]").omega(10)))
+    c = make_compressor("compose(rand_k[k=10],natural)")
+    assert c.kind == "unbiased"
+    assert c.omega(d) == pytest.approx((1 + 9) * (1 + 1 / 8) - 1)
+    c = make_compressor("compose(natural,qsgd[s=8])")
+    assert c.omega(d) == pytest.approx(1.125 * (1 + qs_omega(8, d)) - 1)
+    c = make_compressor("compose(natural,top_k[k=90])")
+    assert c.alpha(d) == pytest.approx(1 - (math.sqrt(0.1 * 1.125) + math.sqrt(0.125)) ** 2)
+    c = make_compressor("compose(identity,top_k[k=10])")
+    assert c.alpha(d) == pytest.approx(0.1)
+    c = make_compressor("compose(identity,qsgd[s=4])")
+    assert c.omega(d) == pytest.approx(qs.omega(d))
+
+
+def qs_omega(s: int, d: int) -> float:
+    return min(d / s**2, math.sqrt(d) / s)
+
+
+def test_compose_without_a_valid_constant_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"no valid constant.*scaled\(qsgd\[s=1\]\)"):
+        make_compressor("compose(top_k[k=100],qsgd[s=1])")
+    with pytest.raises(ValueError, match="no valid constant at d=100"):
+        make_compressor("compose(scaled_sign,qsgd[s=1])").alpha(100)
+    with pytest.raises(ValueError, match="no valid constant"):
+        make_compressor("compose(rand_k[k=5],top_k[k=1])").alpha(100)
+    with pytest.raises(ValueError, match=r"acting on the 5 values kept by top_k\[k=5\]"):
+        make_compressor("compose(top_k[k=5],rand_k[k=6])")(torch.randn(100), Keys.derive(1))
+
+
+def test_scaled_needs_an_unbiased_compressor() -> None:
+    with pytest.raises(ValueError, match="already contractive"):
+        make_compressor("scaled(top_k[k=1])")
+    c = make_compressor("scaled(qsgd[s=2])")
+    assert c.alpha(16) == pytest.approx(1 / (1 + min(16 / 4, 4 / 2)))
+
+
+# --------------------------------------------------------------------------------------------
+# bad parameters and inputs
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "spec,pattern",
+    [
+        ("top_k[k=0]", r"top_k needs k \(the number of kept coordinates\) in >= 1, got 0"),
+        ("rand_k[k=-2]", r"rand_k needs k .* got -2"),
+        ("qsgd[s=0]", r"qsgd needs s \(the number of levels\) in \[1, 16777216\], got 0"),
+        ("natural_dithering[s=99]", r"s \(the number of levels\) in \[1, 62\]"),
+        ("bernoulli[p=0]", r"p \(the keep probability\) in \(0, 1\], got p=0"),
+        ("bernoulli[p=1.5]", r"in \(0, 1\]"),
+        ("top_k[k=1.5]", r"'k' must be an integer"),
+        ("qsgd[levels=3]", r"no parameter 'levels'; allowed: s \(int, required\)"),
+        ("qsgd", r"needs parameter 's'"),
+        ("topk[k=1]", r"unknown compressor 'topk'.*did you mean 'top_k'"),
+        ("compose(top_k[k=1])", r"takes 2 component argument"),
+    ],
+)
+def test_bad_parameters_name_the_parameter_and_range(spec: str, pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        make_compressor(spec)
+
+
+def test_k_larger_than_d_is_refused_at_call_time() -> None:
+    for spec in ("top_k[k=5]", "rand_k[k=5]", "rand_k_scaled[k=5]"):
+        c = make_compressor(spec)
+        with pytest.raises(
+            ValueError, match=r"cannot keep more than d=4 coordinates; use k in \[1, 4\]"
+        ):
+            c(torch.ones(4), Keys.derive(0))
+        with pytest.raises(ValueError, match="d=4"):
+            c.alpha(4)
+
+
+def test_spec_errors_are_value_errors() -> None:
+    with pytest.raises(SpecError):
+        make_compressor("nope")
+
+
+def test_overflow_is_a_clear_error_not_inf() -> None:
+    big = torch.full((8,), 3e38, dtype=torch.float32)
+    with pytest.raises(ValueError, match="overflows torch.float32"):
+        make_compressor("rand_k[k=2]")(big, Keys.derive(1))
+    with pytest.raises(ValueError, match="exceeds the torch.float32 range"):
+        make_compressor("qsgd[s=2]")(big, Keys.derive(1))
+    with pytest.raises(ValueError, match="rounding up to the next power of two overflows"):
+        make_compressor("natural")(big, Keys.derive(1))
+    # the same values in float64 are fine
+    y = make_compressor("qsgd[s=2]")(big.double(), Keys.derive(1))
+    assert bool(torch.isfinite(y).all())
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-300, 1e-320])
+@pytest.mark.parametrize("spec", ["qsgd[s=4]", "natural_dithering[s=3]", "scaled_sign", "ternary"])
+def test_float64_extremes_keep_their_scale(scale: float, spec: str) -> None:
+    # Σx² over/underflows float64 here; the max-rescaled norm keeps the output meaningful.
+    x = torch.tensor([3.0, -4.0, 0.0, 1.0], dtype=torch.float64) * scale
+    c = make_compressor(spec)
+    y = c(x, Keys.derive(3))
+    assert bool(torch.isfinite(y).all()) and bool((y != 0).any())
+    assert float(y.abs().max()) <= float(x.abs().sum()) * (1 + 1e-12) + 1e-323
+
+
+def test_l2_norms_round_up_and_handle_extremes() -> None:
+    x = torch.tensor([[3.0, 4.0], [0.0, 0.0], [1e-30, 1e-30]], dtype=torch.float32)
+    n = l2_norms(x)
+    assert n[0] == 5.0 and n[1] == 0.0
+    assert float(n[2]) >= math.sqrt(2) * float(torch.tensor(1e-30))
+    big = torch.tensor([1e200, 1e200], dtype=torch.float64)
+    assert float(l2_norms(big)) == pytest.approx(math.sqrt(2) * 1e200, rel=1e-15)
+
+
+# --------------------------------------------------------------------------------------------
+# kernels and keyed randomness
+# --------------------------------------------------------------------------------------------
+def test_numba_bits32_equals_numpy() -> None:
+    lo = np.array([0, 1, 2**32 - 1, 123456789], dtype=np.uint32)
+    hi = np.array([0, 2**31, 7, 987654321], dtype=np.uint32)
+    got = bits32_array(lo.astype(np.uint64), hi.astype(np.uint64), 2**32 - 50, 100)
+    j = (np.arange(100, dtype=np.uint64) + np.uint64(2**32 - 50)).astype(np.uint32)
+    want = bits32_numpy(lo[:, None], hi[:, None], j[None, :])
+    assert np.array_equal(got, want.astype(np.uint64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rounding_kernel_equals_torch_given_the_same_scale(dtype: torch.dtype) -> None:
+    x = torch.randn(3, 1001, dtype=dtype)
+    x[0, :10] = 0.0
+    keys = Keys.derive(12, client=np.arange(3))
+    scale = l2_norms(x) / torch.tensor(4.0, dtype=dtype)
+    ref, _ = round_levels_torch(x, scale, 4, keys)
+    out = torch.empty_like(x)
+    lo, hi, lo2, hi2 = kernel_keys(keys)
+    K.round_rows(x.numpy(), scale.numpy(), 4, lo, hi, lo2, hi2, out.numpy())
+    assert torch.equal(out, ref)
+
+
+def test_norm_kernel_matches_float64_sum() -> None:
+    x = torch.randn(2, 50_001, dtype=torch.float32)
+    res = np.empty(2)
+    assert K.row_stats(x.numpy(), 0, res) == K.OK
+    ref = (x.double() ** 2).sum(dim=1).numpy()
+    assert np.allclose(res, ref, rtol=1e-13, atol=0)
+    x[1, 40_000] = math.nan
+    assert K.row_stats(x.numpy(), 0, res) == K.NON_FINITE
+
+
+def test_list_compressors_cli_prints_every_compressor() -> None:
+    from click.testing import CliRunner
+
+    from shrinkgrad.cli import cli
+    from shrinkgrad.compressors import COMPRESSORS
+
+    result = CliRunner().invoke(cli, ["list", "compressors"])
+    assert result.exit_code == 0, result.output
+    for name in COMPRESSORS.names():
+        assert name in result.output
+    for formula in ("d/k − 1", "min(d/s², √d/s)", "1/(1 + ω_C)", "32 + d·(1 + ⌈log₂(s+1)⌉)"):
+        assert formula in result.output
