@@ -18,25 +18,34 @@ __all__ = ["LISTINGS", "list_cmd"]
 
 def _compressors(console: Console) -> None:
     from ..compressors import COMPRESSORS
+    from ..registry import _format_value
 
-    table = Table(title=escape("compressors (build with make_compressor('name[param=value]'))"))
+    table = Table(
+        title=escape("compressors (build with make_compressor('name[param=value]'))"),
+        caption=escape(
+            "bits: float32 values (float64 values count 64); indices ⌈log₂ d⌉ bits each; "
+            "paper_bits(d) counts 32 per float with indices free. Derivations: docs/compressors.md"
+        ),
+    )
     for col in ("name", "parameters", "kind", "constant", "bits per message", "collective"):
         table.add_column(col)
     for name in COMPRESSORS.names():
         entry = COMPRESSORS.entry(name)
         cls = entry.factory
         params = ", ".join(
-            p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in entry.keyword
+            p.name if p.default is p.empty else f"{p.name}={_format_value(p.default)}"
+            for p in entry.keyword
         )
         if entry.positional:
-            params = ", ".join(filter(None, ["C" * len(entry.positional), params]))
+            comps = "(C)" if len(entry.positional) == 1 else "(C1, C2)"
+            params = ", ".join(filter(None, [comps, params]))
         cells = [
             name,
             params,
-            str(getattr(cls, "kind", "")),
+            str(getattr(cls, "kind_text", "") or getattr(cls, "kind", "")),
             str(getattr(cls, "constant_formula", "")),
             str(getattr(cls, "bits_formula", "")),
-            str(getattr(cls, "collective", "")),
+            str(getattr(cls, "collective_text", "") or getattr(cls, "collective", "")),
         ]
         table.add_row(*(escape(c) for c in cells))
     console.print(table)

@@ -60,6 +60,7 @@ class Scaled(Compressor):
     constant_formula = "α = 1/(1 + ω_C)"
     bits_formula = "bits of C"
     kind_text = "contractive (C unbiased)"
+    collective_text = "as C"
 
     def __init__(self, inner: Compressor) -> None:
         if not isinstance(inner, Compressor):
@@ -145,6 +146,7 @@ class Compose(Compressor):
     )
     bits_formula = "C1 indices + bits of C2 on the k kept values (sparse C1), else bits of C2"
     kind_text = "unbiased if both are, else contractive"
+    collective_text = "allgather (sparse C1), else as C2"
 
     def __init__(self, first: Compressor, second: Compressor) -> None:
         for c in (first, second):
