@@ -212,11 +212,15 @@ class FlakyProblem(LeastSquares):
         return super().client_grads(x)
 
 
-def test_interrupt_inside_a_step_resumes_exactly(lsq: LeastSquares, tmp_path: Path) -> None:
+@pytest.mark.parametrize("calls", [26, 27, 28, 29])
+def test_interrupt_inside_a_step_resumes_exactly(
+    lsq: LeastSquares, tmp_path: Path, calls: int
+) -> None:
+    """Interrupts inside a step's gradient and inside a logged row's metric evaluation."""
     args = {"n": 6, "d": 8, "m": 5, "seed": 4, "spread": 8.0}
     full = run(lsq)
     flaky = FlakyProblem(**args)  # type: ignore[arg-type]
-    flaky.calls_before_interrupt = 30
+    flaky.calls_before_interrupt = calls
     path = tmp_path / "mid.pt"
     with pytest.raises(SimulationInterrupted):
         run(flaky, checkpoint=path, checkpoint_every=5)

@@ -99,9 +99,14 @@ class SimulationInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Progress:
-    """Everything that changes during a run and is saved in a checkpoint (consistent at rounds)."""
+    """Everything that changes during a run and is saved in a checkpoint.
+
+    Immutable: a round builds a new ``_Progress`` and the loop commits it with one assignment, so
+    an interruption at any point leaves the last committed round intact. The logged rows live in
+    a list shared between successive values; each value sees its first ``n_rows`` entries.
+    """
 
     state: State[Any, Any]
     up: torch.Tensor
@@ -109,22 +114,23 @@ class _Progress:
     down: torch.Tensor
     time_s: float
     rows: list[dict[str, Any]]
+    n_rows: int
     last_logged: int
     gns0: float
     status: Status | None = None
     message: str = ""
 
-    def rows_upto(self) -> list[dict[str, Any]]:
-        """The logged rows up to the current round (drops a row whose round was not committed)."""
-        rows = self.rows
-        while rows and rows[-1]["round"] > self.state.round:
-            rows = rows[:-1]
-        return rows
+    def table_rows(self) -> list[dict[str, Any]]:
+        return self.rows[: self.n_rows]
+
+    def with_row(self, row: dict[str, Any]) -> _Progress:
+        del self.rows[self.n_rows :]  # rows of an interrupted, uncommitted round
+        self.rows.append(row)
+        return dataclasses.replace(self, n_rows=self.n_rows + 1, last_logged=int(row["round"]))
 
     def snapshot(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["rows"] = list(self.rows_upto())
-        out["last_logged"] = min(self.last_logged, self.state.round)
+        out["rows"] = self.table_rows()
         return out
 
 
@@ -316,6 +322,7 @@ def simulate(
     every = checkpoint_every if checkpoint_every is not None else 1000
 
     def row(r: int, gns: float, loss: float, p: _Progress) -> dict[str, Any]:
+        """The table row of round ``r`` (bits and time from ``p``, at round ``r``)."""
         return {
             "round": r,
             "grad_norm_sq": gns,
@@ -332,7 +339,7 @@ def simulate(
             save_checkpoint(checkpoint, {"fingerprint": fingerprint, **p.snapshot()})
 
     def result(p: _Progress) -> SimResult:
-        table = pd.DataFrame(p.rows_upto(), columns=list(COLUMNS))
+        table = pd.DataFrame(p.table_rows(), columns=list(COLUMNS))
         table = table.astype(
             {"round": "int64", "seed": "int64", "n_clients": "int64", "d": "int64"}
         )
@@ -365,6 +372,7 @@ def simulate(
             elapsed,
             [],
             0,
+            -1,
             math.nan,
         )
         gns, loss = _metrics(prob, state.x)
@@ -373,17 +381,17 @@ def simulate(
                 f"the objective or its gradient is not finite at x0 (grad_norm_sq={gns}, "
                 f"loss={loss}); choose another starting point"
             )
-        prog.gns0 = gns
-        prog.rows.append(row(0, gns, loss, prog))
+        prog = dataclasses.replace(prog, gns0=gns).with_row(row(0, gns, loss, prog))
         if tol is not None and gns <= tol:
-            prog.status, prog.message = "converged", f"grad_norm_sq {gns:.3g} <= tol at round 0"
+            msg = f"grad_norm_sq {gns:.3g} <= tol={tol:g} at round 0"
+            prog = dataclasses.replace(prog, status="converged", message=msg)
         save(prog)
-    if prog.status is None and prog.state.round < rounds and prog.rows:
+    if prog.status is None and prog.state.round < rounds and prog.n_rows:
         # extending a finished run: its last row was logged only because it was the last round
-        last = prog.rows[-1]["round"]
+        last = prog.table_rows()[-1]["round"]
         if last == prog.state.round and last % log_every != 0:
-            prog.rows = prog.rows[:-1]
-            prog.last_logged = prog.rows[-1]["round"] if prog.rows else -1
+            prev = prog.table_rows()[-2]["round"] if prog.n_rows > 1 else -1
+            prog = dataclasses.replace(prog, n_rows=prog.n_rows - 1, last_logged=prev)
     if prog.status is not None or prog.state.round >= rounds:
         if prog.state.round > rounds:
             raise ValueError(
@@ -392,32 +400,30 @@ def simulate(
             )
         return result(prog)
 
+    def verdict(r: int, gns: float, gns0: float) -> tuple[Status | None, str]:
+        """Divergence or convergence at a logged round (decided with the row, atomically)."""
+        if divergence_factor is not None and gns0 > 0 and gns > divergence_factor * gns0:
+            return "diverged", (
+                f"diverged at round {r}: grad_norm_sq grew from {gns0:.3g} to {gns:.3g} (more "
+                f"than {divergence_factor:g}x); the step size {cfg.stepsize:.4g} "
+                f"({cfg.stepsize_rule}) is too large"
+            )
+        if tol is not None and gns <= tol:
+            return "converged", f"grad_norm_sq {gns:.3g} <= tol={tol:g} at round {r}"
+        return None, ""
+
     # -- the loop -------------------------------------------------------------------------------
     bar = _progress_bar(progress, rounds, prog.state.round, meta)
     try:
         while prog.state.round < rounds and prog.status is None:
-            _advance(prob, bound, oracle, prog, rounds, log_every, row)
-            if prog.status is None and prog.last_logged == prog.state.round:
-                r = prog.state.round
-                gns = prog.rows[-1]["grad_norm_sq"]
-                if (
-                    divergence_factor is not None
-                    and prog.gns0 > 0
-                    and gns > divergence_factor * prog.gns0
-                ):
-                    prog.status = "diverged"
-                    prog.message = (
-                        f"diverged at round {r}: grad_norm_sq grew from {prog.gns0:.3g} to "
-                        f"{gns:.3g} (more than {divergence_factor:g}x); the step size "
-                        f"{cfg.stepsize:.4g} ({cfg.stepsize_rule}) is too large"
-                    )
-                elif tol is not None and gns <= tol:
-                    prog.status = "converged"
-                    prog.message = f"grad_norm_sq {gns:.3g} <= tol={tol:g} at round {r}"
-                elif callback is not None and callback(r, prog.state):
-                    prog.status, prog.message = "stopped", f"stopped by the callback at round {r}"
+            prog = _advance(prob, bound, oracle, prog, rounds, log_every, row, verdict)
+            r = prog.state.round
+            if prog.last_logged == r and prog.status is None:
+                if callback is not None and callback(r, prog.state):
+                    msg = f"stopped by the callback at round {r}"
+                    prog = dataclasses.replace(prog, status="stopped", message=msg)
                 if bar is not None:
-                    bar(r, gns)
+                    bar(r, prog.table_rows()[-1]["grad_norm_sq"])
             if checkpoint is not None and prog.state.round % every == 0:
                 save(prog)
     except KeyboardInterrupt:
@@ -441,47 +447,39 @@ def _advance(
     rounds: int,
     log_every: int,
     row: Callable[[int, float, float, _Progress], dict[str, Any]],
-) -> None:
-    """Run one round and commit it to ``prog`` (state, bits, time and, when due, a row).
-
-    Everything is computed first and committed last, so an interruption at any point leaves
-    ``prog`` consistent at a round boundary (a row appended without its state is dropped by
-    :meth:`_Progress.rows_upto`).
-    """
+    verdict: Callable[[int, float, float], tuple[Status | None, str]],
+) -> _Progress:
+    """Run one round: the new progress (state, bits, time and, when due, a row and a verdict)."""
     cfg = bound.cfg
-    state = prog.state
-    r = state.round + 1
+    r = prog.state.round + 1
     t0 = time.perf_counter()
     try:
-        new_state, traffic = bound.step(state, oracle)
+        new_state, traffic = bound.step(prog.state, oracle)
         finite = bool(torch.isfinite(new_state.x).all())
     except NonFiniteError:
-        new_state, traffic, finite = state, None, False
+        new_state, traffic, finite = prog.state, None, False
     elapsed = time.perf_counter() - t0
     if not finite or traffic is None:
-        _diverged_nonfinite(prob, prog, r, cfg.stepsize, cfg.stepsize_rule, row)
-        return
-    up = prog.up.index_add(0, new_state.clients.ids, traffic.up)
-    up_paper = prog.up_paper.index_add(0, new_state.clients.ids, traffic.up_paper)
-    down = prog.down.index_add(0, new_state.clients.ids, traffic.down)
-    t_total = prog.time_s + elapsed
-    if r % log_every == 0 or r == rounds:
-        gns, loss = _metrics(prob, new_state.x)
-        if not (math.isfinite(gns) and math.isfinite(loss)):
-            _diverged_nonfinite(prob, prog, r, cfg.stepsize, cfg.stepsize_rule, row)
-            prog.message += f" (grad_norm_sq={gns}, loss={loss} at round {r})"
-            return
-        prog.rows.append(
-            row(
-                r,
-                gns,
-                loss,
-                dataclasses.replace(prog, up=up, up_paper=up_paper, down=down, time_s=t_total),
-            )
-        )
-        prog.last_logged = r
-    prog.up, prog.up_paper, prog.down, prog.time_s = up, up_paper, down, t_total
-    prog.state = new_state
+        return _diverged_nonfinite(prob, prog, r, cfg.stepsize, cfg.stepsize_rule, row)
+    ids = new_state.clients.ids
+    nxt = dataclasses.replace(
+        prog,
+        state=new_state,
+        up=prog.up.index_add(0, ids, traffic.up),
+        up_paper=prog.up_paper.index_add(0, ids, traffic.up_paper),
+        down=prog.down.index_add(0, ids, traffic.down),
+        time_s=prog.time_s + elapsed,
+    )
+    if r % log_every != 0 and r != rounds:
+        return nxt
+    gns, loss = _metrics(prob, new_state.x)
+    if not (math.isfinite(gns) and math.isfinite(loss)):
+        out = _diverged_nonfinite(prob, prog, r, cfg.stepsize, cfg.stepsize_rule, row)
+        extra = f" (grad_norm_sq={gns}, loss={loss} at round {r})"
+        return dataclasses.replace(out, message=out.message + extra)
+    nxt = nxt.with_row(row(r, gns, loss, nxt))
+    status, message = verdict(r, gns, prog.gns0)
+    return dataclasses.replace(nxt, status=status, message=message) if status else nxt
 
 
 def _diverged_nonfinite(
@@ -491,19 +489,18 @@ def _diverged_nonfinite(
     gamma: float,
     rule: str,
     row: Callable[[int, float, float, _Progress], dict[str, Any]],
-) -> None:
-    """Stop at round ``r`` whose iterate is not finite; log the last finite round if unlogged."""
+) -> _Progress:
+    """Stop at round ``r`` whose values are not finite; log the last finite round if unlogged."""
     last = prog.state.round
     if last > prog.last_logged:
         gns, loss = _metrics(prob, prog.state.x)
         if math.isfinite(gns) and math.isfinite(loss):
-            prog.rows = [*prog.rows, row(last, gns, loss, prog)]
-            prog.last_logged = last
-    prog.status = "diverged"
-    prog.message = (
-        f"diverged at round {r}: the iterate has non-finite entries (step size {gamma:.4g}, "
-        f"{rule}, is too large?); the table ends at round {prog.last_logged}"
+            prog = prog.with_row(row(last, gns, loss, prog))
+    message = (
+        f"diverged at round {r}: non-finite values (step size {gamma:.4g}, {rule}, is too "
+        f"large?); the table ends at round {prog.last_logged}"
     )
+    return dataclasses.replace(prog, status="diverged", message=message)
 
 
 def _resume(
@@ -525,9 +522,12 @@ def _resume(
     fields = {f.name for f in dataclasses.fields(_Progress)}
     prog = _Progress(**{k: v for k, v in data.items() if k in fields})
     if device.type != "cpu":
-        prog.state = _to_device(prog.state, device)
-        prog.up, prog.up_paper, prog.down = (
-            t.to(device) for t in (prog.up, prog.up_paper, prog.down)
+        prog = dataclasses.replace(
+            prog,
+            state=_to_device(prog.state, device),
+            up=prog.up.to(device),
+            up_paper=prog.up_paper.to(device),
+            down=prog.down.to(device),
         )
     return prog
 
