@@ -414,6 +414,7 @@ def simulate(
 
     # -- the loop -------------------------------------------------------------------------------
     bar = _progress_bar(progress, rounds, prog.state.round, meta)
+    tick = max(1, rounds // 100)  # the bar also moves every 1% of the rounds
     try:
         while prog.state.round < rounds and prog.status is None:
             prog = _advance(prob, bound, oracle, prog, rounds, log_every, row, verdict)
@@ -424,6 +425,8 @@ def simulate(
                     prog = dataclasses.replace(prog, status="stopped", message=msg)
                 if bar is not None:
                     bar(r, prog.table_rows()[-1]["grad_norm_sq"])
+            elif bar is not None and r % tick == 0:
+                bar(r, None)
             if checkpoint is not None and prog.state.round % every == 0:
                 save(prog)
     except KeyboardInterrupt:
@@ -549,6 +552,7 @@ def _progress_bar(
     if not enabled or not sys.stderr.isatty():
         return None
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     bar = Progress(
@@ -560,14 +564,17 @@ def _progress_bar(
         console=Console(stderr=True),
         transient=True,
     )
-    task = bar.add_task(f"{meta['method']} + {meta['compressor']}", total=rounds, gns="")
+    label = escape(f"{meta['method']} + {meta['compressor']}")  # names contain [...]
+    task = bar.add_task(label, total=rounds, gns="")
     bar.update(task, completed=start)
     bar.start()
 
     def update(r: int | None, gns: float | None) -> None:
         if r is None:
             bar.stop()
-            return
-        bar.update(task, completed=r, gns=f"‖∇f‖²={gns:.3g}")
+        elif gns is None:
+            bar.update(task, completed=r)
+        else:
+            bar.update(task, completed=r, gns=f"‖∇f‖²={gns:.3g}")
 
     return update
