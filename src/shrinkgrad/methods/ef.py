@@ -8,6 +8,7 @@ import torch
 
 from .base import METHODS, Config, GradientOracle, Message, Method
 from .gd import XState
+from .rules import ef_update
 
 __all__ = ["EF", "EFClients"]
 
@@ -53,9 +54,9 @@ class EF(Method[XState, EFClients]):
         self, cfg: Config, server: XState, clients: EFClients, oracle: GradientOracle, r: int
     ) -> tuple[EFClients, Message]:
         ids = clients.ids
-        p = clients.e + cfg.stepsize * oracle.grads(server.x, ids)
-        v = cfg.compress(p, ids, r)
-        return EFClients(ids, p - v), cfg.message(v, ids, cfg.compressed_traffic(v))
+        update = cfg.stepsize * oracle.grads(server.x, ids)
+        v, e = ef_update(clients.e, update, lambda p: cfg.compress(p, ids, r))
+        return EFClients(ids, e), cfg.message(v, ids, cfg.compressed_traffic(v))
 
     def server_post(
         self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int

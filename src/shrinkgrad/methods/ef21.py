@@ -33,6 +33,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from .base import METHODS, Config, Constants, GradientOracle, Init, Message, Method
+from .rules import ef21_update
 from .stepsize import theory_function
 
 __all__ = ["EF21", "EF21Clients", "EF21Server"]
@@ -284,12 +285,14 @@ class EF21(Method[EF21Server, EF21Clients]):
         ids, g = clients.ids, clients.g
         part = self.participants(cfg, ids, r)
         if part is None or bool(part.all()):
-            c = cfg.compress(self._targets(cfg, server.x, ids, oracle, r) - g, ids, r)
-            return EF21Clients(ids, g + c), cfg.message(c, ids, cfg.compressed_traffic(c))
+            target = self._targets(cfg, server.x, ids, oracle, r)
+            c, g_new = ef21_update(g, target, lambda p: cfg.compress(p, ids, r))
+            return EF21Clients(ids, g_new), cfg.message(c, ids, cfg.compressed_traffic(c))
         c = torch.zeros_like(g)
         if bool(part.any()):
             sel = ids[part]
-            c[part] = cfg.compress(self._targets(cfg, server.x, sel, oracle, r) - g[part], sel, r)
+            target = self._targets(cfg, server.x, sel, oracle, r)
+            c[part] = ef21_update(g[part], target, lambda p: cfg.compress(p, sel, r))[0]
         return EF21Clients(ids, g + c), cfg.message(c, ids, cfg.compressed_traffic(c, part))
 
     def server_post(
