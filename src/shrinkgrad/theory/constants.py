@@ -34,7 +34,7 @@ Vector = torch.Tensor | np.ndarray | Sequence[float]
 # validation helpers (shared by the whole theory package)
 # --------------------------------------------------------------------------------------------
 def _as_float(name: str, value: SupportsFloat) -> float:
-    if isinstance(value, bool):
+    if isinstance(value, (bool, str, bytes)):
         raise TypeError(f"{name} must be a number, got {value!r}")
     try:
         v = float(value)

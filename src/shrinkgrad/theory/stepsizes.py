@@ -229,6 +229,11 @@ def _stepsize_pp(
                 "rho, or omit s and rho to use the optimal values"
             )
         ratio = b / theta_p
+    elif p_min == p_max:
+        # (D) homogeneous participation: the optimum over s, ρ is ξ(α p)², i.e. EF21 with the
+        # contractive operator "C with probability p, else no update" (α' = α p); the tests
+        # check it against the numerical optimum of the general form
+        ratio = xi(a * p_min) ** 2
     else:
         ratio = _pp_best_ratio(a, p_min, p_max)
         if not math.isfinite(ratio):
@@ -258,9 +263,13 @@ def stepsize_ef21_pp(
 
     Without ``s`` and ``rho`` the step is maximised over both: the inner minimum over ρ in closed
     form, ρ* = (−q + √(q² + A c))/A with q = 1 − p_min, A = β p_max + q and
-    c = θ p_max − (p_max − p_min); the outer one over s numerically. With p ≡ 1 this is exactly
-    the EF21 rule 1/(L + L_QM ξ(α)). Marks: (V) for p_min = p_max as in the authors' code; the
-    p_min ≠ p_max form is (?), implemented as stated in methods.md.
+    c = θ p_max − (p_max − p_min); the outer one over s numerically. For one common p the optimum
+    is B/θ_p = L_QM² ξ(αp)² (D: EF21-PP is then EF21 with the contractive operator "C with
+    probability p, else no update", whose constant is αp; checked numerically), which is used
+    exactly; with p ≡ 1 this is the EF21 rule 1/(L + L_QM ξ(α)). Marks as in methods.md: (V) for
+    p_min = p_max, (?) for the p_min ≠ p_max form, implemented as stated. Note: the [BW] authors'
+    public script ``ef21_pp.py`` runs EF21-PP with the plain EF21 step 1/(L + L_QM ξ(α)), which
+    is larger than this rule when p < 1.
     """
     Q = check_nonnegative("L_QM", L_QM)
     return _stepsize_pp("stepsize_ef21_pp", L, Q, alpha, p, s, rho)
@@ -299,8 +308,8 @@ def ef21_sgd_nu(alpha: SupportsFloat, sigma2: SupportsFloat = 0.0) -> float:
 
 
 def _alpha_nu(a: float, nu: float) -> float:
-    if a == 1.0:
-        return 1.0
+    if a == 1.0 or nu == 0.0:
+        return a
     if not (0.0 <= nu < a / (1.0 - a)):
         raise ValueError(
             f"nu must be in [0, α/(1 − α)) = [0, {a / (1.0 - a):.4g}) for alpha = {a:.4g}, got {nu}"

@@ -1,0 +1,60 @@
+"""Predicted rounds and bits, and the guarantee they encode on a real run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from shrinkgrad import theory as T
+from shrinkgrad.problems import logistic_regression
+
+
+def test_rounds_formula() -> None:
+    gamma, gap, eps, a = 0.01, 2.0, 1e-3, 0.1
+    assert T.rounds_ef21(gamma, gap, eps, alpha=a) == math.ceil(2 * gap / (gamma * eps))
+    G0 = 5.0
+    phi0 = gap + gamma / (2 * T.theta(a)) * G0
+    assert T.lyapunov0(gamma, gap, a, G0) == pytest.approx(phi0)
+    assert T.rounds_ef21(gamma, gap, eps, alpha=a, G0=G0) == math.ceil(2 * phi0 / (gamma * eps))
+    floor = 4e-4
+    assert T.rounds_ef21(gamma, gap, eps, alpha=a, noise_floor=floor) == math.ceil(
+        2 * gap / (gamma * (eps - floor))
+    )
+    with pytest.raises(ValueError, match="noise floor"):
+        T.rounds_ef21(gamma, gap, eps, noise_floor=eps)
+
+
+def test_pl_rounds_and_bits() -> None:
+    gamma, mu, gap, eps = 0.1, 0.5, 3.0, 1e-6
+    T_pl = T.rounds_ef21_pl(gamma, mu, gap, eps)
+    assert (1 - gamma * mu) ** T_pl * gap <= eps < (1 - gamma * mu) ** (T_pl - 1) * gap
+    assert T.rounds_ef21_pl(gamma, mu, 1e-9, 1e-6) == 0
+    with pytest.raises(ValueError, match="must be < 1"):
+        T.rounds_ef21_pl(3.0, 1.0, gap, eps)
+    assert T.bits_to_accuracy(10, 36.0, initial_bits=448.0) == 808.0
+    with pytest.raises(ValueError, match="rounds"):
+        T.bits_to_accuracy(-1, 36.0)
+
+
+def test_predicted_rounds_are_enough_for_ef21_with_top1() -> None:
+    """Run EF21 (Top-1, g_i⁰ = ∇f_i(x⁰)) for the predicted T: min_t ‖∇f(x^t)‖² ≤ ε."""
+    p = logistic_regression("australian_scale", n_clients=5)
+    alpha = 1 / p.d
+    gamma = T.stepsize_ef21_reloaded(p.L, p.L_AM, alpha)
+    x = torch.zeros(p.d, dtype=torch.float64)
+    gap = p.loss(x) - 0.0  # f ≥ 0: f(x⁰) bounds f(x⁰) − f^inf
+    eps = 0.2 * float((p.grad(x) ** 2).sum())
+    rounds = T.rounds_ef21(gamma, gap, eps, alpha=alpha)
+    assert 100 < rounds < 5000
+    g_i = p.client_grads(x).numpy()
+    best = math.inf
+    for _ in range(rounds):
+        best = min(best, float((p.grad(x) ** 2).sum()))
+        x = x - gamma * torch.from_numpy(g_i.mean(0))
+        diff = p.client_grads(x).numpy() - g_i
+        j = np.argmax(np.abs(diff), axis=1)
+        g_i[np.arange(p.n), j] += diff[np.arange(p.n), j]
+    assert best <= eps
