@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import numba
+import numpy as np
 
-__all__ = ["rowdot_csr", "rowdot_dense", "scatter_csr", "scatter_dense"]
+__all__ = ["rowdot_csr", "rowdot_dense", "scatter_csr", "scatter_dense", "select_smallest"]
 
 _jit: Any = numba.njit(cache=True, nogil=True)
 
@@ -67,3 +68,15 @@ def scatter_dense(A, rows, client, r, G):  # type: ignore[no-untyped-def]  # pra
         rk = r[k]
         for q in range(d):
             G[c, q] += rk * A[j, q]
+
+
+@_jit
+def select_smallest(u, offsets, b, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out ← for each client i, the rows of its b_i smallest u (ascending, ties by position)."""
+    pos = 0
+    for i in range(offsets.shape[0] - 1):
+        lo = offsets[i]
+        order = np.argsort(u[lo : offsets[i + 1]], kind="mergesort")
+        for k in range(b[i]):
+            out[pos] = lo + order[k]
+            pos += 1

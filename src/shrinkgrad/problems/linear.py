@@ -159,6 +159,7 @@ class LinearModelProblem(Problem):
         self.client_sizes: torch.Tensor = torch.from_numpy(sizes.copy())
         self._client = np.repeat(np.arange(self.n, dtype=np.int64), sizes)
         self._rows = np.arange(self.n_samples, dtype=np.int64)
+        self._zeros_client = np.zeros(self.n_samples, dtype=np.int64)
         self._w64 = 1.0 / sizes[self._client].astype(np.float64)
         self._A64 = A64
         self._y64 = y[perm]
@@ -369,6 +370,14 @@ class LinearModelProblem(Problem):
             self._torch = t
         return self._torch
 
+    def _rowdot(self, X: np.ndarray, rows: np.ndarray, client: np.ndarray) -> np.ndarray:
+        z = np.empty(rows.size, dtype=self._A.dtype)
+        if self.storage == "sparse":
+            K.rowdot_csr(self._indptr, self._indices, self._data, rows, client, X, z)
+        else:
+            K.rowdot_dense(self._A, rows, client, X, z)
+        return z
+
     def _z_and_scatter_numba(
         self,
         X: np.ndarray,
@@ -377,17 +386,14 @@ class LinearModelProblem(Problem):
         weights: np.ndarray | None,
         same_x: bool,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(z, G): z_k = ⟨a_{rows[k]}, X[client[k]]⟩, G[c] = Σ_k w_k φ'(z_k) a_{rows[k]}."""
+        """(z, G): z_k = ⟨a_{rows[k]}, X[client[k]]⟩, G[c] = Σ_k w_k φ'(z_k) a_{rows[k]}.
+
+        Single-threaded kernels throughout (no BLAS call: a multi-threaded BLAS matvec on a
+        shared machine can be 10× slower than one thread, and results stay deterministic).
+        """
         dt = self._A.dtype
-        if same_x and rows is self._rows:
-            z = np.asarray(self._A @ X[0], dtype=dt)
-        else:
-            z = np.empty(rows.size, dtype=dt)
-            cl = np.zeros_like(client) if same_x else client
-            if self.storage == "sparse":
-                K.rowdot_csr(self._indptr, self._indices, self._data, rows, cl, X, z)
-            else:
-                K.rowdot_dense(self._A, rows, cl, X, z)
+        same = self._zeros_client if rows is self._rows else np.zeros_like(client)
+        z = self._rowdot(X, rows, same if same_x else client)
         y = self._y if rows is self._rows else self._y[rows]
         w = self._w if weights is None else weights
         r = (_dphi_np(self.loss_kind, z, y) * w).astype(dt, copy=False)
@@ -462,7 +468,7 @@ class LinearModelProblem(Problem):
         """(n,): f_i(x)."""
         x = self._point(x)
         if self.backend == "numba":
-            zn = np.asarray(self._A @ self._numpy(x), dtype=self._A.dtype)
+            zn = self._rowdot(self._numpy(x)[None, :], self._rows, self._zeros_client)
             per_n = _phi_np(self.loss_kind, zn, self._y) * self._w
             out = torch.from_numpy(np.bincount(self._client, weights=per_n, minlength=self.n))
             out = out.to(self.dtype)
@@ -503,9 +509,13 @@ class LinearModelProblem(Problem):
         else:
             w = bits32_torch(keys.lo[client], keys.hi[client], local)
             u = (w.to(torch.float64) + 0.5) * 2.0**-32
-            order = torch.argsort(client.to(torch.float64) + u, stable=True)
-            bd = b.to(dev)
-            rows = order[local < bd[client]]  # the segments keep their place after sorting
+            if self.backend == "numba":  # per-client stable sorts, O(N log m)
+                rows_np = np.empty(int(b.sum()), dtype=np.int64)
+                K.select_smallest(u.numpy(), self.offsets, b.numpy(), rows_np)
+                rows = torch.from_numpy(rows_np)
+            else:  # one stable sort keyed by (client, u): the segments keep their place
+                order = torch.argsort(client.to(torch.float64) + u, stable=True)
+                rows = order[local < b.to(dev)[client]]
         weights = 1.0 / b.to(dev, torch.float64)[client[rows]]
         return rows, weights.to(self.dtype)
 
