@@ -53,6 +53,8 @@ COLUMNS = (
     "d",
 )
 _METRICS = COLUMNS[:7]
+#: (round, grad_norm_sq, loss, bits_up, bits_up_paper, bits_down, time_s)
+Row = tuple[int, float, float, float, float, float, float]
 
 
 @dataclasses.dataclass
@@ -113,20 +115,22 @@ class _Progress:
     up_paper: torch.Tensor
     down: torch.Tensor
     time_s: float
-    rows: list[dict[str, Any]]
+    #: the metric columns of the logged rows (``_METRICS`` order); the identifying columns are
+    #: constant and added when the table is built
+    rows: list[Row]
     n_rows: int
     last_logged: int
     gns0: float
     status: Status | None = None
     message: str = ""
 
-    def table_rows(self) -> list[dict[str, Any]]:
+    def table_rows(self) -> list[Row]:
         return self.rows[: self.n_rows]
 
-    def with_row(self, row: dict[str, Any]) -> _Progress:
+    def with_row(self, row: Row) -> _Progress:
         del self.rows[self.n_rows :]  # rows of an interrupted, uncommitted round
         self.rows.append(row)
-        return dataclasses.replace(self, n_rows=self.n_rows + 1, last_logged=int(row["round"]))
+        return dataclasses.replace(self, n_rows=self.n_rows + 1, last_logged=int(row[0]))
 
     def snapshot(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -321,28 +325,19 @@ def simulate(
     fingerprint = _fingerprint(meta, x_start, log_every, cfg.dtype, cfg.wire_dtype)
     every = checkpoint_every if checkpoint_every is not None else 1000
 
-    def row(r: int, gns: float, loss: float, p: _Progress) -> dict[str, Any]:
-        """The table row of round ``r`` (bits and time from ``p``, at round ``r``)."""
-        return {
-            "round": r,
-            "grad_norm_sq": gns,
-            "loss": loss,
-            "bits_up": float(p.up.mean()),
-            "bits_up_paper": float(p.up_paper.mean()),
-            "bits_down": float(p.down.mean()),
-            "time_s": p.time_s,
-            **meta,
-        }
+    def row(r: int, gns: float, loss: float, p: _Progress) -> Row:
+        """The metrics of round ``r`` (bits and time from ``p``, at round ``r``)."""
+        up, paper, down = float(p.up.mean()), float(p.up_paper.mean()), float(p.down.mean())
+        return (r, gns, loss, up, paper, down, p.time_s)
 
     def save(p: _Progress) -> None:
         if checkpoint is not None:
             save_checkpoint(checkpoint, {"fingerprint": fingerprint, **p.snapshot()})
 
     def result(p: _Progress) -> SimResult:
-        table = pd.DataFrame(p.table_rows(), columns=list(COLUMNS))
-        table = table.astype(
-            {"round": "int64", "seed": "int64", "n_clients": "int64", "d": "int64"}
-        )
+        table = pd.DataFrame(p.table_rows(), columns=list(_METRICS))
+        table = table.astype({"round": "int64"}).assign(**meta)[list(COLUMNS)]
+        table = table.astype({"seed": "int64", "n_clients": "int64", "d": "int64"})
         return SimResult(
             table=table,
             state=p.state,
@@ -388,9 +383,9 @@ def simulate(
         save(prog)
     if prog.status is None and prog.state.round < rounds and prog.n_rows:
         # extending a finished run: its last row was logged only because it was the last round
-        last = prog.table_rows()[-1]["round"]
+        last = prog.table_rows()[-1][0]
         if last == prog.state.round and last % log_every != 0:
-            prev = prog.table_rows()[-2]["round"] if prog.n_rows > 1 else -1
+            prev = prog.table_rows()[-2][0] if prog.n_rows > 1 else -1
             prog = dataclasses.replace(prog, n_rows=prog.n_rows - 1, last_logged=prev)
     if prog.status is not None or prog.state.round >= rounds:
         if prog.state.round > rounds:
@@ -424,7 +419,7 @@ def simulate(
                     msg = f"stopped by the callback at round {r}"
                     prog = dataclasses.replace(prog, status="stopped", message=msg)
                 if bar is not None:
-                    bar(r, prog.table_rows()[-1]["grad_norm_sq"])
+                    bar(r, prog.table_rows()[-1][1])
             elif bar is not None and r % tick == 0:
                 bar(r, None)
             if checkpoint is not None and prog.state.round % every == 0:
@@ -449,7 +444,7 @@ def _advance(
     prog: _Progress,
     rounds: int,
     log_every: int,
-    row: Callable[[int, float, float, _Progress], dict[str, Any]],
+    row: Callable[[int, float, float, _Progress], Row],
     verdict: Callable[[int, float, float], tuple[Status | None, str]],
 ) -> _Progress:
     """Run one round: the new progress (state, bits, time and, when due, a row and a verdict)."""
@@ -491,7 +486,7 @@ def _diverged_nonfinite(
     r: int,
     gamma: float,
     rule: str,
-    row: Callable[[int, float, float, _Progress], dict[str, Any]],
+    row: Callable[[int, float, float, _Progress], Row],
 ) -> _Progress:
     """Stop at round ``r`` whose values are not finite; log the last finite round if unlogged."""
     last = prog.state.round
