@@ -136,3 +136,25 @@ def test_from_arrays_checks_and_maps_labels() -> None:
         Dataset.from_arrays([[np.nan]], [1], name="bad")
     with pytest.raises(DatasetError, match="rows but y has"):
         Dataset.from_arrays(np.eye(3), [0, 1], name="bad")
+
+
+# sha256 of the uncompressed bundled files (data/PROVENANCE.md, from the checked copies)
+SHA256 = {
+    "mushrooms": "f39a4eb628dc61a7d43760815b061c9e497aa728ce1ad8bde57a09ef6043b538",
+    "a9a": "f5d5ffd8d865ff41328e7ee043e4b020816914ff6843ff15b98905ddbedce906",
+    "w8a": "6a9fa8fd5f524303240a5db07d4b3d4a51e8b7b4b20a914105d8e3e8c81640f2",
+    "phishing": "0cf66ef36604c393da9359b2e5d894a2df8aee31fd184633cefa138add2ef08a",
+    "australian": "615e24252961b52e297f9b70942f166631ab412ad9060ba98bf41b1e027be607",
+    "australian_scale": "86799bcc4dbcd41929a514fa181d1c1a40e01f009dee139d4141a194d7ecd9e3",
+    "w1a": "0ae2b1c40f6a99061d1c6f4a1f3b50eea58a2f3b8bf851a337c25c2a65a49d32",
+    "a1a": "eb54c45f1bdb51286f803dd092eb8202b44637a858fc6c4e533a2d64a0d94b4e",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHA256))
+def test_bundled_files_match_their_provenance_checksums(name: str) -> None:
+    import hashlib
+
+    content = gzip.decompress(sd.bundled_path(name).read_bytes())
+    assert hashlib.sha256(content).hexdigest() == SHA256[name]
+    assert f"`{SHA256[name]}`" in (sd.bundled_path(name).parent / "PROVENANCE.md").read_text()
