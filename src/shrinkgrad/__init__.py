@@ -16,6 +16,7 @@ from .registry import Registry, SpecError, parse_spec
 from .rng import Keys, KeyStream
 
 if TYPE_CHECKING:
+    from .problems import PROBLEMS, Problem, make_problem
     from .sim import SimResult, simulate
 
 
@@ -25,6 +26,10 @@ def __getattr__(name: str) -> Any:
         from . import sim
 
         return getattr(sim, name)
+    if name in ("PROBLEMS", "Problem", "make_problem"):  # scipy/numba: imported on first use
+        from . import problems
+
+        return getattr(problems, name)
     raise AttributeError(f"module 'shrinkgrad' has no attribute {name!r}")
 
 
@@ -33,16 +38,19 @@ __version__ = "0.1.0"
 __all__ = [
     "COMPRESSORS",
     "METHODS",
+    "PROBLEMS",
     "Compressor",
     "KeyStream",
     "Keys",
     "Method",
+    "Problem",
     "Registry",
     "SimResult",
     "SpecError",
     "__version__",
     "make_compressor",
     "make_method",
+    "make_problem",
     "parse_spec",
     "simulate",
 ]
