@@ -194,3 +194,43 @@ def test_info_and_metadata() -> None:
     assert info["split"] == "shuffled[seed=2]" and info["n_clients"] == 5 and info["d"] == 14
     assert int(p.client_sizes.sum()) == 690 and p.f_lower == 0.0
     torch.testing.assert_close(p.x0(), torch.zeros(14, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("factory", [logistic_regression, least_squares])
+def test_minibatch_variance_by_enumerating_every_minibatch(factory: Any) -> None:
+    import itertools
+
+    parts = [np.arange(0, 5), np.arange(5, 12), np.arange(12, 13)]
+    p = factory("australian_scale", split=parts, lam=0.1, reg="l2")
+    x = torch.linspace(-0.3, 0.3, p.d, dtype=torch.float64)
+    b = torch.tensor([2, 3, 1])
+    ds = load("australian_scale")
+    full = p.client_grads(x)
+    expected = []
+    for i, rows in enumerate(parts):
+        A = torch.from_numpy(ds.X[rows].toarray())
+        y = torch.from_numpy(np.asarray(ds.y[rows]))
+        z = A @ x
+        dphi = -y * torch.sigmoid(-y * z) if factory is logistic_regression else 2 * (z - y)
+        per = dphi[:, None] * A + 0.1 * x  # per-sample gradients of f_i (regularizer included)
+        devs = [
+            float(((per[list(S)].mean(0) - full[i]) ** 2).sum())
+            for S in itertools.combinations(range(len(rows)), int(b[i]))
+        ]
+        expected.append(np.mean(devs))
+    np.testing.assert_allclose(p.minibatch_variance(x, b).numpy(), expected, rtol=1e-10, atol=1e-15)
+
+
+def test_minibatch_variance_bound_for_logistic() -> None:
+    p = logistic_regression("a1a", n_clients=6)
+    bound = p.minibatch_variance_bound(3)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(5):
+        x = torch.randn(p.d, dtype=torch.float64, generator=gen) * 3
+        assert bool((p.minibatch_variance(x, 3) <= bound * (1 + 1e-12)).all())
+    assert (
+        float(p.minibatch_variance(torch.zeros(p.d, dtype=torch.float64), p.client_sizes).max())
+        == 0.0
+    )
+    with pytest.raises(ValueError, match="no uniform bound"):
+        least_squares("a1a", n_clients=6).minibatch_variance_bound(3)

@@ -540,6 +540,47 @@ class LinearModelProblem(Problem):
             out = self._grads_torch(X, rows, weights)
         return out.add_(self._reg_grad(X))
 
+    def minibatch_variance(self, x: torch.Tensor, batch_sizes: torch.Tensor | int) -> torch.Tensor:
+        """(n,) float64: E‖ĝ_i(x) − ∇f_i(x)‖² of :meth:`client_stoch_grads` at x, exactly.
+
+        Sampling b_i of m_i without replacement: (m_i − b_i)/(b_i (m_i − 1)) · V_i with
+        V_i = (1/m_i) Σ_j ‖φ'_j a_j‖² − ‖(1/m_i) Σ_j φ'_j a_j‖² (finite-population correction;
+        0 when b_i = m_i). The σ² of the EF21-SGD rule is a bound over all x: see
+        :meth:`minibatch_variance_bound`.
+        """
+        b = self._batch_sizes(batch_sizes).double()
+        xn = self._point(x).detach().cpu().double().numpy()
+        A, y, m = self._A64, self._y64, self._sizes.astype(np.float64)
+        r = _dphi_np(self.loss_kind, np.asarray(A @ xn).reshape(-1), y)
+        sq = _row_norms2(A) * r * r
+        second = np.bincount(self._client, weights=sq, minlength=self.n) / m
+        G = np.zeros((self.n, self.d))
+        rm = r / m[self._client]
+        if isinstance(A, sp.csr_matrix):
+            K.scatter_csr(*_csr_parts(A), self._rows, self._client, rm, G)
+        else:
+            K.scatter_dense(A, self._rows, self._client, rm, G)
+        pop = np.maximum(second - (G * G).sum(1), 0.0)
+        return torch.from_numpy(_fpc(m, b.numpy()) * pop)
+
+    def minibatch_variance_bound(self, batch_sizes: torch.Tensor | int) -> torch.Tensor:
+        """(n,) bounds σ_i² ≥ sup_x E‖ĝ_i(x) − ∇f_i(x)‖² (logistic loss only; float64).
+
+        |φ'| ≤ 1 for the logistic loss, so V_i(x) ≤ (1/m_i) Σ_j ‖a_j‖² and
+        σ_i² = (m_i − b_i)/(b_i (m_i − 1)) · (1/m_i) Σ_j ‖a_j‖² (see :meth:`minibatch_variance`).
+        Pass their mean as ``sigma2`` to :func:`~shrinkgrad.theory.stepsize_ef21_sgd`. The squared
+        loss has no such bound (its residuals grow with ‖x‖): a ValueError says so.
+        """
+        if self.loss_kind != "logistic":
+            raise ValueError(
+                "the squared loss has no uniform bound on the minibatch variance (it grows with "
+                "‖x‖); use minibatch_variance(x, b) at the points of interest"
+            )
+        b = self._batch_sizes(batch_sizes).double().numpy()
+        m = self._sizes.astype(np.float64)
+        mean_norm = np.bincount(self._client, weights=_row_norms2(self._A64), minlength=self.n) / m
+        return torch.from_numpy(_fpc(m, b) * mean_norm)
+
     def _batch_sizes(self, batch_sizes: torch.Tensor | int) -> torch.Tensor:
         if isinstance(batch_sizes, bool):
             raise TypeError("batch_sizes must be an integer or an integer tensor of shape (n,)")
@@ -597,6 +638,21 @@ class LinearModelProblem(Problem):
             f"N={self.n_samples}, split={self.split or '?'}, L={self.L:.4g}, L_AM={self.L_AM:.4g}, "
             f"L_QM={self.L_QM:.4g}>"
         )
+
+
+def _row_norms2(A: sp.csr_matrix | np.ndarray) -> np.ndarray:
+    if isinstance(A, sp.csr_matrix):
+        return np.asarray(A.multiply(A).sum(axis=1)).reshape(-1)
+    return np.asarray(np.einsum("ij,ij->i", A, A))
+
+
+def _csr_parts(A: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return A.indptr.astype(np.int64), A.indices.astype(np.int64), A.data
+
+
+def _fpc(m: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(m − b)/(b (m − 1)): variance factor of a b-of-m sample mean without replacement."""
+    return np.where(m > 1, (m - b) / (b * np.maximum(m - 1, 1)), 0.0)
 
 
 def _default_name(loss: str, lam: float, reg: str) -> str:
