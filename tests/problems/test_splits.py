@@ -77,13 +77,24 @@ def test_dirichlet_fills_empty_clients() -> None:
     assert min(p.size for p in parts) == 1
 
 
-def test_heterogeneous_smoothness_sorts_by_row_norm() -> None:
+def test_heterogeneous_smoothness_norm_key_sorts_by_row_norm() -> None:
     ds = load("a1a")
-    parts = make_split("heterogeneous_smoothness")(ds, 5)
+    parts = make_split("heterogeneous_smoothness[key=norm]")(ds, 5)
     norms = np.asarray(ds.X.multiply(ds.X).sum(axis=1)).ravel()
     means = [norms[p].mean() for p in parts]
     assert means == sorted(means)
     assert norms[parts[0]].max() <= norms[parts[1]].min()
+
+
+@pytest.mark.parametrize("name", ["a1a", "australian_scale"])
+def test_heterogeneous_smoothness_spreads_the_L_i(name: str) -> None:
+    from shrinkgrad.problems import logistic_regression
+
+    var = {
+        s: logistic_regression(name, n_clients=20, split=s).L_var
+        for s in ("contiguous", "shuffled[seed=0]", "heterogeneous_smoothness")
+    }
+    assert var["heterogeneous_smoothness"] > 10 * max(var["contiguous"], var["shuffled[seed=0]"])
 
 
 def test_too_many_clients_is_an_error_unless_reuse_is_explicit() -> None:

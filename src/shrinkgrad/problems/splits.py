@@ -12,8 +12,9 @@ splits``):
   (except at most one mixed client), the most label-heterogeneous split;
 * ``dirichlet[alpha=0.5,seed=0]`` — label skew: for every class, proportions over the clients
   drawn from Dir(α·1_n) (Hsu et al. 2019); small α, strong skew;
-* ``heterogeneous_smoothness`` — samples sorted by squared row norm ‖a_j‖², then chunked, so
-  that the per-client L_i (which grow with the norms of the client's rows) spread widely.
+* ``heterogeneous_smoothness[key=projection]`` — samples sorted by ⟨a_j, v⟩² (v the top
+  eigenvector of AᵀA) or, with ``key=norm``, by ‖a_j‖², then chunked, so that the per-client L_i
+  spread widely.
 
 Randomness comes only from :mod:`shrinkgrad.rng` (stream ``"split"``). ``n_clients`` larger than
 the number of samples is an error, unless a split is asked to reuse samples
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -152,17 +153,40 @@ class ByLabel(Split):
 
 @SPLITS.register("heterogeneous_smoothness")
 class HeterogeneousSmoothness(Split):
-    """Samples sorted by squared row norm ‖a_j‖² (ascending, stable), then equal chunks.
+    """Rows sorted by a smoothness score (ascending, stable), then equal chunks: spread-out L_i.
 
-    Client i's L_i grows with the norms of its rows (λ_max(A_iᵀA_i)/m_i lies between
-    max_j ‖a_j‖²/m_i and the mean of its ‖a_j‖²), so grouping rows of similar norm spreads the
-    L_i widely.
+    ``key="projection"`` (default): ⟨a_j, v⟩² with v the top eigenvector of AᵀA — rows aligned
+    with the dominant direction end up together, so those clients get a large λ_max(A_iᵀA_i)/m_i;
+    it spreads the L_i even when all rows have the same norm (one-hot data: a9a, mushrooms,
+    phishing). ``key="norm"``: ‖a_j‖² (λ_max(A_iᵀA_i)/m_i lies between max_j ‖a_j‖²/m_i and the
+    mean of the client's ‖a_j‖²); no effect when all rows have the same norm.
     """
+
+    def __init__(self, key: Literal["projection", "norm"] = "projection") -> None:
+        if key not in ("projection", "norm"):
+            raise ValueError(f"key must be 'projection' or 'norm', got {key!r}")
+        self.key = key
 
     def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
         X = data.X
-        norms = np.asarray(X.multiply(X).sum(axis=1)).reshape(-1)
-        return chunks(np.argsort(norms, kind="stable").astype(np.int64), n)
+        if self.key == "norm":
+            score = np.asarray(X.multiply(X).sum(axis=1)).reshape(-1)
+        else:
+            score = np.asarray(X @ _top_eigenvector(X)).reshape(-1) ** 2
+        return chunks(np.argsort(score, kind="stable").astype(np.int64), n)
+
+
+def _top_eigenvector(X: Any) -> np.ndarray:
+    """Top eigenvector of XᵀX (dense solver up to 2048 features, Lanczos beyond)."""
+    d = X.shape[1]
+    if d <= 2048:
+        gram = np.asarray((X.T @ X).toarray())
+        return np.asarray(np.linalg.eigh(gram)[1][:, -1])
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    op = LinearOperator((d, d), matvec=lambda v: X.T @ (X @ v), dtype=np.float64)
+    start = Keys.derive(0, stream="lanczos").uniform(d).numpy() - 0.5
+    return np.asarray(eigsh(op, k=1, which="LA", v0=start, tol=1e-12)[1][:, 0])
 
 
 @SPLITS.register("dirichlet")
