@@ -1,0 +1,154 @@
+"""A small DDP training job that the hook tests run on forked ranks.
+
+The model has tensors of several sizes (so DDP makes several buckets and ``min_numel`` leaves the
+biases uncompressed); every rank draws its own data from a generator seeded by its rank, so the
+ranks' gradients differ, as in real data-parallel training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from shrinkgrad.compressors import make_compressor
+from shrinkgrad.distributed import CompressionState, compression_hook
+
+SHAPES = [(48, 24), (48,), (40, 48), (40,), (4, 40), (4,)]  # weights and biases of an MLP
+
+
+def make_model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(1234)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(24, 48),
+        torch.nn.Tanh(),
+        torch.nn.Linear(48, 40),
+        torch.nn.Tanh(),
+        torch.nn.Linear(40, 4),
+    ).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=dtype) * 0.3)
+    assert [tuple(p.shape) for p in model.parameters()] == SHAPES
+    return model
+
+
+@dataclasses.dataclass
+class Job:
+    """One training run: the hook (None = DDP's default all-reduce) and the loop's settings."""
+
+    compressor: str | None = None
+    ratio: float | None = None
+    error_feedback: str = "none"
+    weights: list[float] | None = None
+    min_numel: int = 45
+    warmup_steps: int = 1
+    seed: int = 0
+    steps: int = 4
+    start: int = 0  # first step (a resumed run starts later)
+    dtype: torch.dtype = torch.float32
+    bucket_cap_mb: float = 0.01  # several buckets
+    lr: float = 0.2
+    load: str | None = None  # checkpoint prefix to resume from
+    save: str | None = None  # checkpoint prefix to write after the last step
+    record_bytes: bool = False
+    die_at: int | None = None  # rank 1 crashes (os._exit) at this step
+
+
+def _batch(rank: int, step: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 * rank + step)
+    X = torch.randn(32, 24, generator=gen, dtype=dtype)
+    y = torch.randint(0, 4, (32,), generator=gen)
+    return X, y
+
+
+def run(rank: int, world: int, job: Job) -> dict[str, Any]:
+    """Train ``job.steps`` steps; return the flat parameters after every step and the counters."""
+    model = DDP(make_model(job.dtype), bucket_cap_mb=job.bucket_cap_mb)
+    state = None
+    if job.compressor is not None:
+        state = CompressionState(
+            job.compressor,
+            ratio=job.ratio,
+            error_feedback=job.error_feedback,  # type: ignore[arg-type]
+            weights=job.weights,
+            min_numel=job.min_numel,
+            warmup_steps=job.warmup_steps,
+            seed=job.seed,
+        )
+        model.register_comm_hook(state, compression_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.5)
+    if job.load is not None:
+        ckpt = torch.load(f"{job.load}.rank{rank}", weights_only=False)
+        model.module.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        assert state is not None
+        state.load_state_dict(ckpt["hook"])
+    sent: list[int] = []
+    if job.record_bytes:  # count at the collectives themselves, independently of the state
+        real_gather = dist.all_gather_single
+        real_reduce = dist.all_reduce
+
+        def gather(out: torch.Tensor, t: torch.Tensor, *a: Any, **k: Any) -> Any:
+            sent[-1] += t.numel() * t.element_size()
+            return real_gather(out, t, *a, **k)
+
+        def reduce(t: torch.Tensor, *a: Any, **k: Any) -> Any:
+            sent[-1] += t.numel() * t.element_size()
+            return real_reduce(t, *a, **k)
+
+        dist.all_gather_single = gather  # type: ignore[assignment]
+        dist.all_reduce = reduce  # type: ignore[assignment]
+    params: list[torch.Tensor] = []
+    state_bytes: list[int] = []
+    for step in range(job.start, job.start + job.steps):
+        if job.die_at is not None and step == job.die_at and rank == 1:
+            import os
+
+            os._exit(7)
+        sent.append(0)
+        X, y = _batch(rank, step, job.dtype)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(X), y).backward()
+        opt.step()
+        params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
+        if state is not None:
+            state_bytes.append(state.last_step_bytes)
+    if job.save is not None:
+        torch.save(
+            {
+                "model": model.module.state_dict(),
+                "opt": opt.state_dict(),
+                "hook": None if state is None else state.state_dict(),
+            },
+            f"{job.save}.rank{rank}",
+        )
+    return {
+        "params": params,
+        "sent": sent,
+        "state_bytes": state_bytes,
+        "bytes_sent": None if state is None else state.bytes_sent,
+    }
+
+
+def expected_bytes(job: Job, world: int, dtype: torch.dtype = torch.float32) -> int:
+    """A compressed step's message size per rank from the compressors' bits formulas:
+    ⌈bits(d)/8⌉ bytes per compressed tensor, d values per uncompressed one."""
+    assert job.compressor is not None
+    esize = torch.finfo(dtype).bits // 8
+    total = 0
+    for shape in SHAPES:
+        d = math.prod(shape)
+        if d < job.min_numel:
+            total += d * esize  # uncompressed
+            continue
+        spec = job.compressor
+        if job.ratio is not None:
+            k = max(1, math.ceil(job.ratio * d))
+            spec = f"{spec[:-1]},k={k}]" if spec.endswith("]") else f"{spec}[k={k}]"
+        total += math.ceil(make_compressor(spec).bits(d, dtype) / 8)
+    return total

@@ -1,0 +1,269 @@
+"""The DDP communication hooks on real gloo process groups (forked ranks on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from ddp_helpers import Job, expected_bytes, run
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from shrinkgrad.distributed import CompressionState, WorkerError, compression_hook, spawn
+from shrinkgrad.problems import load, logistic_regression, resolve_split
+from shrinkgrad.sim import simulate
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(90)]
+
+
+def _same_on_all_ranks(results: list[dict[str, Any]]) -> None:
+    steps = len(results[0]["params"])
+    for t in range(steps):
+        for r in results[1:]:
+            assert torch.equal(r["params"][t], results[0]["params"][t]), f"ranks differ at step {t}"
+
+
+# --------------------------------------------------------------------------------------------
+# exact reductions
+# --------------------------------------------------------------------------------------------
+def test_identity_hook_equals_no_hook_exactly() -> None:
+    plain = spawn(run, 2, (Job(steps=4),))
+    hooked = spawn(run, 2, (Job(compressor="identity", min_numel=0, steps=4),))
+    for t in range(4):
+        # same division, same all-reduce of the same buffer: bit-identical, every step
+        assert torch.equal(hooked[0]["params"][t], plain[0]["params"][t])
+    assert hooked[0]["bytes_sent"] == 4 * sum(p.numel() for p in plain[0]["params"][:1]) * 4
+
+
+def test_identity_with_ef21_equals_no_hook_to_round_off() -> None:
+    job = Job(steps=4, dtype=torch.float64)
+    plain = spawn(run, 2, (job,))
+    hooked = spawn(
+        run, 2, (dataclasses.replace(job, compressor="identity", error_feedback="ef21"),)
+    )
+    for t in range(4):  # g + (x − g) = x up to round-off
+        torch.testing.assert_close(
+            hooked[1]["params"][t], plain[1]["params"][t], rtol=0, atol=1e-13
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# every compressor family and error feedback: identical parameters on every rank, every step
+# --------------------------------------------------------------------------------------------
+CONFIGS = [
+    Job(compressor="top_k", ratio=0.1, error_feedback="ef21"),
+    Job(compressor="top_k", ratio=0.05, error_feedback="ef"),
+    Job(compressor="top_k", ratio=0.1, error_feedback="ef21_w", weights=[1.0, 2.0, 5.0]),
+    Job(compressor="rand_k[shared_seed=true]", ratio=0.1),  # values only, all-reduce
+    Job(compressor="rand_k_scaled[shared_seed=true]", ratio=0.2, error_feedback="ef21"),
+    Job(compressor="qsgd[s=4]"),  # random, per-rank keys
+    Job(compressor="bernoulli[p=0.2]"),  # variable-size messages: sizes exchanged, padding
+    Job(compressor="scaled(natural)", error_feedback="ef21"),
+]
+
+
+@pytest.mark.parametrize("job", CONFIGS, ids=lambda j: f"{j.compressor}-{j.error_feedback}")
+def test_every_rank_holds_identical_parameters_after_every_step(job: Job) -> None:
+    results = spawn(run, 3, (job,))
+    _same_on_all_ranks(results)
+    first, last = results[0]["params"][0], results[0]["params"][-1]
+    assert bool(torch.isfinite(last).all())
+    assert not torch.equal(first, last)  # it trained
+
+
+# --------------------------------------------------------------------------------------------
+# bytes at the collective = the bits formulas
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "job",
+    [
+        Job(compressor="top_k", ratio=0.1, error_feedback="ef21", record_bytes=True),
+        Job(compressor="rand_k[shared_seed=true]", ratio=0.1, record_bytes=True),
+        Job(compressor="qsgd[s=4]", record_bytes=True, min_numel=100),
+        Job(compressor="identity", record_bytes=True),
+    ],
+    ids=lambda j: j.compressor,
+)
+def test_bytes_sent_per_step_equal_the_bits_formula(job: Job) -> None:
+    results = spawn(run, 2, (job,))
+    dense = sum(p.numel() for p in results[0]["params"][:1]) * 4
+    want = expected_bytes(job, 2)
+    for r in results:
+        # step 0 is the dense warm-up; then exactly Σ ⌈bits(d)/8⌉ (+ raw small tensors)
+        assert r["sent"] == [dense] + [want] * (job.steps - 1)
+        assert r["state_bytes"] == r["sent"]
+        assert r["bytes_sent"] == sum(r["sent"])
+    if job.compressor == "top_k":
+        assert want < dense / 4
+
+
+# --------------------------------------------------------------------------------------------
+# one implementation, two runtimes: the EF21 hook = the simulator's EF21
+# --------------------------------------------------------------------------------------------
+class ClientLoss(torch.nn.Module):
+    """f_i(x) = mean log(1 + exp(−y a·x)) + λ Σ x²/(1 + x²) of methods.md §1, one parameter x."""
+
+    def __init__(self, d: int, lam: float) -> None:
+        super().__init__()
+        self.x = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
+        self.lam = lam
+
+    def forward(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = self.x
+        return F.softplus(-y * (A @ x)).mean() + self.lam * (x * x / (1 + x * x)).sum()
+
+
+def _ef21_on_ranks(
+    rank: int, world: int, mode: str, spec: str, gamma: float, steps: int, weights: list[float]
+) -> list[torch.Tensor]:
+    data = load("a1a")
+    parts, _ = resolve_split("contiguous", data, world)
+    A = torch.from_numpy(data.X[parts[rank]].toarray())
+    y = torch.from_numpy(data.y[parts[rank]])
+    model = DDP(ClientLoss(A.shape[1], 0.1))
+    state = CompressionState(
+        spec,
+        error_feedback=mode,  # type: ignore[arg-type]
+        weights=weights if mode == "ef21_w" else None,
+        min_numel=0,
+        warmup_steps=0 if mode == "ef" else 1,  # EF21's warm-up is its init="full"; EF has none
+    )
+    model.register_comm_hook(state, compression_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=gamma)
+    xs = []
+    for _ in range(steps):
+        opt.zero_grad()
+        model(A, y).backward()
+        opt.step()
+        xs.append(model.module.x.detach().clone())
+    return xs
+
+
+@pytest.mark.parametrize("mode", ["ef21", "ef21_w", "ef"])
+def test_ef21_hook_follows_the_simulators_trajectory(mode: str) -> None:
+    world, steps, spec = 4, 25, "top_k[k=5]"
+    problem = logistic_regression("a1a", n_clients=world, split="contiguous", lam=0.1)
+    gamma = 0.5 / problem.L
+    xs_sim: list[torch.Tensor] = []
+
+    def record(r: int, state: Any) -> None:
+        xs_sim.append(state.x.clone())
+
+    simulate(problem, mode, spec, stepsize=gamma, rounds=steps, callback=record)
+    # [S14]'s EF keeps e = γ e' of the hook's learning-rate-free memory e' (top_k is homogeneous)
+    weights = problem.L_i.tolist()
+    xs = spawn(_ef21_on_ranks, world, (mode, spec, gamma, steps, weights))
+    assert len(xs_sim) == steps
+    for t in range(steps):
+        assert torch.equal(xs[0][t], xs[3][t])
+        torch.testing.assert_close(xs[0][t], xs_sim[t], rtol=0, atol=1e-10)
+    assert float((xs_sim[-1] - xs_sim[0]).norm()) > 1e-3  # the trajectory moves
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "job",
+    [
+        Job(compressor="top_k", ratio=0.1, error_feedback="ef21", steps=6),
+        Job(compressor="rand_k_scaled", ratio=0.2, error_feedback="ef", steps=6, seed=3),
+    ],
+    ids=lambda j: f"{j.compressor}-{j.error_feedback}",
+)
+def test_restart_from_a_checkpoint_continues_the_same_trajectory(job: Job, tmp_path: Path) -> None:
+    straight = spawn(run, 2, (job,))
+    prefix = str(tmp_path / "ckpt")
+    first = spawn(run, 2, (dataclasses.replace(job, steps=3, save=prefix),))
+    # fresh processes: new DDP (initial bucket layout again), state restored from the files
+    second = spawn(run, 2, (dataclasses.replace(job, start=3, steps=3, load=prefix),))
+    for r in range(2):
+        got = first[r]["params"] + second[r]["params"]
+        for t in range(6):
+            assert torch.equal(got[t], straight[r]["params"][t]), f"rank {r}, step {t}"
+        assert second[r]["bytes_sent"] == straight[r]["bytes_sent"]
+
+
+def _check_mismatched_checkpoint(rank: int, world: int, path: str) -> str:
+    state = CompressionState("top_k", ratio=0.1, error_feedback="ef21")
+    other = CompressionState("top_k", ratio=0.2, error_feedback="ef21")
+    try:
+        other.load_state_dict(state.state_dict())
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_checkpoint_of_another_configuration_is_refused() -> None:
+    (msg,) = spawn(_check_mismatched_checkpoint, 1, ("",))
+    assert msg == (
+        "the checkpoint was saved with another hook configuration (ratio: saved 0.1, now 0.2)"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# failures
+# --------------------------------------------------------------------------------------------
+def test_a_rank_dying_during_training_stops_the_others_with_a_clear_error() -> None:
+    job = Job(compressor="top_k", ratio=0.1, error_feedback="ef21", steps=6, die_at=3)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        spawn(run, 3, (job,), pg_timeout=20.0)
+    assert time.monotonic() - t0 < 15.0  # the survivors notice the closed connection at once
+    by_rank = {f.rank: f for f in info.value.failures}
+    assert by_rank[1].message == "exited with code 7 without a result"
+    for r in (0, 2):
+        assert "a peer process died or stopped responding" in by_rank[r].message
+
+
+def _user_errors(rank: int, world: int) -> list[str]:
+    out = []
+    attempts: list[dict[str, Any]] = [
+        {"compressor": "top_k", "error_feedback": "ef21_w"},
+        {"compressor": "top_k", "error_feedback": "ef21", "weights": [1.0]},
+        {"compressor": "qsgd[s=4]", "ratio": 0.1},
+        {"compressor": "top_k", "ratio": 1.5},
+        {"compressor": "top_k", "error_feedback": "ef22"},
+        {"compressor": "nope"},
+    ]
+    for kw in attempts:
+        try:
+            CompressionState(**kw)
+            out.append("no error")
+        except (ValueError, TypeError) as e:
+            out.append(str(e).split(";")[0])
+    # an unbiased compressor with ω >= 1 under error feedback: refused when the bucket is seen
+    model = DDP(torch.nn.Linear(64, 1, bias=False))
+    state = CompressionState("rand_k", ratio=0.1, error_feedback="ef21", min_numel=0)
+    model.register_comm_hook(state, compression_hook)
+    state.iteration = 1  # past the warm-up
+    try:
+        model(torch.ones(2, 64)).sum().backward()
+        out.append("no error")
+    except (ValueError, RuntimeError) as e:
+        out.append(str(e).split(";")[0])
+    dist.barrier()
+    return out
+
+
+def test_user_mistakes_are_clear_errors() -> None:
+    with pytest.raises(RuntimeError, match="needs an initialised process group"):
+        CompressionState("top_k", ratio=0.01)
+    (msgs,) = spawn(_user_errors, 1)
+    assert msgs == [
+        "error_feedback='ef21_w' needs weights: one positive number per rank, e.g. the ranks' "
+        "smoothness constants L_i ([EFR] Alg. 2: w_i = L_i / Σ_j L_j)",
+        "weights are EF21-W's (error_feedback='ef21_w')",
+        "ratio=0.1 needs a compressor with a k parameter (top_k, rand_k, rand_k_scaled), got "
+        "'qsgd[s=4]'",
+        "ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got 1.5",
+        "error_feedback must be one of none, ef, ef21, ef21_w, got 'ef22'",
+        msgs[5],
+        "error_feedback='ef21' needs a contractive compressor",
+    ]
+    assert msgs[5].startswith("unknown compressor 'nope'")
