@@ -74,3 +74,18 @@ def test_theory_user_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> 
 def test_list_families(capsys: pytest.CaptureFixture[str], family: str, word: str) -> None:
     code, out, _ = _run(capsys, "list", family)
     assert code == 0 and word in out
+
+
+def test_theory_on_a_synthetic_problem_needs_no_dataset(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(
+        capsys, "theory", "--problem", "synthetic_least_squares[n_clients=40,d=5,m=5,L_var=10]",
+        "--compressor", "top_k[k=1]", "--json",
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out)
+    assert report["constants"]["L_var"] == pytest.approx(10.0, rel=1e-9)
+    assert report["constants"]["mu"] > 0 and report["constants"]["f_star"] is not None
+    code, _, err = _run(
+        capsys, "theory", "--problem", "synthetic_least_squares", "--dataset", "a9a"
+    )
+    assert code == 2 and "has no parameter 'dataset'" in err

@@ -201,28 +201,25 @@ def theory_cmd(
     from ..registry import parse_spec
 
     spec = parse_spec(problem_name)
+    params = {q.name: q for q in PROBLEMS.entry(spec.name).keyword}
+    accepted = set(params)
+    # parameters without a usable default (dataset; n_clients = None unless a list split)
+    needed = {k for k, q in params.items() if q.default is q.empty or q.default is None}
+    given = dict(spec.params)
     overrides: dict[str, Any] = {}
-    if dataset is not None:
-        overrides["dataset"] = dataset
-    if clients is not None:
-        overrides["n_clients"] = clients
-    if spec.name != "synthetic_least_squares":
-        overrides.setdefault("split", split)
-    if lam is not None:
-        overrides["lam"] = lam
-    if reg is not None:
-        overrides["reg"] = reg
-    if (
-        spec.name != "synthetic_least_squares"
-        and "dataset" not in dict(spec.params)
-        and dataset is None
+    for key, value in (
+        ("dataset", dataset),
+        ("n_clients", clients),
+        ("lam", lam),
+        ("reg", reg),
     ):
+        if value is not None:
+            overrides[key] = value  # an unknown key is reported by the registry
+    if "split" in accepted and "split" not in given:
+        overrides["split"] = split
+    if "dataset" in needed and "dataset" not in given and dataset is None:
         raise click.UsageError("give --dataset (a bundled name such as 'australian', or a file)")
-    if (
-        spec.name != "synthetic_least_squares"
-        and "n_clients" not in dict(spec.params)
-        and clients is None
-    ):
+    if "n_clients" in needed and "n_clients" not in given and clients is None:
         raise click.UsageError("give --clients (the number of clients n)")
     problem = PROBLEMS.make(spec, **overrides)
     comp = make_compressor(compressor)
