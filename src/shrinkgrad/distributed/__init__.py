@@ -20,19 +20,24 @@ from .launch import (
     spawn,
     worker_setup,
 )
+from .runner import AllReduce, LocalOracle, client_ids, run_distributed
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "AllReduce",
     "CollectiveError",
     "CompressionState",
     "ErrorFeedback",
+    "LocalOracle",
     "WorkerError",
     "WorkerFailure",
+    "client_ids",
     "compression_hook",
     "free_port",
     "init_from_env",
     "init_process_group",
     "preload",
+    "run_distributed",
     "spawn",
     "worker_setup",
 ]
