@@ -1,0 +1,136 @@
+"""``shrinkgrad ps``: run the asynchronous parameter server of [K18] on this machine.
+
+Examples::
+
+    shrinkgrad ps --workers 4 --method iag --compressor "qsgd[s=4]" --tau-max 6 \
+        --speeds 1,1,1,5 --delay 0.01 --updates 2000 --out ps-out/
+    shrinkgrad ps ps.toml --set ps.tau_max=9 --out ps-out/
+
+One server and W worker processes (forked, gloo on 127.0.0.1). A TOML config uses the format of
+the experiment configs (``problem``, ``[run]``) plus a ``[ps]`` table (docs/parameter_server.md);
+flags override it. Prints a summary (status, updates per second, the step size and its rule, the
+measured staleness and delay, and whether γ satisfies the delay rule at the measured delay) and,
+with ``--out``, writes table.csv, staleness.csv, events.csv, summary.json and staleness.png.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import click
+
+if sys.version_info >= (3, 11):  # pragma: no cover - version dependent
+    import tomllib
+else:  # pragma: no cover - version dependent
+    import tomli as tomllib
+
+__all__ = ["ps_cmd"]
+
+
+def _speeds(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(s) for s in text.replace(" ", "").split(",") if s)
+    except ValueError:
+        raise ValueError(
+            f"--speeds takes comma-separated numbers, one per worker (e.g. 1,1,1,5); got {text!r}"
+        ) from None
+
+
+#: dotted config keys of --set and the PSConfig field they set
+_RUN_KEYS = {"run.rounds": "updates", "run.log_every": "log_every", "run.seed": "seed"}
+
+
+def _set_value(item: str) -> tuple[str, Any]:
+    """``ps.tau_max=6`` / ``run.rounds=500`` / ``compressor=qsgd[s=4]`` -> (field, value)."""
+    if "=" not in item:
+        raise ValueError(f"--set takes KEY=VALUE (e.g. ps.tau_max=6), got {item!r}")
+    key, raw = (part.strip() for part in item.split("=", 1))
+    key = _RUN_KEYS.get(key, key.removeprefix("ps."))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare string such as qsgd[s=4]
+    return key, value
+
+
+def _summary_lines(s: dict[str, Any], out: str | None) -> list[str]:
+    lines = [
+        f"status: {s['status']} ({s['message']})",
+        f"method: {s['method']}  updates: {s['updates']}  wall: {s['wall_s']:.2f} s  "
+        f"updates/s: {s['updates_per_s']:.1f}",
+        f"stepsize: {s['stepsize']:.6g} ({s['stepsize_rule']}); assumed delay bound: "
+        f"{s['tau_bound']}",
+        f"measured: staleness max {s['staleness_max']}, [K18] delay max {s['delay_max']}; "
+        f"delay rule at the measured delay: γ < {s['stepsize_bound_measured']:.6g} "
+        f"({'holds' if s['rule_holds_at_measured_delay'] else 'VIOLATED'})",
+        "mean staleness per worker: "
+        + ", ".join(f"{w}: {v:.2f}" for w, v in s["mean_staleness"].items()),
+    ]
+    first, last = s["grad_norm_sq_first"], s["grad_norm_sq_last"]
+    if first is not None and last is not None and math.isfinite(last):
+        lines.append(f"grad_norm_sq: {first:.4g} -> {last:.4g}")
+    if s["workers_lost"]:
+        lines.append(f"workers lost: {s['workers_lost']}")
+    if out:
+        lines.append(f"results: {out}")
+    return lines
+
+
+@click.command("ps")
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option("--problem", help="problem spec, e.g. 'logistic_regression[dataset=a1a]'.")
+@click.option("--workers", type=int, help="number of worker processes W (one client each).")
+@click.option("--method", type=click.Choice(["iag", "dcgd"]), help="compressed IAG or DCGD.")
+@click.option("--mode", type=click.Choice(["async", "sync"]), help="apply on arrival / rounds.")
+@click.option("--compressor", help="unbiased compressor spec, e.g. 'qsgd[s=4]'.")
+@click.option("--stepsize", help="a number, 'theory' or 'theory*m'.")
+@click.option("--tau-max", type=int, help="bound on the staleness (>= W - 1).")
+@click.option("--assume-tau", type=int, help="delay the theory step assumes when unbounded.")
+@click.option("--updates", type=int, help="server updates to run.")
+@click.option("--max-time", type=float, help="wall-clock budget of the update loop (s).")
+@click.option("--seed", type=int, help="seed of every keyed draw.")
+@click.option("--speeds", help="relative compute time per worker, e.g. 1,1,1,5.")
+@click.option("--delay", type=float, help="seconds per gradient at speed 1.")
+@click.option("--batch-size", type=int, help="minibatch size (default: full local gradient).")
+@click.option("--log-every", type=int, help="snapshot x every N updates.")
+@click.option("--wire-dtype", type=click.Choice(["float32", "float64"]))
+@click.option("--timeout", type=float, help="seconds before a silent process counts as lost.")
+@click.option("--set", "sets", multiple=True, help="override a config key: ps.tau_max=6.")
+@click.option("--out", type=click.Path(file_okay=False), help="directory for the results.")
+@click.option("--no-plot", is_flag=True, help="skip staleness.png.")
+@click.option("--json", "as_json", is_flag=True, help="print the summary as JSON.")
+def ps_cmd(
+    config: str | None,
+    sets: tuple[str, ...],
+    out: str | None,
+    no_plot: bool,
+    as_json: bool,
+    speeds: str | None,
+    **flags: Any,
+) -> None:
+    """Run an asynchronous parameter server: W workers push compressed, stale gradients."""
+    from ..distributed.ps import load_ps_config, run_ps
+
+    overrides: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    if speeds is not None:
+        overrides["speeds"] = _speeds(speeds)
+    for item in sets:
+        key, value = _set_value(item)
+        overrides[key] = value
+    cfg = load_ps_config(config, overrides=overrides)
+    result = run_ps(cfg)
+    summary = result.summary()
+    if out:
+        result.save(out, plot=not no_plot)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        for line in _summary_lines(summary, out):
+            click.echo(line)
+    if result.status == "workers_lost":
+        raise SystemExit(1)

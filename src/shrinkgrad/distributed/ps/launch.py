@@ -1,0 +1,252 @@
+"""Starting a parameter-server run: forked local processes, or one rank under torchrun.
+
+:func:`run_ps` builds the problem and resolves the step size in the calling process (so user
+errors surface before anything starts), then forks W + 1 children on 127.0.0.1 (0.1 s instead of
+seconds for spawn/torchrun): rank 0 runs the server, rank i + 1 worker i. The children use the
+process-group helpers of :mod:`shrinkgrad.distributed.launch` (one intra-op thread, a gloo group
+with a timeout). Unlike :func:`shrinkgrad.distributed.launch.spawn`, which treats any dead rank as
+a failed job, this launcher tolerates dead workers (the server carries on) and only fails when the
+server dies. Nothing outlives it: children also die with their parent (``PR_SET_PDEATHSIG`` on
+Linux), and leftovers are killed after a bounded wait.
+
+:func:`main` is one rank of a torchrun launch::
+
+    torchrun --standalone --nproc-per-node 5 -m shrinkgrad.distributed.ps ps.toml --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch.distributed as dist
+
+from ...problems import Problem, make_problem
+from ...rng import KeyStream
+from ..launch import free_port, init_from_env, init_process_group, worker_setup
+from .config import PSConfig, load_ps_config
+from .results import PSResult, build_result
+from .server import Plan, plan_run, run_server
+from .worker import EXIT_FAILED, client_oracle, run_worker
+
+__all__ = ["PSServerLost", "main", "prepare", "run_ps"]
+
+
+class PSServerLost(RuntimeError):
+    """The server process died or failed before reporting a result.
+
+    ``exit_codes`` maps ``"server"`` and ``"worker<i>"`` to each process's exit status (3: a worker
+    that noticed the lost server and exited; negative: killed by that signal); ``elapsed`` is
+    the launch's duration in seconds.
+    """
+
+    def __init__(self, message: str, exit_codes: dict[str, int | None], elapsed: float) -> None:
+        codes = ", ".join(f"{k}={v}" for k, v in exit_codes.items())
+        super().__init__(f"{message} (exit codes: {codes}; after {elapsed:.1f} s)")
+        self.exit_codes = exit_codes
+        self.elapsed = elapsed
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (no orphans if the launcher is killed)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def prepare(config: PSConfig, problem: Problem | None = None) -> tuple[Problem, Plan]:
+    """Build (or check) the full problem and resolve the method and step size."""
+    spec = config.problem_spec()
+    if problem is None:
+        problem = make_problem(spec)
+    if problem.n != config.workers:
+        raise ValueError(
+            f"the problem has n={problem.n} clients but workers={config.workers}: every worker "
+            "holds one client's data"
+        )
+    plan = plan_run(config, problem)
+    _warm_up(problem, plan)
+    return problem, plan
+
+
+def _warm_up(problem: Problem, plan: Plan) -> None:
+    """Run the numeric kernels once, so forked children inherit them compiled (numba caches)."""
+    x0 = problem.x0()
+    g = problem.client_grads(x0)[0].to(plan.cfg.wire_dtype)
+    C = plan.compressor
+    keys = None if C.deterministic else KeyStream(0, [0]).at(0)[0]
+    C.decode(C.encode(g, keys), problem.d, plan.cfg.wire_dtype, keys)
+
+
+def _server_rank(config: PSConfig, problem: Problem, plan: Plan) -> PSResult:
+    log = run_server(config, plan, problem.x0())
+    return build_result(log, config, plan, problem)
+
+
+def _child(
+    rank: int,
+    world: int,
+    port: int,
+    config: PSConfig,
+    problem: Problem,
+    plan: Plan,
+    conn: Connection | None,
+) -> None:
+    worker_setup(1)
+    _die_with_parent()
+    code = 1
+    try:
+        if rank > 0:  # build the client's data before the rendezvous: the clock starts after it
+            oracle, d = client_oracle(config, rank - 1, problem)
+        init_process_group(rank, world, port=port, timeout=config.timeout)
+        if rank == 0:
+            assert conn is not None
+            result = _server_rank(config, problem, plan)
+            # plain pickle: torch's multiprocessing pickler would share tensors through file
+            # descriptors that die with this process
+            conn.send_bytes(pickle.dumps(("ok", result)))
+            code = 0
+        else:
+            code = run_worker(config, rank - 1, oracle, d)
+    except BaseException as e:
+        who = "server" if rank == 0 else f"worker {rank - 1}"
+        print(f"shrinkgrad ps {who}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.send_bytes(
+                    pickle.dumps(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+                )
+        code = 1 if rank == 0 else EXIT_FAILED
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)  # no interpreter teardown: gloo's destructors may wait on dead peers
+
+
+def _names(world: int) -> list[str]:
+    return ["server"] + [f"worker{i}" for i in range(world - 1)]
+
+
+def run_ps(
+    config: PSConfig,
+    *,
+    problem: Problem | None = None,
+    on_start: Callable[[dict[str, int]], None] | None = None,
+) -> PSResult:
+    """Run a parameter server with ``config.workers`` workers on this machine; return the result.
+
+    ``problem`` (optional) is the already built full problem (it must match ``config.problem``).
+    ``on_start`` is called with the processes' pids (``{"server": pid, "worker0": pid, ...}``)
+    once they are started (tests use it to kill processes from outside).
+
+    Raises ValueError/TypeError for configuration mistakes (before any process starts) and
+    :class:`PSServerLost` when the server dies; workers that die are part of the result
+    (``events``, ``exit_codes``).
+    """
+    problem, plan = prepare(config, problem)
+    world = config.workers + 1
+    names = _names(world)
+    ctx = mp.get_context("fork")
+    port = free_port()
+    recv_end, send_end = ctx.Pipe(duplex=False)
+    procs: list[Any] = []
+    t0 = time.monotonic()
+    outcome: Any = None
+    try:
+        for rank in range(world):
+            p = ctx.Process(
+                target=_child,
+                args=(rank, world, port, config, problem, plan, send_end if rank == 0 else None),
+                name=f"shrinkgrad-ps-{names[rank]}",
+                daemon=True,
+            )
+            p.start()
+            procs.append(p)
+        send_end.close()
+        if on_start is not None:
+            on_start({names[r]: int(p.pid) for r, p in enumerate(procs)})
+        server = procs[0]
+        while outcome is None:
+            ready = wait([recv_end, server.sentinel])
+            if recv_end in ready or recv_end.poll():
+                try:
+                    outcome = pickle.loads(recv_end.recv_bytes())
+                except (EOFError, OSError):
+                    outcome = ("died",)
+            elif server.sentinel in ready:
+                outcome = ("died",)
+        # the server has stopped its workers; give every process a bounded time to exit
+        grace = 2.0 * config.timeout + 5.0 if outcome[0] != "ok" else config.timeout + 5.0
+        deadline = (
+            time.monotonic() + grace + max(config.worker_delay(i) for i in range(config.workers))
+        )
+        for p in procs:
+            p.join(max(deadline - time.monotonic(), 0.0))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
+        recv_end.close()
+    codes = {names[r]: p.exitcode for r, p in enumerate(procs)}
+    elapsed = time.monotonic() - t0
+    if outcome[0] == "ok":
+        result: PSResult = outcome[1]
+        result.exit_codes = codes
+        return result
+    if outcome[0] == "error":
+        raise PSServerLost(f"the server failed: {outcome[1]}", codes, elapsed)
+    raise PSServerLost("the server process died before reporting a result", codes, elapsed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """One rank of a torchrun launch: rank 0 serves and writes the results, the others work."""
+    ap = argparse.ArgumentParser(
+        prog="python -m shrinkgrad.distributed.ps",
+        description="One rank of a shrinkgrad parameter server (start it with torchrun).",
+    )
+    ap.add_argument("config", help="TOML config (problem, [run], [ps]; docs/parameter_server.md)")
+    ap.add_argument("--out", default="ps-results", help="directory for rank 0's results")
+    args = ap.parse_args(argv)
+    worker_setup(1)
+    config = load_ps_config(args.config)
+    world = int(os.environ.get("WORLD_SIZE", "0"))
+    if world and world != config.workers + 1:
+        raise SystemExit(
+            f"error: the config has workers={config.workers}, so launch {config.workers + 1} "
+            f"processes (one server + the workers), not {world}"
+        )
+    rank, world = init_from_env(timeout=config.timeout)
+    code = 1
+    try:
+        if rank == 0:
+            problem, plan = prepare(config)
+            result = _server_rank(config, problem, plan)
+            paths = result.save(args.out)
+            where = paths["table"].parent
+            print(f"status {result.status}: {result.updates} updates; results in {where}")
+            code = 0
+        else:
+            oracle, d = client_oracle(config, rank - 1)
+            code = run_worker(config, rank - 1, oracle, d)
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        if dist.is_initialized() and code != 0:
+            os._exit(code)
+    os._exit(code)

@@ -1,0 +1,311 @@
+"""Results of a parameter-server run: the simulator's table, per-update staleness, a histogram.
+
+:func:`build_result` evaluates the metrics of the server's snapshots of x *after* the run (the
+full ∇f and f on the server's copy of the problem), so metric evaluation never perturbs the
+asynchronous schedule, and returns a :class:`PSResult`:
+
+* ``table``: the columns of :data:`shrinkgrad.sim.COLUMNS` (``round`` = server updates,
+  ``grad_norm_sq`` of the full f at the server's x, ``loss``, cumulative bits per client as means
+  over clients, ``time_s`` of the update loop, method, compressor, stepsize, stepsize_rule, seed,
+  dataset, problem, n_clients, d) plus ``tau_max`` (the configured bound, or missing);
+* ``staleness``: one row per applied message: update, worker, counter, version_computed,
+  staleness (update − 1 − version_computed), delay (the [K18] delay of the update: the
+  staleness for DCGD, the oldest table entry's age for IAG), time_s, method, seed;
+* ``events``: worker losses, the end of IAG's initialisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ...problems import Problem
+from ...sim import COLUMNS
+from ...theory import stepsize_delayed
+from .config import PSConfig
+from .server import Plan, ServerLog
+
+__all__ = ["STALENESS_COLUMNS", "TABLE_COLUMNS", "PSResult", "build_result", "plot_staleness"]
+
+#: columns of :attr:`PSResult.table`: the simulator's, then the configured staleness bound
+TABLE_COLUMNS = (*COLUMNS, "tau_max")
+#: columns of :attr:`PSResult.staleness`
+STALENESS_COLUMNS = (
+    "update",
+    "worker",
+    "counter",
+    "version_computed",
+    "staleness",
+    "delay",
+    "time_s",
+    "method",
+    "seed",
+)
+_EVENT_COLUMNS = ("time_s", "update", "worker", "event", "detail")
+
+
+@dataclasses.dataclass
+class PSResult:
+    """The outcome of a parameter-server run (see the module docstring for the tables).
+
+    ``status``: ``completed`` (all updates), ``time_limit``, ``diverged`` or ``workers_lost``;
+    ``tau_bound``: the [K18] delay the step size was derived for (None when nothing bounds it);
+    ``wall_s``: the server's update-loop time; ``exit_codes``: every process's exit status
+    (filled by the launcher: 0 normal, 3 a worker that lost its server, negative a signal).
+    """
+
+    table: pd.DataFrame
+    staleness: pd.DataFrame
+    events: pd.DataFrame
+    status: str
+    message: str
+    stepsize: float
+    stepsize_rule: str
+    tau_bound: int | None
+    L: float
+    x: torch.Tensor
+    bits_up: torch.Tensor
+    bits_up_paper: torch.Tensor
+    bits_down: torch.Tensor
+    wall_s: float
+    config: dict[str, Any]
+    exit_codes: dict[str, int | None] = dataclasses.field(default_factory=dict)
+
+    @property
+    def updates(self) -> int:
+        """Server updates applied."""
+        return int(self.table["round"].iloc[-1]) if len(self.table) else 0
+
+    @property
+    def updates_per_s(self) -> float:
+        """Updates per second of the update loop."""
+        return self.updates / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def staleness_max(self) -> int:
+        """The largest measured staleness of an applied message."""
+        return int(self.staleness["staleness"].max()) if len(self.staleness) else 0
+
+    @property
+    def delay_max(self) -> int:
+        """The largest measured [K18] delay τ of an update (what the delay rule needs)."""
+        return int(self.staleness["delay"].max()) if len(self.staleness) else 0
+
+    @property
+    def stepsize_bound_measured(self) -> float:
+        """[K18]'s strict bound 2/[L(1 + √(1 + 8τ(τ+1)))] at the measured τ = :attr:`delay_max`."""
+        return float(stepsize_delayed(self.L, self.delay_max))
+
+    @property
+    def rule_holds(self) -> bool:
+        """Whether γ is below the delay rule's bound at the measured τ ((?) rule, methods.md §4)."""
+        return self.stepsize < self.stepsize_bound_measured
+
+    def mean_staleness(self) -> pd.Series:
+        """Mean staleness of each worker's applied messages (indexed by worker)."""
+        return self.staleness.groupby("worker")["staleness"].mean()
+
+    def time_to(self, tol: float) -> float | None:
+        """time_s of the first logged row with grad_norm_sq ≤ tol (None if never)."""
+        hit = self.table[self.table["grad_norm_sq"] <= tol]
+        return float(hit["time_s"].iloc[0]) if len(hit) else None
+
+    def updates_to(self, tol: float) -> int | None:
+        """The first logged round with grad_norm_sq ≤ tol (None if never)."""
+        hit = self.table[self.table["grad_norm_sq"] <= tol]
+        return int(hit["round"].iloc[0]) if len(hit) else None
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly digest (what ``shrinkgrad ps`` prints and saves)."""
+        last = self.table.iloc[-1] if len(self.table) else None
+        return {
+            "status": self.status,
+            "message": self.message,
+            "method": self.config.get("mode", "") + "_" + self.config.get("method", ""),
+            "updates": self.updates,
+            "wall_s": self.wall_s,
+            "updates_per_s": self.updates_per_s,
+            "stepsize": self.stepsize,
+            "stepsize_rule": self.stepsize_rule,
+            "tau_bound": self.tau_bound,
+            "staleness_max": self.staleness_max,
+            "delay_max": self.delay_max,
+            "stepsize_bound_measured": self.stepsize_bound_measured,
+            "rule_holds_at_measured_delay": self.rule_holds,
+            "mean_staleness": {str(k): float(v) for k, v in self.mean_staleness().items()},
+            "grad_norm_sq_first": float(self.table["grad_norm_sq"].iloc[0])
+            if last is not None
+            else None,
+            "grad_norm_sq_last": float(last["grad_norm_sq"]) if last is not None else None,
+            "bits_up_per_client": float(self.bits_up.mean()),
+            "workers_lost": [
+                int(w) for w in self.events.loc[self.events["event"] == "worker_lost", "worker"]
+            ],
+            "exit_codes": self.exit_codes,
+            "config": self.config,
+        }
+
+    def save(self, out: str | os.PathLike[str], *, plot: bool = True) -> dict[str, Path]:
+        """Write table.csv, staleness.csv, events.csv, summary.json (and staleness.png)."""
+        root = Path(out)
+        root.mkdir(parents=True, exist_ok=True)
+        paths = {
+            "table": root / "table.csv",
+            "staleness": root / "staleness.csv",
+            "events": root / "events.csv",
+            "summary": root / "summary.json",
+        }
+        self.table.to_csv(paths["table"], index=False)
+        self.staleness.to_csv(paths["staleness"], index=False)
+        self.events.to_csv(paths["events"], index=False)
+        paths["summary"].write_text(json.dumps(self.summary(), indent=2, default=str) + "\n")
+        if plot:
+            paths["plot"] = plot_staleness(
+                self.staleness,
+                root / "staleness.png",
+                tau_max=self.config.get("tau_max"),
+                title=f"{self.config.get('mode')}_{self.config.get('method')}: "
+                f"{self.config.get('compressor')}, γ={self.stepsize:.3g}",
+            )
+        return paths
+
+
+def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem) -> PSResult:
+    """Turn the server's record into tables, computing the metrics of every snapshot now."""
+    meta: dict[str, Any] = {
+        "method": config.run_method,
+        "compressor": plan.compressor.name,
+        "stepsize": plan.stepsize,
+        "stepsize_rule": plan.cfg.stepsize_rule,
+        "seed": config.seed,
+        "dataset": str(problem.info().get("dataset", problem.dataset)),
+        "problem": str(problem.info().get("problem", problem.name)),
+        "n_clients": problem.n,
+        "d": problem.d,
+    }
+    rows: list[dict[str, Any]] = []
+    status, message = log.status, log.message
+    gns0 = math.nan
+    for update, time_s, x, up, paper, down in log.snapshots:
+        x = x.to(problem.dtype)
+        g = problem.grad(x)
+        gns, loss = float(torch.dot(g, g)), float(problem.loss(x))
+        if not (math.isfinite(gns) and math.isfinite(loss)):
+            status, message = "diverged", f"non-finite metrics at update {update}"
+            break
+        rows.append(
+            {
+                "round": update,
+                "grad_norm_sq": gns,
+                "loss": loss,
+                "bits_up": up,
+                "bits_up_paper": paper,
+                "bits_down": down,
+                "time_s": time_s,
+                **meta,
+                "tau_max": config.tau_max,
+            }
+        )
+        if math.isnan(gns0):
+            gns0 = gns
+        elif (
+            config.divergence_factor is not None
+            and gns0 > 0
+            and gns > config.divergence_factor * gns0
+        ):
+            status = "diverged"
+            message = (
+                f"grad_norm_sq {gns:.3g} > {config.divergence_factor:g} × its initial value at "
+                f"update {update}"
+            )
+            break
+    table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
+    table = table.astype(
+        {"round": "int64", "seed": "int64", "n_clients": "int64", "d": "int64", "tau_max": "Int64"}
+    )
+    staleness = pd.DataFrame(log.updates, columns=list(STALENESS_COLUMNS[:7]))
+    staleness["method"] = config.run_method
+    staleness["seed"] = config.seed
+    staleness = staleness.astype(
+        {
+            "update": "int64",
+            "worker": "int64",
+            "counter": "int64",
+            "version_computed": "int64",
+            "staleness": "int64",
+            "delay": "int64",
+        }
+    )
+    events = pd.DataFrame(log.events, columns=list(_EVENT_COLUMNS))
+    return PSResult(
+        table=table,
+        staleness=staleness,
+        events=events,
+        status=status,
+        message=message,
+        stepsize=plan.stepsize,
+        stepsize_rule=plan.cfg.stepsize_rule,
+        tau_bound=plan.tau_bound,
+        L=float(problem.L),
+        x=log.x,
+        bits_up=log.bits_up,
+        bits_up_paper=log.bits_up_paper,
+        bits_down=log.bits_down,
+        wall_s=log.elapsed,
+        config=config.to_dict(),
+    )
+
+
+def plot_staleness(
+    staleness: pd.DataFrame,
+    path: str | os.PathLike[str],
+    *,
+    tau_max: int | None = None,
+    title: str = "",
+) -> Path:
+    """Histogram of the measured staleness per worker (left) and of the [K18] delay (right).
+
+    A pure function of the staleness table; the dashed line marks ``tau_max`` when bounded.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    top = int(max(staleness["delay"].max(), staleness["staleness"].max())) if len(staleness) else 1
+    bins = [b - 0.5 for b in range(top + 2)]
+    ax = axes[0]
+    for w, grp in staleness.groupby("worker"):
+        ax.hist(
+            grp["staleness"],
+            bins=bins,
+            histtype="step",
+            linewidth=1.5,
+            label=f"worker {w} (mean {grp['staleness'].mean():.1f}, {len(grp)} msgs)",
+        )
+    ax.set_xlabel("staleness τ = server version − version computed at")
+    ax.set_ylabel("applied messages")
+    ax = axes[1]
+    ax.hist(staleness["delay"], bins=bins, color="0.5")
+    ax.set_xlabel("[K18] delay of the update (IAG: oldest table entry)")
+    ax.set_ylabel("updates")
+    for ax in axes:
+        if tau_max is not None:
+            ax.axvline(tau_max, color="k", linestyle="--", linewidth=1, label=f"τ_max = {tau_max}")
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,212 @@
+"""The parameter server for real: forked server + worker processes talking gloo on 127.0.0.1.
+
+Every test starts at most three processes (one server, two workers; one worker for the exact
+reductions), gives every process group a timeout, and is itself bounded by pytest-timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from shrinkgrad.cli import main
+from shrinkgrad.distributed.ps import EXIT_SERVER_LOST, PSConfig, PSServerLost, run_ps
+from shrinkgrad.problems import make_problem
+from shrinkgrad.sim import simulate
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+
+A1A = "logistic_regression[dataset=a1a]"
+
+
+@pytest.fixture(scope="module")
+def one() -> object:
+    return make_problem("logistic_regression[dataset=a1a,n_clients=1]")
+
+
+@pytest.fixture(scope="module")
+def two() -> object:
+    return make_problem("logistic_regression[dataset=a1a,n_clients=2]")
+
+
+def _base(workers: int, **kw: object) -> PSConfig:
+    return PSConfig(problem=A1A, workers=workers, timeout=30.0, **kw)  # type: ignore[arg-type]
+
+
+# -- exact reductions ------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["dcgd", "iag"])
+def test_one_worker_without_compression_is_gradient_descent(method: str, one: object) -> None:
+    gamma = 1.0 / one.L  # type: ignore[attr-defined]
+    cfg = _base(1, method=method, stepsize=gamma, updates=40, log_every=1, wire_dtype="float64")
+    res = run_ps(cfg, problem=one)  # type: ignore[arg-type]
+    assert res.status == "completed" and res.exit_codes == {"server": 0, "worker0": 0}
+    x = one.x0()  # type: ignore[attr-defined]
+    for k in range(41):
+        g = one.grad(x)  # type: ignore[attr-defined]
+        row = res.table.iloc[k]
+        assert int(row["round"]) == k
+        assert row["grad_norm_sq"] == pytest.approx(float(g @ g), rel=1e-12, abs=0)
+        assert row["loss"] == pytest.approx(one.loss(x), rel=1e-14)  # type: ignore[attr-defined]
+        if k < 40:
+            x = x - gamma * g
+    torch.testing.assert_close(res.x, x, rtol=1e-13, atol=1e-15)
+    assert (res.staleness["staleness"] == 0).all() and len(res.staleness) == 40
+
+
+@pytest.mark.parametrize(("method", "sim_method"), [("dcgd", "dcgd"), ("iag", "iag")])
+def test_one_worker_with_compression_draws_what_the_simulator_draws(
+    method: str, sim_method: str, one: object
+) -> None:
+    # worker 0's k-th message uses the key (seed, "compressor", 0, k): the methods' round k
+    comp, gamma = "rand_k[k=12]", 0.05
+    cfg = _base(
+        1,
+        method=method,
+        compressor=comp,
+        stepsize=gamma,
+        updates=30,
+        log_every=1,
+        seed=5,
+        wire_dtype="float64",
+    )
+    res = run_ps(cfg, problem=one)  # type: ignore[arg-type]
+    sim = simulate(
+        one, sim_method, comp, stepsize=gamma, rounds=30, seed=5, wire_dtype=torch.float64
+    )  # type: ignore[arg-type]
+    torch.testing.assert_close(
+        torch.tensor(res.table["grad_norm_sq"].to_numpy()),
+        torch.tensor(sim.table["grad_norm_sq"].to_numpy()),
+        rtol=1e-12,
+        atol=0.0,
+    )
+    torch.testing.assert_close(res.x, sim.x, rtol=1e-12, atol=1e-15)
+    # honest bits: the same count as the simulator's (rand_k: k values + k indices per message)
+    assert res.table["bits_up"].iloc[-1] == pytest.approx(sim.table["bits_up"].iloc[-1])
+
+
+# -- staleness ------------------------------------------------------------------------------------
+def test_bounded_staleness_holds_and_slow_workers_are_staler(two: object) -> None:
+    res = run_ps(
+        _base(2, tau_max=2, speeds=(1, 6), delay=0.01, updates=120, stepsize="theory"),
+        problem=two,  # type: ignore[arg-type]
+    )
+    st = res.staleness
+    assert res.status == "completed" and len(st) == 120
+    assert st["staleness"].max() <= 2  # the gate's promise
+    assert st["delay"].max() <= 4  # IAG: table entries at most 2·tau_max old
+    means = res.mean_staleness()
+    assert means[1] > means[0]  # the 6x slower worker computes on older models
+    assert res.tau_bound == 4 and res.rule_holds  # the step was derived for the bound
+
+
+def test_unbounded_staleness_follows_the_speeds(two: object) -> None:
+    gamma = 0.2 / two.L  # type: ignore[attr-defined]
+    res = run_ps(
+        _base(2, method="dcgd", speeds=(1, 6), delay=0.01, updates=150, stepsize=gamma),
+        problem=two,  # type: ignore[arg-type]
+    )
+    st = res.staleness
+    means = res.mean_staleness()
+    counts = st["worker"].value_counts()
+    # the fast worker delivers several updates per slow gradient, each making it staler
+    assert counts[0] >= 2 * counts[1]
+    assert means[1] >= means[0] + 1.5
+    assert res.staleness_max >= 3  # more than the bound of the previous test allows
+    # the delay rule evaluated at the *measured* delay
+    assert res.delay_max == res.staleness_max
+    assert res.stepsize_bound_measured == pytest.approx(
+        2.0 / (two.L * (1 + (1 + 8 * res.delay_max * (res.delay_max + 1)) ** 0.5))  # type: ignore[attr-defined]
+    )
+
+
+# -- convergence ----------------------------------------------------------------------------------
+def test_compressed_iag_converges_at_the_delay_rule_step(two: object) -> None:
+    res = run_ps(
+        _base(
+            2,
+            compressor="natural",  # unbiased, ω = 1/8
+            tau_max=1,
+            speeds=(1, 3),
+            delay=0.002,
+            updates=500,
+            log_every=25,
+            stepsize="theory",
+        ),
+        problem=two,  # type: ignore[arg-type]
+    )
+    gns = res.table["grad_norm_sq"].to_numpy()
+    assert res.status == "completed" and res.rule_holds
+    assert res.stepsize_rule.startswith("min(stepsize_dcgd,0.99*stepsize_delayed[tau=2]")
+    assert gns[-1] <= 1e-4 * gns[0]
+    assert res.table["loss"].iloc[-1] < res.table["loss"].iloc[0]
+
+
+# -- failures -------------------------------------------------------------------------------------
+def test_a_dead_worker_does_not_stop_the_server(two: object) -> None:
+    res = run_ps(
+        _base(2, tau_max=1, delay=0.002, updates=120, stepsize="theory", kill_workers={1: 8}),
+        problem=two,  # type: ignore[arg-type]
+    )
+    assert res.status == "completed" and res.updates == 120
+    lost = res.events[res.events["event"] == "worker_lost"]
+    assert lost["worker"].tolist() == [1]
+    when = int(lost["update"].iloc[0])
+    assert when < 120
+    after = res.staleness[res.staleness["update"] > when]
+    assert len(after) > 0 and (after["worker"] == 0).all()
+    assert res.exit_codes == {"server": 0, "worker0": 0, "worker1": -9}  # SIGKILL, no cleanup
+    assert res.summary()["workers_lost"] == [1]
+
+
+def test_a_dead_server_makes_the_workers_exit_promptly(two: object) -> None:
+    cfg = _base(2, tau_max=1, delay=0.002, updates=10_000, stepsize="theory", kill_server_after=15)
+    start = time.monotonic()
+    with pytest.raises(PSServerLost, match="server process died") as err:
+        run_ps(cfg, problem=two)  # type: ignore[arg-type]
+    elapsed = time.monotonic() - start
+    codes = err.value.exit_codes
+    assert codes["server"] == -9
+    assert codes["worker0"] == EXIT_SERVER_LOST and codes["worker1"] == EXIT_SERVER_LOST
+    # noticed through the closed connection, not by waiting out the 30 s timeout
+    assert elapsed < cfg.timeout
+
+
+# -- command line ---------------------------------------------------------------------------------
+def test_cli_runs_and_writes_every_result(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ps"  # type: ignore[operator]
+    main(
+        [
+            "ps",
+            "--workers",
+            "2",
+            "--tau-max",
+            "1",
+            "--speeds",
+            "1,2",
+            "--delay",
+            "0.002",
+            "--updates",
+            "40",
+            "--log-every",
+            "5",
+            "--compressor",
+            "qsgd[s=4]",
+            "--out",
+            str(out),
+        ]
+    )
+    text = capsys.readouterr().out
+    assert "status: completed" in text and "holds" in text
+    for name in ("table.csv", "staleness.csv", "events.csv", "summary.json", "staleness.png"):
+        assert (out / name).stat().st_size > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["updates"] == 40 and summary["staleness_max"] <= 1
+    with pytest.raises(SystemExit) as exc:
+        main(["ps", "--workers", "3", "--tau-max", "1"])
+    assert exc.value.code == 2
+    assert "tau_max must be an integer >= 2" in capsys.readouterr().err

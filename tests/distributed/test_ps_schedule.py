@@ -1,0 +1,148 @@
+"""The staleness gate of the parameter server, on simulated event sequences (no processes).
+
+A discrete-event model of the asynchronous server: workers with random compute times finish,
+their messages arrive at the gate, the server applies whatever the gate allows and sends the
+worker a fresh model. The properties the gate promises must hold on every schedule: staleness
+never above tau_max, no deadlock (the run always reaches its number of updates while a worker
+lives), the IAG table never older than 2·tau_max, and arrival order when unbounded.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shrinkgrad.distributed.ps import StalenessGate
+
+
+def run_events(
+    speeds: list[float],
+    tau_max: int | None,
+    updates: int,
+    seed: int,
+    deaths: dict[int, int] | None = None,
+) -> dict[str, list[int]]:
+    """Simulate the server loop; return per-update staleness, IAG delay, worker and arrivals.
+
+    Worker w needs ``speeds[w] × U(0.5, 1.5)`` time units per gradient; ``deaths`` maps a worker
+    to the update after which it dies (its job vanishes, as when the server loses it).
+    """
+    rng = np.random.default_rng(seed)
+    W = len(speeds)
+    gate = StalenessGate(range(W), tau_max)
+    entry = dict.fromkeys(range(W), 0)  # IAG table: version of each worker's entry
+    heap = [(speeds[w] * rng.uniform(0.5, 1.5), w) for w in range(W)]
+    heapq.heapify(heap)
+    deaths = deaths or {}
+    clock = 0.0
+    t = 0
+    out: dict[str, list[int]] = {"staleness": [], "delay": [], "worker": [], "arrivals": []}
+    while t < updates:
+        w = gate.next(t)
+        if w is not None:
+            out["staleness"].append(gate.staleness(w, t))
+            entry[w] = gate.version[w]
+            out["delay"].append(t - min(entry[j] for j in gate.live))
+            out["worker"].append(w)
+            t += 1
+            for dead, at in deaths.items():
+                if at == t and dead in gate.version:
+                    gate.lost(dead)
+                    entry.pop(dead)
+                    heap = [(tm, j) for tm, j in heap if j != dead]
+                    heapq.heapify(heap)
+            if w in gate.version:
+                gate.sent(w, t)
+                heapq.heappush(heap, (clock + speeds[w] * rng.uniform(0.5, 1.5), w))
+            continue
+        assert heap, f"deadlock at t={t}: every live worker is held and nothing can be applied"
+        clock, w = heapq.heappop(heap)
+        gate.arrived(w)
+        out["arrivals"].append(w)
+    return out
+
+
+@given(
+    speeds=st.lists(st.floats(0.1, 10.0), min_size=1, max_size=6),
+    extra=st.integers(0, 6),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_bounded_staleness_never_exceeds_tau_max_and_never_deadlocks(
+    speeds: list[float], extra: int, seed: int
+) -> None:
+    tau_max = len(speeds) - 1 + extra
+    out = run_events(speeds, tau_max, updates=200, seed=seed)
+    assert len(out["staleness"]) == 200  # no deadlock
+    assert max(out["staleness"]) <= tau_max
+    assert max(out["delay"]) <= 2 * tau_max  # the IAG bound the theory step uses
+
+
+@given(
+    speeds=st.lists(st.floats(0.1, 10.0), min_size=2, max_size=5),
+    seed=st.integers(0, 2**31 - 1),
+    when=st.integers(1, 60),
+)
+def test_a_lost_worker_never_blocks_the_others(speeds: list[float], seed: int, when: int) -> None:
+    W = len(speeds)
+    slowest = int(np.argmax(speeds))
+    out = run_events(speeds, W - 1, updates=150, seed=seed, deaths={slowest: when})
+    assert len(out["staleness"]) == 150
+    assert max(out["staleness"]) <= W - 1
+    assert slowest not in out["worker"][when:]
+
+
+def test_tight_bound_forces_fast_workers_to_wait_for_the_slow_one() -> None:
+    # unbounded, the slow worker (10x) is ~9 updates stale; tau_max = 1 caps it
+    free = run_events([1.0, 10.0], None, updates=300, seed=1)
+    capped = run_events([1.0, 10.0], 1, updates=300, seed=1)
+    slow_free = [s for s, w in zip(free["staleness"], free["worker"], strict=True) if w == 1]
+    slow_capped = [s for s, w in zip(capped["staleness"], capped["worker"], strict=True) if w == 1]
+    assert max(slow_free) >= 5
+    assert max(slow_capped) <= 1
+    # capped, the fast worker can no longer run ahead: both contribute about equally
+    assert capped["worker"].count(1) >= 0.4 * 300
+
+
+def test_unbounded_gate_applies_in_arrival_order() -> None:
+    gate = StalenessGate(range(3), None)
+    for w in (2, 0, 1):
+        gate.arrived(w)
+    order = []
+    t = 0
+    while (w := gate.next(t)) is not None:
+        order.append(w)
+        t += 1
+        gate.sent(w, t)
+    assert order == [2, 0, 1]
+
+
+def test_gate_refuses_a_second_message_and_unknown_workers() -> None:
+    gate = StalenessGate(range(2), 1)
+    gate.arrived(0)
+    with pytest.raises(RuntimeError, match="second message"):
+        gate.arrived(0)
+    gate.lost(1)
+    with pytest.raises(KeyError):
+        gate.arrived(1)
+
+
+def test_initial_ties_are_scheduled_earliest_deadline_first() -> None:
+    # three workers on x0 with tau_max = 2 = W - 1: the first three updates must take all of
+    # them, and a refreshed worker may not jump the queue
+    gate = StalenessGate(range(3), 2)
+    gate.arrived(0)
+    assert gate.next(0) == 0
+    gate.sent(0, 1)
+    gate.arrived(0)  # worker 0 is fast: back with version 1
+    gate.arrived(1)
+    w = gate.next(1)
+    assert w == 1  # the version-0 job goes first
+    gate.sent(1, 2)
+    # worker 2 (version 0) must be applied at t = 2; worker 0's job would make it too stale
+    assert gate.next(2) is None
+    gate.arrived(2)
+    assert gate.next(2) == 2
