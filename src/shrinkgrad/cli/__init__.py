@@ -23,6 +23,7 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("shrinkgrad.cli.listing:list_cmd", "List registered components and their maths."),
     "theory": ("shrinkgrad.cli.theory:theory_cmd", "A problem's constants and step sizes."),
+    "train": ("shrinkgrad.cli.train:train_cmd", "Run a config's runs on torch.distributed ranks."),
     "ps": ("shrinkgrad.cli.ps:ps_cmd", "Asynchronous parameter server with stale gradients."),
 }
 

@@ -286,7 +286,7 @@ def spawn(
                 break
             waitables: list[Any] = [conns[r] for r in pending - closed]
             waitables += [procs[r].sentinel for r in pending]
-            ready = set(wait(waitables, timeout=deadline - now))
+            ready = set(wait(waitables, timeout=min(deadline - now, 3600.0)))
             for rank in sorted(pending):
                 conn, proc = conns[rank], procs[rank]
                 msg: Any = None

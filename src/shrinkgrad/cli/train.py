@@ -1,0 +1,130 @@
+"""``shrinkgrad train CONFIG.toml``: the runs of a config on several torch.distributed processes.
+
+Example::
+
+    shrinkgrad train sweep.toml --nproc 4 --out runs/sweep-dist
+    torchrun --standalone --nproc-per-node 4 -m shrinkgrad.distributed sweep.toml --out DIR
+
+The same TOML configs as ``shrinkgrad run`` (docs/experiments.md); each run's clients are spread
+over the processes (docs/distributed.md) and the output directory has the same layout and tables
+as ``shrinkgrad run`` writes. Without torchrun, ``--nproc`` local gloo processes on 127.0.0.1 are
+started (forked); under torchrun (``RANK``/``WORLD_SIZE`` set) this process is one of the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["train_cmd"]
+
+
+@click.command("train")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="output directory (default: runs/<config name>-distributed)",
+)
+@click.option(
+    "--nproc",
+    "-n",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="local processes (ignored under torchrun, which sets the world size)",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "csv"]),
+    help="table format [default: parquet]",
+)
+@click.option("--profile", help="merge the config's [profiles.NAME] table (e.g. quick)")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a config value, e.g. run.rounds=500 (repeatable; TOML values)",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1.0),
+    default=120.0,
+    show_default=True,
+    help="seconds a collective may wait for a peer before the run fails",
+)
+def train_cmd(
+    config: Path,
+    out: Path | None,
+    nproc: int,
+    fmt: str | None,
+    profile: str | None,
+    overrides: tuple[str, ...],
+    timeout: float,
+) -> None:
+    """Run the runs of CONFIG (a TOML file) with their clients spread over processes."""
+    from ..experiments.config import load_config
+
+    cfg = load_config(config, profile=profile, overrides=list(overrides))
+    out_dir = out if out is not None else Path("runs") / f"{cfg.name or config.stem}-distributed"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"--out {str(out_dir)!r} is a file; give a directory")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        _under_torchrun(cfg, out_dir, fmt, timeout)
+        return
+    from ..distributed.launch import WorkerError, preload, spawn
+    from ..distributed.train import plan
+
+    problems: dict[str, Any] = {}
+    runs, notes, _ = plan(cfg, problems)  # checks everything (and loads the data) before forking
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    preload()
+    try:
+        spawn(
+            _rank_main,
+            nproc,
+            (cfg, out_dir, fmt, problems),
+            timeout=365 * 24 * 3600.0,
+            pg_timeout=timeout,
+        )
+    except WorkerError as e:
+        first = e.failures[0]
+        raise click.ClickException(
+            f"{e}\nfinished runs are saved in {out_dir}; run the same command again to resume"
+            + (f"\n\nrank {first.rank}'s traceback:\n{first.traceback}" if first.traceback else "")
+        ) from None
+    click.echo(f"{len(runs)} runs on {nproc} processes → {out_dir / 'results'}.{fmt or 'parquet'}")
+
+
+def _rank_main(
+    rank: int, world: int, cfg: Any, out_dir: Path, fmt: Any, problems: dict[str, Any]
+) -> None:
+    from ..distributed.train import train_config
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    train_config(cfg, out_dir, fmt=fmt, problems=problems, log=log)
+
+
+def _under_torchrun(cfg: Any, out_dir: Path, fmt: Any, timeout: float) -> None:
+    import torch.distributed as dist
+
+    from ..distributed.launch import init_from_env, worker_setup
+    from ..distributed.train import train_config
+
+    worker_setup(int(os.environ.get("SHRINKGRAD_THREADS", "1")))
+    rank, world = init_from_env(timeout=timeout)
+    try:
+        train_config(cfg, out_dir, fmt=fmt, log=lambda line: click.echo(line))
+        if rank == 0:
+            click.echo(f"{world} processes → {out_dir / 'results'}.{fmt or 'parquet'}")
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,218 @@
+"""A TOML experiment config run with torch.distributed: ``shrinkgrad train`` and torchrun.
+
+:func:`train_config` is what every rank runs: each run of the config (the grid of
+:mod:`shrinkgrad.experiments`, same run ids) goes through :func:`~shrinkgrad.distributed.runner.
+run_distributed` on all ranks together, and rank 0 writes the output directory exactly as
+``shrinkgrad run`` does — ``DIR/results.<fmt>`` (the simulator's columns plus the sweep's),
+``DIR/runs.csv``, ``DIR/config.toml`` and ``DIR/runs/<run-id>/{table.<fmt>,done.json}`` — so
+the plotting and reproduction tools read either. Finished runs are skipped when the command is run
+again; an interrupted run resumes from its ranks' checkpoints (``runs/<id>/checkpoint.pt.rank*``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from ..experiments.config import ExperimentConfig, dump_config, resolve_stepsize
+from ..experiments.grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
+from ..experiments.results import (
+    Format,
+    concat_tables,
+    default_format,
+    find_run_table,
+    read_json,
+    read_table,
+    write_json,
+    write_table,
+)
+from .runner import run_distributed
+
+__all__ = ["plan", "train_config"]
+
+
+def plan(
+    config: ExperimentConfig, problems: dict[str, Any] | None = None
+) -> tuple[list[RunSpec], list[str], dict[str, ProblemInfo]]:
+    """The runs of ``config`` after the same checks as ``shrinkgrad run`` (ConfigError if not).
+
+    Built problems are stored in ``problems`` (spec → problem) for reuse: ranks forked after this
+    call inherit them instead of loading the data again.
+    """
+    cache = problems if problems is not None else {}
+
+    def build(spec: str) -> Any:
+        if spec not in cache:
+            cache[spec] = build_problem(spec, config.run.dtype)
+        return cache[spec]
+
+    return check_runs(config, expand(config), build=build)
+
+
+def train_config(
+    config: ExperimentConfig,
+    out: str | Path,
+    *,
+    fmt: Format | None = None,
+    problems: dict[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> pd.DataFrame | None:
+    """Run every run of ``config`` on the ranks of the default process group into ``out``.
+
+    Call on every rank. Returns the results table on rank 0 (None elsewhere). ``problems``
+    (spec → built problem) avoids rebuilding problems already built in this process; ``log``
+    receives one line per run on rank 0.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out_dir = Path(out)
+    fmt = fmt or default_format()
+    cache = problems if problems is not None else {}
+    runs, _, infos = plan(config, cache)
+    todo_ids: list[Any] = [None]
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.toml").write_text(dump_config(config), encoding="utf-8")
+        todo_ids[0] = [
+            r.run_id for r in runs if find_run_table(out_dir / "runs" / r.run_id) is None
+        ]
+    dist.broadcast_object_list(todo_ids, src=0)  # rank 0's file system decides what is left
+    todo = set(todo_ids[0])
+    for run in runs:
+        if run.run_id not in todo:
+            continue
+        summary = _one_run(run, out_dir, infos[run.problem.spec], config.name, fmt, cache, world)
+        if rank == 0 and log is not None:
+            log(
+                f"{run.run_id} {run.label}: {summary['status']} after {summary['rounds']} rounds, "
+                f"grad_norm_sq={summary['grad_norm_sq']:.4g}, {summary['wall_s']:.1f} s on "
+                f"{world} ranks"
+            )
+    dist.barrier()
+    if rank != 0:
+        return None
+    table, summary_table = _collect(out_dir, runs)
+    write_table(table, out_dir / "results", fmt)
+    summary_table.to_csv(out_dir / "runs.csv", index=False)
+    return table
+
+
+def _one_run(
+    run: RunSpec,
+    out_dir: Path,
+    info: ProblemInfo,
+    experiment: str,
+    fmt: Format,
+    cache: dict[str, Any],
+    world: int,
+) -> dict[str, Any]:
+    """One run on every rank (the same columns and files as the simulator's sweep runner)."""
+    s = run.settings
+    rank = dist.get_rank()
+    run_dir = out_dir / "runs" / run.run_id
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ident = {"run_id": run.run_id, "label": run.label, **run.identity(), "world_size": world}
+        write_json(run_dir / "run.json", ident)
+    dist.barrier()
+    problem = cache.get(run.problem.spec)
+    if problem is None:
+        problem = cache[run.problem.spec] = build_problem(run.problem.spec, s.dtype)
+    step, rule = resolve_stepsize(run.arm.stepsize, run.arm.method, run.arm.compressor, problem)
+    tol = s.tol
+    if s.tol_rel is not None:
+        g0 = problem.grad(problem.x0())
+        tol = s.tol_rel * float(g0 @ g0)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # divergence is a result, recorded below
+        res = run_distributed(
+            problem,
+            run.arm.method,
+            run.arm.compressor,
+            step,
+            s.rounds,
+            run.seed,
+            log_every=s.log_every,
+            tol=tol,
+            dtype=s.dtype,
+            wire_dtype=getattr(torch, s.wire_dtype),
+            divergence_factor=s.divergence_factor,
+            checkpoint=run_dir / "checkpoint.pt",
+            checkpoint_every=s.checkpoint_every,
+        )
+    wall = time.perf_counter() - t0
+    table = res.table.copy()
+    if rule:
+        table["stepsize_rule"] = rule
+    extra = {
+        "run_id": run.run_id,
+        "experiment": experiment,
+        "problem_spec": run.problem.spec,
+        "problem_label": run.problem.label,
+        "stepsize_spec": run.arm.stepsize,
+        "seed_index": run.seed_index,
+        "status": res.status,
+        **info.columns(),
+    }
+    for k, v in extra.items():
+        table[k] = v
+    last = table.iloc[-1]
+    summary = {
+        "run_id": run.run_id,
+        "problem": run.problem.label,
+        "method": run.arm.method,
+        "compressor": run.arm.compressor,
+        "stepsize_spec": run.arm.stepsize,
+        "stepsize": res.stepsize,
+        "stepsize_rule": rule or res.stepsize_rule,
+        "seed_index": run.seed_index,
+        "seed": run.seed,
+        "status": res.status,
+        "message": res.message,
+        "rounds": int(res.rounds),
+        "grad_norm_sq": float(last["grad_norm_sq"]),
+        "loss": float(last["loss"]),
+        "bits_up": float(last["bits_up"]),
+        "wall_s": wall,
+        "world_size": world,
+    }
+    dist.barrier()  # every rank saved its final checkpoint
+    if rank == 0:
+        write_table(table, run_dir / "table", fmt)
+        write_json(run_dir / "done.json", json.loads(json.dumps(summary, default=str)))
+    for p in run_dir.glob(f"checkpoint.pt.rank{rank}-of-*"):
+        p.unlink(missing_ok=True)
+    return summary
+
+
+def _collect(out_dir: Path, runs: list[RunSpec]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The finished runs' tables concatenated (config order) and one summary row per run."""
+    tables = []
+    rows = []
+    for r in runs:
+        run_dir = out_dir / "runs" / r.run_id
+        path = find_run_table(run_dir)
+        base = {
+            "run_id": r.run_id,
+            "problem": r.problem.label,
+            "method": r.arm.method,
+            "compressor": r.arm.compressor,
+            "stepsize_spec": r.arm.stepsize,
+            "seed_index": r.seed_index,
+            "seed": r.seed,
+        }
+        if path is None:
+            rows.append({**base, "status": "pending"})
+            continue
+        tables.append(read_table(path))
+        done = read_json(run_dir / "done.json")
+        rows.append({**base, **{k: v for k, v in done.items() if k not in base}})
+    return concat_tables(tables), pd.DataFrame(rows)

@@ -1,0 +1,104 @@
+"""``shrinkgrad train``: the same TOML configs and output directories as ``shrinkgrad run``."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from shrinkgrad.cli import main
+from shrinkgrad.distributed import free_port
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
+
+CONFIG = """
+name = "dist-test"
+[problem]
+name = "logistic_regression"
+dataset = "a1a"
+n_clients = 5
+[run]
+rounds = 12
+log_every = 4
+seeds = 1
+[grid]
+methods = ["ef21", "ef21_w"]
+compressors = ["top_k[k=3]"]
+stepsizes = ["theory"]
+"""
+
+
+def _write_config(tmp_path: Path) -> Path:
+    path = tmp_path / "cfg.toml"
+    path.write_text(CONFIG, encoding="utf-8")
+    return path
+
+
+def _compare(dist_dir: Path, sim_dir: Path) -> None:
+    got = pd.read_parquet(dist_dir / "results.parquet")
+    want = pd.read_parquet(sim_dir / "results.parquet")
+    assert list(got.columns) == list(want.columns)
+    assert len(got) == len(want) == 2 * 4  # two runs, rounds 0, 4, 8, 12
+    exact = [c for c in want.columns if c not in ("grad_norm_sq", "loss", "time_s")]
+    pd.testing.assert_frame_equal(got[exact], want[exact])
+    for c in ("grad_norm_sq", "loss"):
+        assert ((got[c] - want[c]).abs() <= 1e-10 * want[c].abs()).all()
+    got_runs = pd.read_csv(dist_dir / "runs.csv")
+    assert got_runs["run_id"].tolist() == pd.read_csv(sim_dir / "runs.csv")["run_id"].tolist()
+    assert (got_runs["world_size"] == 3).all()
+
+
+def test_train_writes_the_tables_of_shrinkgrad_run(tmp_path: Path) -> None:
+    cfg = _write_config(tmp_path)
+    main(["run", str(cfg), "--out", str(tmp_path / "sim"), "--jobs", "1", "--no-progress"])
+    main(["train", str(cfg), "--nproc", "3", "--out", str(tmp_path / "dist")])
+    _compare(tmp_path / "dist", tmp_path / "sim")
+    assert not list((tmp_path / "dist").glob("runs/*/checkpoint*"))  # cleaned up
+    # a second call finds every run finished and rewrites the same results
+    before = (tmp_path / "dist" / "runs.csv").read_text()
+    main(["train", str(cfg), "--nproc", "3", "--out", str(tmp_path / "dist")])
+    assert (tmp_path / "dist" / "runs.csv").read_text() == before
+
+
+def _torchrun_rank(rank: int, port: int, args: list[str]) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    main(args)
+
+
+def test_under_torchrun_each_process_is_one_rank(tmp_path: Path) -> None:
+    cfg = _write_config(tmp_path)
+    main(["run", str(cfg), "--out", str(tmp_path / "sim"), "--jobs", "1", "--no-progress"])
+    args = ["train", str(cfg), "--out", str(tmp_path / "dist"), "--timeout", "30"]
+    ctx = mp.get_context("fork")
+    port = free_port()
+    procs = [ctx.Process(target=_torchrun_rank, args=(r, port, args)) for r in range(3)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(90)
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    _compare(tmp_path / "dist", tmp_path / "sim")
+
+
+def test_config_mistakes_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(CONFIG.replace('"top_k[k=3]"', '"top_k[kk=3]"'), encoding="utf-8")
+    with pytest.raises(SystemExit) as info:
+        main(["train", str(bad), "--nproc", "2", "--out", str(tmp_path / "x")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "has no parameter 'kk'" in err
+    assert not (tmp_path / "x").exists()
