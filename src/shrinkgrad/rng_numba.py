@@ -13,7 +13,7 @@ from numba import njit
 
 from .rng import _C1, _C2, MASK32
 
-__all__ = ["bits32", "bits32_array", "mix32"]
+__all__ = ["bits32", "bits32_array", "fill_words", "mix32", "mix32_u32"]
 
 _M = np.uint64(MASK32)
 _K1 = np.uint64(_C1)
@@ -38,6 +38,26 @@ def mix32(x: np.uint64) -> np.uint64:  # pragma: no cover - compiled
 def bits32(lo: np.uint64, hi: np.uint64, j: np.uint64) -> np.uint64:  # pragma: no cover
     """Word ``j`` of the row key ``(lo, hi)``: mix32((mix32(j ⊕ lo) + hi) mod 2³²)."""
     return mix32((mix32((np.uint64(j) & _M) ^ np.uint64(lo)) + np.uint64(hi)) & _M)
+
+
+@njit(cache=True, inline="always")
+def mix32_u32(x: np.uint32) -> np.uint32:  # pragma: no cover - compiled
+    """:func:`mix32` in wrapping ``uint32`` arithmetic (lets LLVM vectorize whole blocks)."""
+    x ^= x >> np.uint32(16)
+    x = np.uint32(x * np.uint32(_C1))
+    x ^= x >> np.uint32(15)
+    x = np.uint32(x * np.uint32(_C2))
+    x ^= x >> np.uint32(16)
+    return x
+
+
+@njit(cache=True, inline="always")
+def fill_words(lo: np.uint64, hi: np.uint64, g0: int, out: np.ndarray) -> None:  # pragma: no cover
+    """out[i] = bits32(lo, hi, g0 + i) for a block of consecutive counters (``uint32`` out)."""
+    a = np.uint32(lo)
+    b = np.uint32(hi)
+    for i in range(out.size):
+        out[i] = mix32_u32(np.uint32(mix32_u32(np.uint32(g0 + i) ^ a) + b))
 
 
 @njit(cache=True)

@@ -179,9 +179,10 @@ def test_numba_path_equals_torch_path(
     spec: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Same keys, same output, bit for bit. Exception, stated: QSGD, natural dithering and
-    scaled sign sum (squared) entries in a different order on the two paths, so in float64 their
-    row norms (and hence outputs) agree only to round-off; given the same norm, the kernels agree bit for
-    bit (test_kernels.py), and in float32 the norm rounded up to float32 agrees exactly here."""
+    scaled sign sum (squared) entries in a different order on the two paths, so in float64
+    their row norms (and hence outputs) agree only to round-off; given the same norm the
+    kernels agree bit for bit (test_operators.py), and in float32 the norm rounded up to
+    float32 agrees exactly here."""
     c = make_compressor(spec)
     x = _x((3, 2 * D + 5), dtype, seed=8)
     x[1, ::4] = 0.0

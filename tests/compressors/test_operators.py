@@ -232,9 +232,9 @@ def test_spec_errors_are_value_errors() -> None:
 
 def test_overflow_is_a_clear_error_not_inf() -> None:
     big = torch.full((8,), 3e38, dtype=torch.float32)
-    with pytest.raises(ValueError, match="overflows torch.float32"):
+    with pytest.raises(ValueError, match=r"overflows torch\.float32"):
         make_compressor("rand_k[k=2]")(big, Keys.derive(1))
-    with pytest.raises(ValueError, match="exceeds the torch.float32 range"):
+    with pytest.raises(ValueError, match=r"exceeds the torch\.float32 range"):
         make_compressor("qsgd[s=2]")(big, Keys.derive(1))
     with pytest.raises(ValueError, match="rounding up to the next power of two overflows"):
         make_compressor("natural")(big, Keys.derive(1))
@@ -284,18 +284,38 @@ def test_rounding_kernel_equals_torch_given_the_same_scale(dtype: torch.dtype) -
     ref, _ = round_levels_torch(x, scale, 4, keys)
     out = torch.empty_like(x)
     lo, hi, lo2, hi2 = kernel_keys(keys)
-    K.round_rows(x.numpy(), scale.numpy(), 4, lo, hi, lo2, hi2, out.numpy())
+    x2 = x.numpy()
+    K.run(K.round_rows, x2, x2, scale.numpy(), 4, lo, hi, lo2, hi2, out.numpy())
     assert torch.equal(out, ref)
 
 
 def test_norm_kernel_matches_float64_sum() -> None:
     x = torch.randn(2, 50_001, dtype=torch.float32)
-    res = np.empty(2)
-    assert K.row_stats(x.numpy(), 0, res) == K.OK
+    part = np.empty((2, -(-50_001 // K.CHUNK)))
+    assert K.run(K.row_stats, x.numpy(), x.numpy(), 0, part) == K.OK
     ref = (x.double() ** 2).sum(dim=1).numpy()
-    assert np.allclose(res, ref, rtol=1e-13, atol=0)
+    assert np.allclose(part.sum(axis=1), ref, rtol=1e-13, atol=0)
     x[1, 40_000] = math.nan
-    assert K.row_stats(x.numpy(), 0, res) == K.NON_FINITE
+    with pytest.raises(ValueError, match="non-finite"):
+        l2_norms(x, numba=True)
+
+
+@pytest.mark.parametrize(
+    "spec", ["qsgd[s=3]", "ternary", "natural", "bernoulli[p=0.2]", "rand_k[k=700]", "top_k[k=9]"]
+)
+def test_kernel_output_does_not_depend_on_the_thread_count(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = torch.randn(2, 3 * K.CHUNK + 5)
+    keys = Keys.derive(3, client=np.arange(2))
+    c = make_compressor(spec)
+    monkeypatch.setattr(base, "KERNELS", "numba")
+    monkeypatch.setenv("SHRINKGRAD_THREADS", "1")
+    one = c(x, keys)
+    monkeypatch.setenv("SHRINKGRAD_THREADS", "3")
+    assert torch.equal(c(x, keys), one)
+    monkeypatch.setattr(base, "KERNELS", "torch")
+    assert torch.equal(c(x, keys), one)
 
 
 def test_list_compressors_cli_prints_every_compressor() -> None:

@@ -142,7 +142,9 @@ class TopK(Compressor):
         if _use_numba(x):
             res, o2, copy = _out_rows(x, out)
             one = np.ones(1, dtype=o2.dtype)
-            K.scatter_rows(_rows(x), idx.reshape(-1, idx.shape[-1]).numpy(), one, False, o2)
+            x2 = _rows(x)
+            K.run(K.zero_rows, x2, x2, False, o2)
+            K.scatter_rows(x2, idx.reshape(-1, idx.shape[-1]).numpy(), one, o2)
             return _emit(res, out) if copy else res
         res = torch.zeros_like(x) if out is None else out.zero_()
         return res.scatter_(-1, idx, x.gather(-1, idx))

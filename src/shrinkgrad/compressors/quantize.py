@@ -51,9 +51,11 @@ def _row_stat(x: torch.Tensor, what: int, name: str, numba: bool) -> torch.Tenso
         return m.to(torch.float64)
     if numba:
         x2 = _rows(x)
-        res = np.empty(x2.shape[0], dtype=np.float64)
-        if K.row_stats(x2, what, res) != K.OK:
-            raise non_finite_error(name)
+        part = np.empty((x2.shape[0], -(-x2.shape[1] // K.CHUNK)), dtype=np.float64)
+        K.run(K.row_stats, x2, x2, what, part)
+        res = part.sum(axis=1)  # chunk partials in a fixed order: independent of threads
+        if not np.isfinite(res).all():
+            _require_finite(x, name)  # inf/nan entries, or a mere float64 overflow
         return torch.from_numpy(res).reshape(x.shape[:-1])
     _require_finite(x, name)
     x64 = x.to(torch.float64)
@@ -178,7 +180,8 @@ class _LevelQuantizer(Compressor):
             res, o2, copy = _out_rows(x, out)
             lo, hi, lo2, hi2 = kernel_keys(keys)
             sc = scale.reshape(-1).numpy()
-            K.round_rows(_rows(x), sc, self.s, lo, hi, lo2, hi2, o2)
+            x2 = _rows(x)
+            K.run(K.round_rows, x2, x2, sc, self.s, lo, hi, lo2, hi2, o2)
             return _emit(res, out) if copy else res
         return _emit(round_levels_torch(x, scale, self.s, keys)[0], out)
 
@@ -327,7 +330,7 @@ class NaturalCompression(Compressor):
             utype = np.uint32 if x.dtype == torch.float32 else np.uint64
             nbits, mant = (32, 23) if x.dtype == torch.float32 else (64, 52)
             xu = _rows(x).view(utype)
-            status = K.natural_rows(xu, nbits, mant, lo, hi, lo2, hi2, o2.view(utype))
+            status = K.run(K.natural_rows, xu, xu, nbits, mant, lo, hi, lo2, hi2, o2.view(utype))
             _finish(self.name, status, x.dtype)
             return _emit(res, out) if copy else res
         return _emit(natural_torch(x, keys, self.name), out)
@@ -421,7 +424,9 @@ class NaturalDithering(Compressor):
         if numba:
             res, o2, copy = _out_rows(x, out)
             lo, hi, lo2, hi2 = kernel_keys(keys)
-            K.dither_rows(_rows(x), norm.reshape(-1).numpy(), self.s, lo, hi, lo2, hi2, o2)
+            x2 = _rows(x)
+            nr = norm.reshape(-1).numpy()
+            K.run(K.dither_rows, x2, x2, nr, self.s, lo, hi, lo2, hi2, o2)
             return _emit(res, out) if copy else res
         return _emit(dither_torch(x, norm, self.s, keys)[0], out)
 

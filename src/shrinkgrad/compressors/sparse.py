@@ -154,10 +154,10 @@ class _RandKBase(Compressor):
             idx = self._idx(keys, d, True)
             res, o2, copy = _out_rows(x, out)
             sc = np.array([self._scale(d)], dtype=o2.dtype)
-            status = K.scatter_rows(_rows(x), idx.reshape(-1, idx.shape[-1]).numpy(), sc, True, o2)
-            if status == K.NON_FINITE:
+            x2 = _rows(x)
+            if K.run(K.zero_rows, x2, x2, True, o2) == K.NON_FINITE:
                 raise non_finite_error(self.name)
-            if status == K.OVERFLOW:
+            if K.scatter_rows(x2, idx.reshape(-1, idx.shape[-1]).numpy(), sc, o2) == K.OVERFLOW:
                 raise _overflow_error(self.name, x.dtype)
             return _emit(res, out) if copy else res
         idx, vals = self._select(x, keys)
@@ -279,7 +279,8 @@ class Bernoulli(Compressor):
             res, o2, copy = _out_rows(x, out)
             sc = np.array([1.0 / self.p], dtype=o2.dtype)
             lo, hi, lo2, hi2 = kernel_keys(keys)
-            status = K.bernoulli_rows(_rows(x), self.p, sc, lo, hi, lo2, hi2, o2)
+            x2 = _rows(x)
+            status = K.run(K.bernoulli_rows, x2, x2, self.p, sc, lo, hi, lo2, hi2, o2)
             if status == K.NON_FINITE:
                 raise non_finite_error(self.name)
             if status == K.OVERFLOW:
