@@ -10,6 +10,7 @@ from . import _kernels as K
 from ._wire import BitReader, BitWriter, float_width
 from .base import (
     COMPRESSORS,
+    NUMBA_MIN_D,
     Compressor,
     _check_positive_int,
     _emit,
@@ -124,7 +125,7 @@ class TopK(Compressor):
 
     def _indices(self, x: torch.Tensor) -> torch.Tensor:
         k = self._k(x.shape[-1])
-        if _use_numba(x):
+        if _use_numba(x, NUMBA_MIN_D):
             x2 = _rows(x)
             idx = np.empty((x2.shape[0], k), dtype=np.int64)
             if K.topk_rows(x2, k, idx) != K.OK:
@@ -139,7 +140,7 @@ class TopK(Compressor):
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         idx = self._indices(x)
-        if _use_numba(x):
+        if _use_numba(x, NUMBA_MIN_D):
             res, o2, copy = _out_rows(x, out)
             one = np.ones(1, dtype=o2.dtype)
             x2 = _rows(x)

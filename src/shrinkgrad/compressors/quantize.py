@@ -187,7 +187,7 @@ class _LevelQuantizer(Compressor):
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         assert keys is not None
-        norm = self._norm(x, False)
+        norm = self._norm(x, _use_numba(x))  # the same norm as _apply computes
         scale = self._scale_from_norm(norm)
         _, lev = round_levels_torch(x, scale, self.s, keys)
         w.add_float(norm.reshape(1))
@@ -432,7 +432,7 @@ class NaturalDithering(Compressor):
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         assert keys is not None
-        norm = l2_norms(x, self.name, False)
+        norm = l2_norms(x, self.name, _use_numba(x))  # the same norm as _apply computes
         _, code = dither_torch(x, norm, self.s, keys)
         w.add_float(norm.reshape(1))
         w.add((code << 1) | _sign_bits(x), 1 + _log2ceil(self.s + 1))
