@@ -409,8 +409,8 @@ def _kth_smallest(a: np.ndarray, k: int) -> float:  # pragma: no cover - compile
         elif k >= i:
             lo = i
         else:
-            return a[k]
-    return a[k]
+            return a[k]  # type: ignore[no-any-return]
+    return a[k]  # type: ignore[no-any-return]
 
 
 @njit(cache=True)
