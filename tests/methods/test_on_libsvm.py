@@ -9,7 +9,7 @@ import torch
 from methods_fixtures import run, trajectory
 from test_lyapunov import violations, xi
 
-from shrinkgrad.methods import EF21, ProblemOracle
+from shrinkgrad.methods import EF21, ProblemOracle, make_method
 from shrinkgrad.problems import LinearModelProblem, logistic_regression
 
 ROUNDS = 60
@@ -89,3 +89,35 @@ def test_per_client_participation_probabilities(logreg: LinearModelProblem) -> N
     assert torch.equal(sent[:5], torch.full((5,), 40.0))  # p_i = 1: every round
     assert bool((sent[5:] < 40).all()) and bool((sent[5:] > 0).all())
     assert 0.15 < float(sent[5:].mean()) / 40 < 0.45  # about p = 0.3
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sgd_theory_step_reads_the_problems_variance_bound(
+    logreg: LinearModelProblem, weighted: bool
+) -> None:
+    """σ² > 0 with the default Young parameter ν = α/(2(1 − α)) makes α_ν = α/2:
+    γ = 1/(L + L̄ ξ(α/2)), L̄ = L_QM (EF21-SGD) or L_AM (EF21-W-SGD)."""
+    b, k = 8, 2
+    alpha = k / logreg.d
+    spec = "ef21_w_sgd" if weighted else "ef21_sgd"
+    bound = make_method(f"{spec}[b={b}]").bind(logreg, f"top_k[k={k}]", "theory")
+    Lbar = logreg.L_AM if weighted else logreg.L_QM
+    assert bound.stepsize == pytest.approx(1 / (logreg.L + Lbar * xi(alpha / 2)), rel=1e-12)
+    s2 = logreg.minibatch_variance_bound(b)
+    if weighted:
+        s2 = logreg.L_AM / logreg.L_i * s2
+    assert bound.cfg.stepsize_rule.endswith(f"_sgd[sigma2={float(s2.mean()):.4g}]")
+    # sigma2=0 is the deterministic EF21 rule; the method object itself is left untouched
+    zero = make_method(f"{spec}[b={b},sigma2=0]").bind(logreg, f"top_k[k={k}]", "theory")
+    assert zero.stepsize == pytest.approx(1 / (logreg.L + Lbar * xi(alpha)), rel=1e-12)
+    m = make_method(f"{spec}[b={b}]")
+    m.bind(logreg, f"top_k[k={k}]", "theory")
+    assert m._sigma2_problem is None  # type: ignore[attr-defined]
+
+
+def test_sgd_theory_step_without_a_variance_bound_says_what_to_do() -> None:
+    from methods_fixtures import LeastSquares
+
+    with pytest.raises(ValueError, match=r"needs a bound sigma2.*pass sigma2="):
+        make_method("ef21_sgd[b=2]").bind(LeastSquares(), "top_k[k=1]", "theory")
+    make_method("ef21_sgd[b=2]").bind(LeastSquares(), "top_k[k=1]", 0.01)  # a number works

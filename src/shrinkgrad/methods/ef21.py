@@ -26,15 +26,27 @@ The invariant g = Σ_i w_i g_i holds at every round (EF21: g = (1/n) Σ g_i).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import torch
 
-from .base import METHODS, Config, Constants, GradientOracle, Init, Message, Method
+from ..compressors import Compressor
+from .base import (
+    METHODS,
+    BoundMethod,
+    Config,
+    Constants,
+    GradientOracle,
+    Init,
+    Message,
+    Method,
+    ProblemLike,
+)
 from .rules import ef21_update
-from .stepsize import theory_function
+from .stepsize import StepSize, parse_stepsize, theory_function
 
 __all__ = ["EF21", "EF21Clients", "EF21Server"]
 
@@ -97,8 +109,10 @@ class EF21(Method[EF21Server, EF21Clients]):
     pl:
         use the PL-case rule (needs the problem's μ).
     sigma2:
-        variance bound σ² of the minibatch estimators for the EF21-SGD rule (default 0: the
-        deterministic step, as in the authors' code).
+        bound σ² on the variance of the minibatch estimators, for the EF21-SGD theory rule.
+        ``None`` (default) takes it from the problem's ``minibatch_variance_bound(b)``
+        (σ² = (1/n) Σ σ_i² for EF21-SGD, σ_w² = (1/n) Σ (L_AM/L_i) σ_i² for EF21-W-SGD); 0 gives
+        the deterministic EF21 step, which the authors' code uses.
     """
 
     requires = "contractive"
@@ -112,7 +126,7 @@ class EF21(Method[EF21Server, EF21Clients]):
         init: Init = "full",
         rule: Rule = "original",
         pl: bool = False,
-        sigma2: float = 0.0,
+        sigma2: float | None = None,
     ) -> None:
         if init not in ("full", "compressed", "zero"):
             raise ValueError(f"init must be full, compressed or zero, got {init!r}")
@@ -130,7 +144,7 @@ class EF21(Method[EF21Server, EF21Clients]):
             if b_t.is_floating_point() or b_t.numel() == 0 or bool((b_t < 1).any()):
                 raise ValueError(f"minibatch size b must be a positive integer, got {batch}")
             b_t = b_t.to(torch.int64)
-        if not (math.isfinite(sigma2) and sigma2 >= 0):
+        if sigma2 is not None and not (math.isfinite(sigma2) and sigma2 >= 0):
             raise ValueError(f"sigma2 must be a finite number >= 0, got {sigma2}")
         if rule == "reloaded" and (weighted or b_t is not None or bool((p_t < 1).any())):
             raise ValueError(
@@ -143,7 +157,9 @@ class EF21(Method[EF21Server, EF21Clients]):
         self.init = init
         self.rule = rule
         self.pl = pl
-        self.sigma2 = float(sigma2)
+        self.sigma2 = None if sigma2 is None else float(sigma2)
+        #: σ² read from the problem at bind time (a bound copy of the method carries it)
+        self._sigma2_problem: float | None = None
 
     @property
     def partial(self) -> bool:
@@ -164,11 +180,53 @@ class EF21(Method[EF21Server, EF21Clients]):
             params.append(f"rule={self.rule}")
         if self.pl:
             params.append("pl=true")
-        if self.sigma2 != 0.0:
+        if self.sigma2 is not None:
             params.append(f"sigma2={self.sigma2!r}")
         return name + (f"[{','.join(params)}]" if params else "")
 
     # -- configuration -------------------------------------------------------------------------
+    def bind(
+        self,
+        problem: ProblemLike,
+        compressor: Compressor | str | None = None,
+        stepsize: float | str | StepSize = "theory",
+        seed: int = 0,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        wire_dtype: torch.dtype = torch.float32,
+    ) -> BoundMethod[EF21Server, EF21Clients]:
+        """:meth:`Method.bind`; EF21-SGD's theory step also reads σ² from the problem."""
+        method = self
+        if self.batch is not None and self.sigma2 is None and parse_stepsize(stepsize).theory:
+            method = copy.copy(self)
+            method._sigma2_problem = self._variance_bound(problem)
+        return Method.bind(
+            method,
+            problem,
+            compressor,
+            stepsize,
+            seed,
+            dtype=dtype,
+            device=device,
+            wire_dtype=wire_dtype,
+        )
+
+    def _variance_bound(self, problem: ProblemLike) -> float | None:
+        """σ² (EF21-SGD) or σ_w² (EF21-W-SGD) from ``problem.minibatch_variance_bound(b)``."""
+        bound = getattr(problem, "minibatch_variance_bound", None)
+        if bound is None or self.batch is None:
+            return None
+        b = self.batch if self.batch.numel() > 1 else int(self.batch[0])
+        try:
+            s2 = torch.as_tensor(bound(b), dtype=torch.float64).reshape(-1)
+        except ValueError:  # e.g. the squared loss has no uniform bound
+            return None
+        if not self.weighted:
+            return float(s2.mean())
+        L_i = torch.as_tensor(problem.L_i, dtype=torch.float64).reshape(-1)
+        return float((L_i.mean() / L_i * s2).mean())
+
     def check_problem(self, consts: Constants) -> None:
         for what, t in (
             ("participation probabilities p", self.p),
@@ -194,7 +252,8 @@ class EF21(Method[EF21Server, EF21Clients]):
         if self.partial:
             return f"1/(L + √(B/θ_p)), B ∝ {Lm}² ([BW] Thm 7{', [EFR] §3.2' if am else ''})"
         if self.batch is not None:
-            return f"1/(L + {Lm} ξ(α_ν)) (stepsize_ef21{'w' if am else ''}_sgd, σ² = sigma2)"
+            sgd = f"stepsize_ef21{'w' if am else ''}_sgd"
+            return f"1/(L + {Lm} ξ(α_ν)) ({sgd}, σ² from the problem or sigma2)"
         src = "[EFR] Thms 2, 3" if am else "[EF21] Thm 1"
         return f"1/(L + {Lm} ξ(α)) ({src})"
 
@@ -224,8 +283,15 @@ class EF21(Method[EF21Server, EF21Clients]):
             return float(theory_function(name)(c.L, Lm, cfg.alpha, p)), name
         if self.batch is not None:
             name = f"stepsize_ef21{w}_sgd"
-            gamma = theory_function(name)(c.L, Lm, cfg.alpha, sigma2=self.sigma2)
-            return float(gamma), name
+            sigma2 = self.sigma2 if self.sigma2 is not None else self._sigma2_problem
+            if sigma2 is None:
+                raise ValueError(
+                    f"{self.name}: the EF21-SGD theory step needs a bound sigma2 on the minibatch "
+                    "variance, and the problem gives none (no minibatch_variance_bound); pass "
+                    f"sigma2=... (sigma2=0 gives the deterministic EF21 step) or a number"
+                )
+            gamma = theory_function(name)(c.L, Lm, cfg.alpha, sigma2=sigma2)
+            return float(gamma), f"{name}[sigma2={sigma2:.4g}]"
         name = "stepsize_ef21_reloaded" if am else "stepsize_ef21"
         return float(theory_function(name)(c.L, Lm, cfg.alpha)), name
 
@@ -318,13 +384,13 @@ def ef21_w(init: Init = "full", pl: bool = False) -> EF21:
 
 
 @METHODS.register("ef21_sgd")
-def ef21_sgd(b: int = 1, init: Init = "full", sigma2: float = 0.0) -> EF21:
+def ef21_sgd(b: int = 1, init: Init = "full", sigma2: float | None = None) -> EF21:
     """EF21-SGD ([BW] Alg. 2): EF21 with minibatch gradient estimators of size b."""
     return EF21(batch=b, init=init, sigma2=sigma2)
 
 
 @METHODS.register("ef21_w_sgd")
-def ef21_w_sgd(b: int = 1, init: Init = "full", sigma2: float = 0.0) -> EF21:
+def ef21_w_sgd(b: int = 1, init: Init = "full", sigma2: float | None = None) -> EF21:
     """EF21-W-SGD ([EFR] §3.1): EF21-W with minibatch gradient estimators of size b."""
     return EF21(weighted=True, batch=b, init=init, sigma2=sigma2)
 
