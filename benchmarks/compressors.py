@@ -9,7 +9,7 @@ noisy; the ratio is what carries over). No allocator environment variables are c
 allocations ≥ 4 MB inside a compressor (e.g. candidate buffers) are part of its cost. Each row
 reports the best of ``--repeat`` calls after one warm-up call (which also compiles the numba
 kernels). ``torch.topk`` is a reference row (values + indices of the k largest |x_j|, no dense
-output). The numba kernels are single-threaded; torch uses its default intra-op threads.
+output). The numba kernels use as many threads as torch (``--threads``, default torch's).
 """
 
 from __future__ import annotations
@@ -50,37 +50,44 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
     return min(times)
 
 
+def bench(d: int, repeat: int, only: str | None) -> None:
+    """Print one table for vectors of length ``d``."""
+    k = max(1, d // 100)
+    x = torch.randn(d, generator=torch.Generator().manual_seed(0))
+    buf = torch.empty_like(x)
+    keys = Keys.derive(1, round=0, client=0)
+    gb = x.numel() * x.element_size() / 1e9
+    t_copy = best_of(lambda: buf.copy_(x), repeat)
+    print(f"\nd = {d:.0e} (k = {k}, 1%): memcpy {t_copy * 1e3:.2f} ms = {gb / t_copy:.2f} GB/s")
+    print(f"{'compressor':42s} {'ms':>8s} {'GB/s':>6s} {'x memcpy':>9s}")
+
+    def row(name: str, t: float) -> None:
+        print(f"{name:42s} {t * 1e3:8.2f} {gb / t:6.2f} {t_copy / t:9.3f}")
+
+    row("torch.topk(|x|, k) [reference]", best_of(lambda: torch.topk(x.abs(), k), repeat))
+    for spec in SPECS:
+        name = spec.format(k=k)
+        if only and only not in name:
+            continue
+        c = make_compressor(name)
+        row(name, best_of(lambda c=c: c(x, keys, out=buf), repeat))
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--d", type=float, nargs="+", default=[1e6, 1e7])
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    ap.add_argument("--threads", type=int, default=None, help="torch and kernel threads")
     ap.add_argument("--only", type=str, default=None, help="substring filter on the specs")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads; float32")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads (torch and the numba "
+        "kernels); float32; output and memcpy into preallocated buffers"
+    )
     for df in args.d:
-        d = int(df)
-        k = max(1, d // 100)
-        x = torch.randn(d, generator=torch.Generator().manual_seed(0))
-        buf = torch.empty_like(x)
-        keys = Keys.derive(1, round=0, client=0)
-        gb = x.numel() * x.element_size() / 1e9
-        t_copy = best_of(lambda: buf.copy_(x), args.repeat)
-        print(f"\nd = {d:.0e} (k = {k}, 1%): memcpy {t_copy * 1e3:.2f} ms = {gb / t_copy:.2f} GB/s")
-        print(f"{'compressor':40s} {'ms':>9s} {'GB/s':>7s} {'x memcpy':>9s}")
-
-        def row(name: str, t: float) -> None:
-            print(f"{name:40s} {t * 1e3:9.2f} {gb / t:7.2f} {t_copy / t:9.3f}")
-
-        row("torch.topk(|x|, k) [reference]", best_of(lambda: torch.topk(x.abs(), k), args.repeat))
-        for spec in SPECS:
-            name = spec.format(k=k)
-            if args.only and args.only not in name:
-                continue
-            C = make_compressor(name)
-            row(name, best_of(lambda C=C: C(x, keys, out=buf), args.repeat))
+        bench(int(df), args.repeat, args.only)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ __all__ = [
     "round_rows",
     "row_stats",
     "scatter_rows",
+    "topk_candidates",
+    "topk_finish",
+    "topk_plan",
     "topk_rows",
+    "topk_thresholds",
 ]
 
 OK = 0
@@ -458,26 +462,130 @@ def _topk_row(row: np.ndarray, k: int, idx: np.ndarray) -> bool:  # pragma: no c
             cap = int(3.0 * rank * d / m) + 1024
             cidx = np.empty(cap, dtype=np.int64)
             c = 0
-            bad = row.dtype.type(0.0)
+            bad = False
             for j in range(d):
-                a = abs(row[j])
-                bad += a * 0
+                v = row[j]
+                a = abs(v)
+                bad |= (v - v) != 0
                 if a >= tau:
                     if c < cap:
                         cidx[c] = j
                     c += 1
-            if bad != 0:
+            if bad:
                 return False
             if k <= c <= cap:
                 _select_exact(row, cidx[:c], k, idx)
                 return True
-    bad2 = row.dtype.type(0.0)
+    bad2 = False
     for j in range(d):
-        bad2 += row[j] * 0
-    if bad2 != 0:
+        v = row[j]
+        bad2 |= (v - v) != 0
+    if bad2:
         return False
     _select_exact(row, np.arange(d), k, idx)
     return True
+
+
+#: size of the strided sample that sets the Top-k threshold
+TOPK_SAMPLE = 4096
+
+
+def topk_plan(d: int, k: int) -> tuple[int, int] | None:
+    """(sample rank, per-chunk candidate slots) of the sampled Top-k path, or None when the
+    direct selection is used (short rows, or k above d/16). The rank is the expected number of
+    sampled entries above the k-th largest plus 4 standard deviations and 4, so that the
+    threshold keeps at least k candidates except for adversarial layouts (then: fallback)."""
+    if d < 1 << 16 or k * 16 > d:
+        return None
+    mu = TOPK_SAMPLE * k / d
+    rank = int(mu + 4.0 * math.sqrt(mu) + 4.0)
+    if rank >= TOPK_SAMPLE:
+        return None
+    return rank, int(3.0 * rank * CHUNK / TOPK_SAMPLE) + 64
+
+
+@njit(cache=True)
+def topk_thresholds(x2: np.ndarray, rank: int, tau: np.ndarray) -> None:  # pragma: no cover
+    """tau[r]: the rank-th largest |x_j| of a strided sample of row r."""
+    n, d = x2.shape
+    m = TOPK_SAMPLE
+    sample = np.empty(m, dtype=x2.dtype)
+    for r in range(n):
+        row = x2[r]
+        for i in range(m):
+            sample[i] = abs(row[(i * d) // m])
+        tau[r] = _kth_smallest(sample, m - rank)
+
+
+@njit(cache=True)
+def _above_block(xs: np.ndarray, t: float, flags: np.ndarray) -> bool:  # pragma: no cover
+    """flags[i] = |xs[i]| ≥ t (a vectorizable loop); True when xs holds inf or nan."""
+    bad = np.uint8(0)
+    for i in range(xs.size):
+        v = xs[i]
+        bad |= np.uint8((v - v) != 0)
+        flags[i] = np.uint8(abs(v) >= t)
+    return bad != 0
+
+
+@njit(cache=True, nogil=True)
+def topk_candidates(  # pragma: no cover - compiled
+    x2: np.ndarray,
+    tau: np.ndarray,
+    slots: int,
+    cand: np.ndarray,
+    counts: np.ndarray,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """Work item (row r, chunk c): the indices with |x_j| ≥ tau[r] into the chunk's slots of
+    ``cand[r]`` (counting beyond the slots), and a finiteness check."""
+    d = x2.shape[1]
+    nch = counts.shape[1]
+    flags = np.empty(CHUNK, dtype=np.uint8)
+    for w in range(w0, w1):
+        r = w // nch
+        c = w % nch
+        j0 = c * CHUNK
+        m = min(d, j0 + CHUNK) - j0
+        bad = _above_block(x2[r, j0 : j0 + m], tau[r], flags[:m])
+        base = c * slots
+        cnt = 0
+        for i in range(m):
+            if flags[i]:
+                if cnt < slots:
+                    cand[r, base + cnt] = j0 + i
+                cnt += 1
+        counts[r, c] = cnt
+        status[w] = NON_FINITE if bad else OK
+
+
+@njit(cache=True)
+def topk_finish(  # pragma: no cover - compiled
+    x2: np.ndarray, k: int, slots: int, cand: np.ndarray, counts: np.ndarray, idx: np.ndarray
+) -> int:
+    """Exact selection among each row's candidates (in index order); rows whose chunks
+    overflowed their slots or kept fewer than k candidates are redone by :func:`_topk_row`."""
+    n, nch = counts.shape
+    for r in range(n):
+        total = 0
+        fits = True
+        for c in range(nch):
+            total += counts[r, c]
+            fits = fits and counts[r, c] <= slots
+        if not fits or total < k:
+            if not _topk_row(x2[r], k, idx[r]):
+                return NON_FINITE
+            continue
+        buf = np.empty(total, dtype=np.int64)
+        o = 0
+        for c in range(nch):
+            for i in range(counts[r, c]):
+                buf[o] = cand[r, c * slots + i]
+                o += 1
+        _select_exact(x2[r], buf, k, idx[r])
+    return OK
 
 
 @njit(cache=True)

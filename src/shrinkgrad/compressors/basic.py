@@ -127,8 +127,22 @@ class TopK(Compressor):
         k = self._k(x.shape[-1])
         if _use_numba(x, NUMBA_MIN_D):
             x2 = _rows(x)
-            idx = np.empty((x2.shape[0], k), dtype=np.int64)
-            if K.topk_rows(x2, k, idx) != K.OK:
+            n, d = x2.shape
+            idx = np.empty((n, k), dtype=np.int64)
+            plan = K.topk_plan(d, k)
+            if plan is None:
+                status = K.topk_rows(x2, k, idx)
+            else:  # threshold from a sample, candidates in parallel chunks, exact selection
+                rank, slots = plan
+                tau = np.empty(n, dtype=x2.dtype)
+                K.topk_thresholds(x2, rank, tau)
+                nch = -(-d // K.CHUNK)
+                cand = np.empty((n, nch * slots), dtype=np.int64)
+                counts = np.empty((n, nch), dtype=np.int64)
+                status = K.run(K.topk_candidates, x2, x2, tau, slots, cand, counts)
+                if status == K.OK:
+                    status = K.topk_finish(x2, k, slots, cand, counts, idx)
+            if status != K.OK:
                 raise non_finite_error(self.name)
             return torch.from_numpy(idx).reshape(*x.shape[:-1], k)
         _require_finite(x, self.name)
