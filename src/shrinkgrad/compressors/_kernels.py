@@ -525,7 +525,7 @@ def _above_block(xs: np.ndarray, t: float, flags: np.ndarray) -> bool:  # pragma
         v = xs[i]
         bad |= np.uint8((v - v) != 0)
         flags[i] = np.uint8(abs(v) >= t)
-    return bad != 0
+    return bool(bad != 0)
 
 
 @njit(cache=True, nogil=True)
