@@ -122,6 +122,12 @@ class PSResult:
         hit = self.table[self.table["grad_norm_sq"] <= tol]
         return int(hit["round"].iloc[0]) if len(hit) else None
 
+    def bits_to(self, tol: float, *, paper: bool = False) -> float | None:
+        """Uplink bits per client (``bits_up``, or ``bits_up_paper``) when first ‖∇f‖² ≤ tol."""
+        hit = self.table[self.table["grad_norm_sq"] <= tol]
+        col = "bits_up_paper" if paper else "bits_up"
+        return float(hit[col].iloc[0]) if len(hit) else None
+
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly digest (what ``shrinkgrad ps`` prints and saves)."""
         last = self.table.iloc[-1] if len(self.table) else None
@@ -300,7 +306,8 @@ def plot_staleness(
     for ax in axes:
         if tau_max is not None:
             ax.axvline(tau_max, color="k", linestyle="--", linewidth=1, label=f"τ_max = {tau_max}")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
