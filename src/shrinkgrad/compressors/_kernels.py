@@ -268,6 +268,44 @@ def round_rows(  # pragma: no cover - compiled
                     os[i] = np.copysign(sc * (lev if lev < fs else fs), xv)
 
 
+@njit(cache=True)
+def _dither_block(  # pragma: no cover - compiled
+    xs: np.ndarray,
+    byts: np.ndarray,
+    nr: float,
+    low: float,
+    inv_low: float,
+    ub: np.ndarray,
+    ubits: np.ndarray,
+    mant: np.uint64,
+    mmask: np.uint64,
+    os: np.ndarray,
+    flags: np.ndarray,
+) -> None:
+    """Natural dithering of one chunk with the 8-bit rule (``ub``/``ubits``: one scratch array
+    seen as floats and as its bit patterns)."""
+    dt = xs.dtype.type
+    one = dt(1.0)
+    zero = dt(0.0)
+    f256 = dt(256.0)
+    ut = ubits.dtype.type
+    for i in range(xs.size):
+        ub[i] = min(abs(xs[i]) / nr, one)
+    for i in range(xs.size):
+        u = ub[i]
+        small = u < low
+        a = ubits[i] & ~mmask  # u with the mantissa cleared: 2^⌊log₂ u⌋
+        ti_big = np.int32((ubits[i] & mmask) >> (mant - ut(8)))
+        ti_small = np.int32(u * inv_low * f256)
+        ti = ti_small if small else ti_big
+        bi = np.int32(byts[i])
+        flags[i] = np.uint8(bi == ti)
+        ubits[i] = a + (ut(bi < ti) << mant)  # 2a when rounding up (the exponent field + 1)
+        lev_small = low if bi < ti else zero
+        lev = lev_small if small else ub[i]
+        os[i] = np.copysign(nr * lev, xs[i])
+
+
 @njit(cache=True, nogil=True)
 def dither_rows(  # pragma: no cover - compiled
     x2: np.ndarray,
@@ -278,48 +316,60 @@ def dither_rows(  # pragma: no cover - compiled
     lo2: np.ndarray,
     hi2: np.ndarray,
     out: np.ndarray,
+    scratch_bits: np.ndarray,
+    mant: int,
     w0: int,
     w1: int,
     status: np.ndarray,
 ) -> None:
-    """Natural dithering: unbiased rounding of u = |x_j|/‖x‖ to {0, 2^{1−s}, …, 1/2, 1}."""
+    """Natural dithering: unbiased rounding of u = |x_j|/‖x‖ to {0, 2^{1−s}, …, 1/2, 1}.
+
+    u ≥ 2^{1−s} = L lies in a binade [a, 2a] (a = u with the mantissa cleared) and rounds up
+    with probability u/a − 1 = mantissa/2^mant; u < L rounds to L with probability u/L.
+    ``scratch_bits``: an empty unsigned array of
+    the dtype's width, passed only for its dtype (the kernel allocates its own scratch)."""
     d = x2.shape[1]
-    one = x2.dtype.type(1.0)
-    zero = x2.dtype.type(0.0)
-    low = x2.dtype.type(2.0 ** (1 - s))
+    dt = x2.dtype.type
+    zero = dt(0.0)
+    low = dt(2.0 ** (1 - s))
+    inv_low = dt(2.0 ** (s - 1))
+    ut = scratch_bits.dtype.type
+    um = ut(mant)
+    mmask = (ut(1) << um) - ut(1)
     nch = (d + CHUNK - 1) // CHUNK
+    words = np.empty(CHUNK // 4, dtype=np.uint32)
+    byts = words.view(np.uint8)
+    flags = np.empty(CHUNK, dtype=np.uint8)
+    ubits = np.empty(CHUNK, dtype=scratch_bits.dtype)
+    ub = ubits.view(x2.dtype)
     for w in range(w0, w1):
         r = w // nch
         j0 = (w % nch) * CHUNK
-        row = x2[r]
-        o = out[r]
+        m = min(d, j0 + CHUNK) - j0
+        xs = x2[r, j0 : j0 + m]
+        os = out[r, j0 : j0 + m]
         nr = norm[r]
-        k0 = lo[r]
-        k1 = hi[r]
-        e0 = lo2[r]
-        e1 = hi2[r]
         status[w] = OK
-        word = np.uint64(0)
-        for j in range(j0, min(d, j0 + CHUNK)):
-            xv = row[j]
-            if nr == 0:
-                o[j] = np.copysign(zero, xv)
-                continue
-            if (j & 3) == 0:
-                word = bits32(k0, k1, np.uint64(j >> 2))
-            u = min(abs(xv) / nr, one)
-            byte = (word >> (_U8 * (np.uint64(j) & _U3))) & _U255
-            if u < low:
-                a = zero
-                b = low
-                frac = float(u / low)
-            else:
-                _, e = math.frexp(u)
-                a = x2.dtype.type(math.ldexp(1.0, e - 1))
-                b = a + a
-                frac = float(u / a - one)
-            lev = b if _round_up(frac, byte, e0, e1, j) else a
-            o[j] = np.copysign(nr * lev, xv)
+        if nr == 0:
+            for i in range(m):
+                os[i] = np.copysign(zero, xs[i])
+            continue
+        fill_words(lo[r], hi[r], j0 // 4, words[: (m + 3) // 4])
+        _dither_block(xs, byts[:m], nr, low, inv_low, ub[:m], ubits[:m], um, mmask, os, flags)
+        for i in range(m):
+            if flags[i]:
+                u = min(abs(xs[i]) / nr, dt(1.0))
+                if u < low:
+                    t = float(u * inv_low) * 256.0
+                    a = zero
+                    b = low
+                else:
+                    _, e = math.frexp(u)
+                    a = dt(math.ldexp(1.0, e - 1))
+                    b = a + a
+                    t = float(u / a - dt(1.0)) * 256.0
+                up = _tie_up(t, math.floor(t), lo2[r], hi2[r], j0 + i)
+                os[i] = np.copysign(nr * (b if up else a), xs[i])
 
 
 @njit(cache=True, nogil=True)

@@ -426,7 +426,9 @@ class NaturalDithering(Compressor):
             lo, hi, lo2, hi2 = kernel_keys(keys)
             x2 = _rows(x)
             nr = norm.reshape(-1).numpy()
-            K.run(K.dither_rows, x2, x2, nr, self.s, lo, hi, lo2, hi2, o2)
+            utype, mant = (np.uint32, 23) if x.dtype == torch.float32 else (np.uint64, 52)
+            scratch = np.empty(0, dtype=utype)  # only its dtype matters
+            K.run(K.dither_rows, x2, x2, nr, self.s, lo, hi, lo2, hi2, o2, scratch, mant)
             return _emit(res, out) if copy else res
         return _emit(dither_torch(x, norm, self.s, keys)[0], out)
 
