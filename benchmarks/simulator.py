@@ -22,7 +22,9 @@ repetition, so all see the same load), and only the ratios carry over between ma
 a bare ``BoundMethod.step``; ``grads`` the problem's ``client_grads``; ``top_k`` the compressor
 on the (n, d) batch; ``rest`` = step − grads − top_k (method arithmetic and bookkeeping; a
 difference of noisy minima); ``loop`` the per-client loop; ``|Δx|`` the largest difference of the
-loop's iterate from the simulator's after 3 rounds.
+loop's iterate from the simulator's after 3 rounds; ``plain`` a step whose Top-k is a bare
+``torch.topk`` (no deterministic tie rule), i.e. what the round costs when the selection costs
+no more than ``torch.topk``, and the loop's time over it.
 """
 
 from __future__ import annotations
@@ -35,11 +37,22 @@ import numpy as np
 import torch
 
 from shrinkgrad import make_compressor
+from shrinkgrad.compressors.basic import TopK
 from shrinkgrad.methods import ProblemOracle, make_method
 from shrinkgrad.problems import LinearModelProblem, load, logistic_regression
+from shrinkgrad.rng import Keys
 from shrinkgrad.sim import simulate
 
 LAM = 0.1
+
+
+class PlainTopK(TopK):
+    """Top-k by ``torch.topk`` alone (ties unspecified): the reference cost of the selection."""
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        idx = torch.topk(x.abs(), self.k, dim=-1, sorted=False).indices
+        res = torch.zeros_like(x) if out is None else out.zero_()
+        return res.scatter_(-1, idx, x.gather(-1, idx))
 
 
 def best_of(fn: Callable[[], float], repeat: int) -> float:
@@ -98,6 +111,17 @@ def measure(n: int, rounds: int, loop_rounds: int, repeat: int) -> dict[str, flo
     state, _ = bound.init(problem.x0(), oracle)
     G = problem.client_grads(state.x)
     loop = LoopEF21(problem, bound.stepsize, problem.x0())
+    plain = method.bind(problem, PlainTopK(1), bound.stepsize)
+    plain_state, _ = plain.init(problem.x0(), oracle)
+
+    def bare_plain() -> float:
+        nonlocal plain_state
+
+        def one() -> None:
+            nonlocal plain_state
+            plain_state, _ = plain.step(plain_state, oracle)
+
+        return per_round(one, rounds)
 
     def sim() -> float:
         res = simulate(problem, method, C, "theory", rounds=rounds, log_every=rounds)
@@ -121,6 +145,7 @@ def measure(n: int, rounds: int, loop_rounds: int, repeat: int) -> dict[str, flo
         "sim_s": sim,
         "sim_logged_s": sim_logged,
         "step_s": bare,
+        "plain_step_s": bare_plain,
         "grads_s": lambda: per_round(lambda: problem.client_grads(state.x), rounds),
         "compress_s": lambda: per_round(lambda: C(G), rounds),
         "loop_s": lambda: per_round(loop.step, loop_rounds),
@@ -155,7 +180,8 @@ def main() -> None:
     rows = [measure(n, args.rounds, args.loop_rounds, args.repeat) for n in args.clients]
     hdr = (
         f"{'n':>6} {'rounds/s':>9} {'ms/round':>9} {'+metrics':>9} {'step':>7} {'grads':>7} "
-        f"{'top_k':>7} {'rest':>7} {'loop ms':>9} {'loop/sim':>9} {'|Δx| loop':>10}"
+        f"{'top_k':>7} {'rest':>7} {'loop ms':>9} {'loop/sim':>9} {'|Δx| loop':>10} "
+        f"{'plain':>7} {'loop/plain':>10}"
     )
     print("EF21 + top_k[k=1], a9a logistic regression (nonconvex, λ=0.1), float64, 1 thread")
     print(hdr)
@@ -165,7 +191,8 @@ def main() -> None:
             f"{int(r['n']):>6} {1 / r['sim_s']:>9.1f} {1e3 * r['sim_s']:>9.3f} "
             f"{1e3 * r['sim_logged_s']:>9.3f} {1e3 * r['step_s']:>7.3f} {1e3 * r['grads_s']:>7.3f} "
             f"{1e3 * r['compress_s']:>7.3f} {1e3 * other:>7.3f} {1e3 * r['loop_s']:>9.2f} "
-            f"{r['loop_s'] / r['sim_s']:>9.1f} {r['loop_max_diff']:>10.2e}"
+            f"{r['loop_s'] / r['sim_s']:>9.1f} {r['loop_max_diff']:>10.2e} "
+            f"{1e3 * r['plain_step_s']:>7.3f} {r['loop_s'] / r['plain_step_s']:>10.1f}"
         )
     by_n = {int(r["n"]): r for r in rows}
     if 20 in by_n and 1000 in by_n:
