@@ -15,6 +15,7 @@ import torch
 from shrinkgrad.cli import main
 from shrinkgrad.distributed.ps import EXIT_SERVER_LOST, PSConfig, PSServerLost, run_ps
 from shrinkgrad.problems import make_problem
+from shrinkgrad.rng import KeyStream
 from shrinkgrad.sim import simulate
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
@@ -87,6 +88,45 @@ def test_one_worker_with_compression_draws_what_the_simulator_draws(
     assert res.table["bits_up"].iloc[-1] == pytest.approx(sim.table["bits_up"].iloc[-1])
 
 
+def test_one_worker_minibatches_use_the_keyed_sampler(one: object) -> None:
+    # message k samples with the key (seed, "minibatch", 0, k), as the methods do in round k
+    gamma, b, seed = 0.5, 40, 3
+    cfg = _base(1, method="dcgd", stepsize=gamma, updates=15, log_every=1, seed=seed)
+    res = run_ps(cfg.replace(batch_size=b, wire_dtype="float64"), problem=one)  # type: ignore[arg-type]
+    keys = KeyStream(seed, [0], stream="minibatch")
+    x = one.x0()  # type: ignore[attr-defined]
+    for k in range(1, 16):
+        g = one.client_stoch_grads(x, b, keys.at(k))[0]  # type: ignore[attr-defined]
+        x = x - gamma * g
+    torch.testing.assert_close(res.x, x, rtol=1e-13, atol=1e-15)
+    full = run_ps(cfg, problem=one)  # type: ignore[arg-type]
+    assert not torch.allclose(full.x, res.x)  # the minibatches did matter
+
+
+def test_sync_mode_waits_for_every_worker_and_is_gradient_descent(two: object) -> None:
+    gamma = 1.0 / two.L  # type: ignore[attr-defined]
+    cfg = _base(
+        2,
+        method="dcgd",
+        mode="sync",
+        stepsize=gamma,
+        speeds=(1, 4),
+        delay=0.002,
+        updates=20,
+        log_every=1,
+        wire_dtype="float64",
+    )
+    res = run_ps(cfg, problem=two)  # type: ignore[arg-type]
+    x = two.x0()  # type: ignore[attr-defined]
+    for _ in range(20):
+        x = x - gamma * two.grad(x)  # type: ignore[attr-defined]
+    torch.testing.assert_close(res.x, x, rtol=1e-12, atol=1e-15)
+    st = res.staleness
+    assert len(st) == 40 and (st["staleness"] == 0).all()  # both workers in every round
+    assert (st.groupby("update")["worker"].nunique() == 2).all()
+    assert res.table["method"].iloc[0] == "sync_dcgd"
+
+
 # -- staleness ------------------------------------------------------------------------------------
 def test_bounded_staleness_holds_and_slow_workers_are_staler(two: object) -> None:
     res = run_ps(
@@ -105,7 +145,7 @@ def test_bounded_staleness_holds_and_slow_workers_are_staler(two: object) -> Non
 def test_unbounded_staleness_follows_the_speeds(two: object) -> None:
     gamma = 0.2 / two.L  # type: ignore[attr-defined]
     res = run_ps(
-        _base(2, method="dcgd", speeds=(1, 6), delay=0.01, updates=150, stepsize=gamma),
+        _base(2, method="dcgd", speeds=(1, 10), delay=0.01, updates=150, stepsize=gamma),
         problem=two,  # type: ignore[arg-type]
     )
     st = res.staleness
