@@ -165,3 +165,17 @@ def test_nonfinite_model_is_a_divergence_not_a_crash() -> None:
     x = torch.full((own.d,), math.nan, dtype=torch.float64)
     with pytest.raises(ValueError, match="non-finite"):
         ClientOracle(own, 0).grads(x, torch.tensor([0]))
+
+
+def test_cli_set_reads_dotted_keys_and_toml_values() -> None:
+    from shrinkgrad.cli.ps import _set_value, _speeds
+
+    assert _set_value("ps.tau_max=6") == ("tau_max", 6)
+    assert _set_value("run.rounds = 50") == ("updates", 50)
+    assert _set_value("compressor=qsgd[s=4]") == ("compressor", "qsgd[s=4]")
+    assert _set_value("speeds=[1, 2]") == ("speeds", [1, 2])
+    assert _speeds("1, 1,5") == (1.0, 1.0, 5.0)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        _set_value("tau_max")
+    with pytest.raises(ValueError, match="one per worker"):
+        _speeds("1,fast")

@@ -210,6 +210,12 @@ class ServerLog:
 
 
 class _Server:
+    """The server's state and loops (see the module docstring); one instance per run.
+
+    Bits are counted when a message is applied (a message still held when the run stops, or
+    held by a worker that dies, is not counted).
+    """
+
     def __init__(self, config: PSConfig, plan: Plan, x0: torch.Tensor) -> None:
         self.config = config
         self.plan = plan
@@ -480,8 +486,6 @@ class _Server:
             if self.status is not None:
                 return
             got = [self.held.pop(w) for w in sorted(self.held)]
-            for w in [a.worker for a in got]:
-                self.gate.held.pop(w, None)
             qs = [self.decode(a) for a in got]
             for q in qs:
                 self.check_message(q)
