@@ -16,6 +16,7 @@ from .registry import Registry, SpecError, parse_spec
 from .rng import Keys, KeyStream
 
 if TYPE_CHECKING:
+    from .distributed.ps import PSConfig, PSResult, run_ps
     from .problems import PROBLEMS, Problem, make_problem
     from .sim import SimResult, simulate
 
@@ -30,6 +31,10 @@ def __getattr__(name: str) -> Any:
         from . import problems
 
         return getattr(problems, name)
+    if name in ("PSConfig", "PSResult", "run_ps"):  # the parameter server: torch.distributed
+        from .distributed import ps
+
+        return getattr(ps, name)
     raise AttributeError(f"module 'shrinkgrad' has no attribute {name!r}")
 
 
@@ -43,6 +48,8 @@ __all__ = [
     "KeyStream",
     "Keys",
     "Method",
+    "PSConfig",
+    "PSResult",
     "Problem",
     "Registry",
     "SimResult",
@@ -52,5 +59,6 @@ __all__ = [
     "make_method",
     "make_problem",
     "parse_spec",
+    "run_ps",
     "simulate",
 ]
