@@ -7,6 +7,7 @@ reductions), gives every process group a timeout, and is itself bounded by pytes
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -186,10 +187,16 @@ def test_compressed_iag_converges_at_the_delay_rule_step(two: object) -> None:
 
 # -- failures -------------------------------------------------------------------------------------
 def test_a_dead_worker_does_not_stop_the_server(two: object) -> None:
+    pids: dict[str, int] = {}
     res = run_ps(
         _base(2, tau_max=1, delay=0.002, updates=120, stepsize="theory", kill_workers={1: 8}),
         problem=two,  # type: ignore[arg-type]
+        on_start=pids.update,
     )
+    assert sorted(pids) == ["server", "worker0", "worker1"]
+    for pid in pids.values():  # nothing is left behind, not even a zombie
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     assert res.status == "completed" and res.updates == 120
     lost = res.events[res.events["event"] == "worker_lost"]
     assert lost["worker"].tolist() == [1]
