@@ -1,18 +1,25 @@
 """Numba CPU kernels: the fast paths of the compressors.
 
-Every kernel here has a torch twin in the compressor's module that defines the operator; a test
-checks that both give bit-identical outputs for the same keys (given the same row norms, which
-are float64 sums whose summation order differs between the two paths). Kernels work on 2-D
-C-contiguous arrays ``(rows, d)`` and return a status code instead of raising (numba cannot
-format the messages): :data:`OK`, :data:`NON_FINITE` (inf/nan in the input) or :data:`OVERFLOW`
-(the result does not fit the dtype).
+Every kernel has a torch twin in the compressor's module that defines the operator; tests check
+that both give bit-identical outputs for the same keys (given the same row norms: the float64
+sums of squares differ in summation order between the two paths).
 
-Random bits (shared with the torch twins, see :func:`shrinkgrad.compressors.quantize._draw_up`):
-coordinate ``j`` of a row with key ``K`` uses byte ``j mod 4`` of ``bits32(K, ⌊j/4⌋)``; only
-when that byte ties with the first 8 bits of the rounding probability (probability 1/256) are
-the words ``bits32(K₂, 2j)`` and, on a second tie (2⁻³²), ``bits32(K₂, 2j+1)`` drawn, with
+Structure. Rows are cut into chunks of :data:`CHUNK` coordinates; a work item is one (row,
+chunk), and :func:`run` spreads the items over a thread pool (the kernels release the GIL).
+Each item's output depends only on its own coordinates and the row's key, so the result is the
+same for any number of threads. Kernels report problems through a status array instead of
+raising (numba cannot format the messages): :data:`OK`, :data:`NON_FINITE` (inf/nan in the
+input) or :data:`OVERFLOW` (the result does not fit the dtype). The hot loops live in small
+separate functions (``_*_block``) that LLVM vectorizes.
+
+Random bits (the rule of :func:`shrinkgrad.compressors._random.draw_up`): coordinate ``j`` of
+a row with key ``K`` uses byte ``j mod 4`` of ``bits32(K, ⌊j/4⌋)``; only when that byte ties
+with the first 8 bits of the rounding probability (probability 1/256) are the words
+``bits32(K₂, 2j)`` and, on a second tie (2⁻³²), ``bits32(K₂, 2j+1)`` drawn, with
 ``K₂ = K.fold("extra")``. The probability of rounding up is thus the exact one up to 2⁻⁷², far
-below the dtype's resolution, at the cost of one hash per four coordinates.
+below the dtype's resolution, at the cost of one hash per four coordinates. A chunk's words are
+hashed in one vectorized loop, a branch-free loop rounds with the 8-bit rule and flags ties,
+and a scan of the flags resolves the ties.
 """
 
 from __future__ import annotations

@@ -207,10 +207,11 @@ class QSGD(_LevelQuantizer):
     """QSGD with s levels and the ℓ₂ norm (Alistarh et al. 2017; [K18] §2):
     C(x)_j = ‖x‖₂ · sign(x_j) · ξ_j/s, ξ_j ∈ {⌊s|x_j|/‖x‖⌋, ⌊·⌋ + 1} unbiased.
 
-    ω = min(d/s², √d/s) (Alistarh et al. Lemma 3.1; methods.md §2): per coordinate the variance
-    is (‖x‖/s)² p(1−p) ≤ min(1/4·(‖x‖/s)², ‖x‖|x_j|/s), summed ≤ min(d/(4s²)… , √d/s)·‖x‖²
-    (the stated constant drops the 1/4 as the paper does). Message: the norm (32 bits) and, per
-    coordinate, a sign bit and a level of ⌈log₂(s+1)⌉ bits.
+    ω = min(d/s², √d/s) (Alistarh et al. Lemma 3.1; methods.md §2): with σ = ‖x‖/s and f_j the
+    fractional part of |x_j|/σ, the variance of coordinate j is σ² f_j(1 − f_j) ≤
+    min(σ²/4, σ|x_j|); summed, ≤ min(d/(4s²), ‖x‖₁/(s‖x‖))·‖x‖² ≤ min(d/s², √d/s)·‖x‖² (the
+    paper's constant drops the 1/4). Message: the norm (32 bits) and, per coordinate, a sign
+    bit and a level of ⌈log₂(s+1)⌉ bits.
 
     The scale sent is ‖x‖ rounded up to the dtype; levels use scale/s computed in the dtype.
     """

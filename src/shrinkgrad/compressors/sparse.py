@@ -10,10 +10,11 @@ Row r keeps S_r = {(π_r(i) + ρ_r) mod d : i = 0, …, k−1}, where
 * ρ_r is uniform on [0, d) (rejection sampling of 32-bit words, so exactly uniform).
 
 The k indices are distinct because π_r is a bijection, and P(j ∈ S_r) = k/d *exactly* for every j
-because of the uniform rotation ρ_r alone — which is all that unbiasedness and ω = d/k − 1 need
-(E‖C(x) − x‖² = Σ_j x_j² (d/k·P(j∈S))·… depends only on the inclusion probabilities). The
-Feistel permutation makes the set as a whole look like a uniform k-subset. Cost O(k) per row
-(never ``randperm``, which is unusably slow on this CPU), computable index by index on any device.
+because of the uniform rotation ρ_r alone — which is all that unbiasedness and ω = d/k − 1 need:
+E‖C(x) − x‖² = Σ_j x_j² (P(j∈S)(d/k − 1)² + (1 − P(j∈S))) = (d/k − 1)‖x‖² involves only the
+inclusion probabilities. The Feistel permutation makes the set as a whole look like a uniform
+k-subset (a test checks pair frequencies too). Cost O(k) per row (never ``randperm``, which is
+unusably slow on CPU), computable index by index on any device.
 """
 
 from __future__ import annotations
