@@ -15,6 +15,15 @@ row by row (the leading axes are clients, buckets, ...). It declares
 
 Randomness is explicit: ``C(x, keys)`` takes one :class:`~shrinkgrad.rng.Keys` per row, so a draw
 is a function of (seed, round, client) only. ``C.compress(x, seed=...)`` is the convenience form.
+``C(x, keys, out=buf)`` writes into a preallocated tensor.
+
+Wire format: ``encode(x, keys)`` gives a ``uint8`` payload of exactly ⌈bits/8⌉ bytes (a sequence of
+bit fields, :mod:`._wire`) and ``decode(payload, d, dtype, keys)`` the dense compressed vector,
+bit-identical to ``C(x, keys)``. Fixed-size sparsifiers (``sparse_k(d)`` not None) also expose
+their chosen indices and values (``_select``) and index fields, which ``compose`` uses.
+
+Implementations: a torch path (any device) defines every operator; on CPU numba kernels
+(:mod:`._kernels`) compute the same output faster (see :data:`KERNELS`).
 """
 
 from __future__ import annotations
