@@ -179,3 +179,10 @@ def test_cli_set_reads_dotted_keys_and_toml_values() -> None:
         _set_value("tau_max")
     with pytest.raises(ValueError, match="one per worker"):
         _speeds("1,fast")
+
+
+def test_config_is_a_hashable_value() -> None:
+    a = PSConfig(tau_max=3, kill_workers={1: 3})
+    b = PSConfig(tau_max=3, kill_workers={"1": 3})  # TOML keys are strings
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a.replace(tau_max=4) != a

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 import sys
@@ -259,6 +260,9 @@ class PSConfig:
         if self.kill_server_after is not None:
             _int(self.kill_server_after, "kill_server_after", 1)
         self.problem_spec()  # checks n_clients against workers
+
+    def __hash__(self) -> int:  # kill_workers is a dict: hash the plain-data form instead
+        return hash(json.dumps(self.to_dict(), sort_keys=True))
 
     # -- derived ---------------------------------------------------------------------------------
     def problem_spec(self) -> str:
