@@ -21,7 +21,12 @@ EXAMPLES: dict[str, list[str]] = {
     "natural": ["natural"],
     "natural_dithering": ["natural_dithering[s=2]", "natural_dithering[s=5]"],
     "scaled_sign": ["scaled_sign"],
-    "scaled": ["scaled(qsgd[s=2])", "scaled(rand_k[k=3])", "scaled(natural)"],
+    "scaled": [
+        "scaled(qsgd[s=2])",
+        "scaled(rand_k[k=3])",
+        "scaled(natural)",
+        "scaled(bernoulli[p=0.5])",  # random message size
+    ],
     "compose": [
         "compose(top_k[k=4],qsgd[s=4])",  # projection, then unbiased on the k values
         "compose(rand_k_scaled[k=6],qsgd[s=4])",  # random projection, then unbiased
@@ -31,6 +36,7 @@ EXAMPLES: dict[str, list[str]] = {
         "compose(natural,top_k[k=16])",  # unbiased, then contractive (Minkowski)
         "compose(scaled(natural),qsgd[s=16])",  # contractive, then unbiased
         "compose(scaled(natural),top_k[k=19])",  # contractive ∘ contractive (Minkowski)
+        "compose(top_k[k=6],bernoulli[p=0.7])",  # random message size on the k values
     ],
 }
 
