@@ -15,7 +15,7 @@ from shrinkgrad.compressors._random import kernel_keys
 from shrinkgrad.compressors.basic import topk_indices_torch
 from shrinkgrad.compressors.quantize import l2_norms, round_levels_torch
 from shrinkgrad.rng import bits32_numpy
-from shrinkgrad.rng_numba import bits32_array
+from shrinkgrad.rng_numba import bits32_array, fill_words
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,6 +277,10 @@ def test_numba_bits32_equals_numpy() -> None:
     j = (np.arange(100, dtype=np.uint64) + np.uint64(2**32 - 50)).astype(np.uint32)
     want = bits32_numpy(lo[:, None], hi[:, None], j[None, :])
     assert np.array_equal(got, want.astype(np.uint64))
+    # the vectorizable uint32 twin used by the kernels
+    block = np.empty(100, dtype=np.uint32)
+    fill_words(np.uint64(lo[2]), np.uint64(hi[2]), 7, block)
+    assert np.array_equal(block, bits32_numpy(lo[2], hi[2], np.arange(7, 107, dtype=np.uint32)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -118,7 +118,10 @@ class Compressor(abc.ABC):
             nnz = torch.count_nonzero(compressed, dim=-1)
             return self._bits_for_nnz(nnz, d, compressed.dtype)
         return torch.full(
-            compressed.shape[:-1], float(self.bits(d, compressed.dtype)), dtype=torch.float64
+            compressed.shape[:-1],
+            float(self.bits(d, compressed.dtype)),
+            dtype=torch.float64,
+            device=compressed.device,
         )
 
     def _bits_for_nnz(self, nnz: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:

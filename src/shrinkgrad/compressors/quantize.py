@@ -446,7 +446,9 @@ class NaturalDithering(Compressor):
         norm = r.read_float(1, dtype)
         code = r.read(d, 1 + _log2ceil(self.s + 1))
         c = code >> 1
-        lev = torch.where(c == 0, torch.zeros(d, dtype=dtype), _pow2(c - self.s, dtype))
+        lev = torch.where(
+            c == 0, torch.zeros(d, dtype=dtype, device=c.device), _pow2(c - self.s, dtype)
+        )
         return _with_sign(norm * lev, code & 1)
 
 
