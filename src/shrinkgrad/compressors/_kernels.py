@@ -74,46 +74,62 @@ _U1 = np.uint64(1)
 CHUNK = 1 << 14
 
 
+@njit(cache=True)
+def _sumsq_block(xs: np.ndarray) -> float:  # pragma: no cover - compiled
+    """Σ x² of a block in float64, with four accumulators (a fixed order)."""
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    n4 = xs.size - xs.size % 4
+    for j in range(0, n4, 4):
+        v0 = np.float64(xs[j])
+        v1 = np.float64(xs[j + 1])
+        v2 = np.float64(xs[j + 2])
+        v3 = np.float64(xs[j + 3])
+        a0 += v0 * v0
+        a1 += v1 * v1
+        a2 += v2 * v2
+        a3 += v3 * v3
+    for j in range(n4, xs.size):
+        v0 = np.float64(xs[j])
+        a0 += v0 * v0
+    return (a0 + a1) + (a2 + a3)
+
+
+@njit(cache=True)
+def _sumabs_block(xs: np.ndarray) -> float:  # pragma: no cover - compiled
+    """Σ |x| of a block in float64, with four accumulators (a fixed order)."""
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    n4 = xs.size - xs.size % 4
+    for j in range(0, n4, 4):
+        a0 += abs(np.float64(xs[j]))
+        a1 += abs(np.float64(xs[j + 1]))
+        a2 += abs(np.float64(xs[j + 2]))
+        a3 += abs(np.float64(xs[j + 3]))
+    for j in range(n4, xs.size):
+        a0 += abs(np.float64(xs[j]))
+    return (a0 + a1) + (a2 + a3)
+
+
 @njit(cache=True, nogil=True)
 def row_stats(  # pragma: no cover - compiled
     x2: np.ndarray, what: int, part: np.ndarray, w0: int, w1: int, status: np.ndarray
 ) -> None:
     """Partial sums per work item (row r, chunk c): ``what`` = 0: Σ x_j², 2: Σ |x_j|, in
-    float64 with four accumulators. ``part[r, c]``; the caller adds them in chunk order, so the
-    result does not depend on the number of threads (inf/nan propagate into the sums)."""
+    float64. ``part[r, c]``; the caller adds them in chunk order, so the result does not
+    depend on the number of threads (inf/nan propagate into the sums)."""
     d = x2.shape[1]
     nch = part.shape[1]
     for w in range(w0, w1):
         r = w // nch
         c = w % nch
-        row = x2[r]
-        j = c * CHUNK
-        end = min(d, j + CHUNK)
-        a0 = 0.0
-        a1 = 0.0
-        a2 = 0.0
-        a3 = 0.0
-        while j + 4 <= end:
-            v0 = abs(np.float64(row[j]))
-            v1 = abs(np.float64(row[j + 1]))
-            v2 = abs(np.float64(row[j + 2]))
-            v3 = abs(np.float64(row[j + 3]))
-            if what == 0:
-                a0 += v0 * v0
-                a1 += v1 * v1
-                a2 += v2 * v2
-                a3 += v3 * v3
-            else:
-                a0 += v0
-                a1 += v1
-                a2 += v2
-                a3 += v3
-            j += 4
-        while j < end:
-            v0 = abs(np.float64(row[j]))
-            a0 += v0 * v0 if what == 0 else v0
-            j += 1
-        part[r, c] = (a0 + a1) + (a2 + a3)
+        j0 = c * CHUNK
+        xs = x2[r, j0 : min(d, j0 + CHUNK)]
+        part[r, c] = _sumsq_block(xs) if what == 0 else _sumabs_block(xs)
         status[w] = OK
 
 
@@ -711,6 +727,18 @@ def randk_indices(  # pragma: no cover - compiled
             row[i] = np.int64((y + rot) % ud)
 
 
+@njit(cache=True)
+def _zero_check_block(xs: np.ndarray, os: np.ndarray) -> bool:  # pragma: no cover - compiled
+    """os = 0 and whether xs holds inf or nan, in one vectorizable pass."""
+    bad = np.uint8(0)
+    zero = os.dtype.type(0.0)
+    for i in range(xs.size):
+        v = xs[i]
+        bad |= np.uint8((v - v) != 0)
+        os[i] = zero
+    return bool(bad != 0)
+
+
 @njit(cache=True, nogil=True)
 def zero_rows(  # pragma: no cover - compiled
     x2: np.ndarray, check: bool, out: np.ndarray, w0: int, w1: int, status: np.ndarray
@@ -722,16 +750,12 @@ def zero_rows(  # pragma: no cover - compiled
         r = w // nch
         j0 = (w % nch) * CHUNK
         j1 = min(d, j0 + CHUNK)
-        out[r, j0:j1] = 0
         status[w] = OK
         if check:
-            xs = x2[r, j0:j1]
-            bad = 0
-            for i in range(xs.size):
-                v = xs[i]
-                bad |= (v - v) != 0
-            if bad:
+            if _zero_check_block(x2[r, j0:j1], out[r, j0:j1]):
                 status[w] = NON_FINITE
+        else:
+            out[r, j0:j1] = 0
 
 
 @njit(cache=True, nogil=True)
