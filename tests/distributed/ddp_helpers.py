@@ -47,6 +47,7 @@ class Job:
     weights: list[float] | None = None
     min_numel: int = 45
     warmup_steps: int = 1
+    client_momentum: bool = False  # momentum 0.5 in the hook instead of the optimizer
     seed: int = 0
     steps: int = 4
     start: int = 0  # first step (a resumed run starts later)
@@ -79,9 +80,13 @@ def run(rank: int, world: int, job: Job) -> dict[str, Any]:
             min_numel=job.min_numel,
             warmup_steps=job.warmup_steps,
             seed=job.seed,
+            momentum=0.5 if job.client_momentum else 0.0,
         )
         model.register_comm_hook(state, compression_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.5)
+    if job.client_momentum:
+        opt = torch.optim.SGD(model.parameters(), lr=job.lr / (1 - 0.5))
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.5)
     if job.load is not None:
         ckpt = torch.load(f"{job.load}.rank{rank}", weights_only=False)
         model.module.load_state_dict(ckpt["model"])

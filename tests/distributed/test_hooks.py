@@ -52,6 +52,18 @@ def test_identity_with_ef21_equals_no_hook_to_round_off() -> None:
         )
 
 
+def test_client_momentum_with_identity_is_heavy_ball_sgd() -> None:
+    job = Job(steps=5, dtype=torch.float64)
+    plain = spawn(run, 2, (job,))  # SGD(lr, momentum=0.5), DDP's all-reduce
+    hooked = spawn(
+        run, 2, (dataclasses.replace(job, compressor="identity", client_momentum=True),)
+    )  # v_i ← 0.5 v_i + 0.5 x_i on the ranks, SGD(lr / 0.5) without momentum
+    for t in range(5):
+        torch.testing.assert_close(
+            hooked[0]["params"][t], plain[0]["params"][t], rtol=0, atol=1e-13
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # every compressor family and error feedback: identical parameters on every rank, every step
 # --------------------------------------------------------------------------------------------
@@ -64,6 +76,7 @@ CONFIGS = [
     Job(compressor="qsgd[s=4]"),  # random, per-rank keys
     Job(compressor="bernoulli[p=0.2]"),  # variable-size messages: sizes exchanged, padding
     Job(compressor="scaled(natural)", error_feedback="ef21"),
+    Job(compressor="top_k", ratio=0.1, error_feedback="ef21", client_momentum=True),
 ]
 
 
@@ -173,6 +186,7 @@ def test_ef21_hook_follows_the_simulators_trajectory(mode: str) -> None:
     [
         Job(compressor="top_k", ratio=0.1, error_feedback="ef21", steps=6),
         Job(compressor="rand_k_scaled", ratio=0.2, error_feedback="ef", steps=6, seed=3),
+        Job(compressor="qsgd[s=2]", error_feedback="none", steps=6, client_momentum=True),
     ],
     ids=lambda j: f"{j.compressor}-{j.error_feedback}",
 )
