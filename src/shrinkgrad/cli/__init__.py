@@ -24,6 +24,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("shrinkgrad.cli.listing:list_cmd", "List registered components and their maths."),
     "theory": ("shrinkgrad.cli.theory:theory_cmd", "A problem's constants and step sizes."),
     "train": ("shrinkgrad.cli.train:train_cmd", "Run a config's runs on torch.distributed ranks."),
+    "run": ("shrinkgrad.cli.run:run_cmd", "Run a grid of simulations from a TOML config."),
+    "plot": ("shrinkgrad.cli.plot:plot_cmd", "Plot a results directory (PNG and PDF)."),
+    "reproduce": ("shrinkgrad.cli.reproduce:reproduce_cmd", "Reproduce a paper's claims."),
     "ps": ("shrinkgrad.cli.ps:ps_cmd", "Asynchronous parameter server with stale gradients."),
 }
 

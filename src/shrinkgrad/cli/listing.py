@@ -108,12 +108,26 @@ def _methods(console: Console) -> None:
     console.print(table)
 
 
+def _reproductions(console: Console) -> None:
+    from ..experiments.reproductions import REPRODUCTIONS, config_path
+
+    table = Table(title=escape("reproductions (run with shrinkgrad reproduce NAME [--quick])"))
+    for col in ("name", "paper", "what", "config"):
+        table.add_column(col)
+    for name in REPRODUCTIONS.names():
+        rep = REPRODUCTIONS.get(name)
+        cells = [name, rep.paper, rep.title, config_path(rep).name]
+        table.add_row(*(escape(c) for c in cells))
+    console.print(table)
+
+
 #: family name -> printer
 LISTINGS: dict[str, Callable[[Console], None]] = {
     "compressors": _compressors,
     "datasets": _datasets,
     "methods": _methods,
     "problems": _problems,
+    "reproductions": _reproductions,
     "splits": _splits,
 }
 

@@ -1,0 +1,153 @@
+"""``shrinkgrad run CONFIG.toml --out DIR``: run a grid of simulations described in a config.
+
+Example::
+
+    shrinkgrad run sweep.toml --out runs/sweep --jobs 2
+    shrinkgrad run sweep.toml --out runs/sweep --set run.rounds=5000 --set 'run.seeds=5'
+    shrinkgrad run sweep.toml --dry-run          # validate and list the runs, run nothing
+
+Writes DIR/results.parquet (every run's table), DIR/runs.csv (one row per run),
+DIR/config.toml (the resolved config) and DIR/env.json; re-running the same command skips the
+finished runs and resumes interrupted ones. The config schema: docs/experiments.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from ..experiments.grid import ProblemInfo, RunSpec
+    from ..experiments.runner import ExperimentResult
+
+__all__ = ["run_cmd"]
+
+
+@click.command("run")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="output directory (default: runs/<config name>)",
+)
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="worker processes [default: cores]")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "csv"]),
+    help="table format [default: parquet]",
+)
+@click.option("--profile", help="merge the config's [profiles.NAME] table (e.g. quick)")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a config value, e.g. run.rounds=500 (repeatable; TOML values)",
+)
+@click.option("--dry-run", is_flag=True, help="validate the config and list the runs only")
+@click.option("--no-progress", is_flag=True, help="no progress bar or per-run lines")
+def run_cmd(
+    config: Path,
+    out: Path | None,
+    jobs: int | None,
+    fmt: str | None,
+    profile: str | None,
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    no_progress: bool,
+) -> None:
+    """Run the grid of simulations described in CONFIG (a TOML file)."""
+    from ..experiments.config import load_config
+    from ..experiments.grid import check_runs, expand
+
+    cfg = load_config(config, profile=profile, overrides=list(overrides))
+    out_dir = out if out is not None else Path("runs") / (cfg.name or config.stem)
+    if dry_run:
+        runs, notes, infos = check_runs(cfg, expand(cfg))
+        print_plan(runs, notes, infos, out_dir)
+        return
+    from ..experiments.runner import run_experiment
+
+    result = run_experiment(
+        cfg,
+        out_dir,
+        jobs=jobs,
+        fmt=fmt,  # type: ignore[arg-type]
+        progress=not no_progress,
+        command=["shrinkgrad", *sys.argv[1:]],
+    )
+    report(result)
+
+
+def report(result: ExperimentResult) -> None:
+    """Print the outcome of a sweep; exit 1 on failed runs and 130 when interrupted."""
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
+    counts = result.runs["status"].value_counts().to_dict()
+    total = len(result.runs)
+    detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    click.echo(
+        f"{total} runs ({detail}); {result.ran} run now, {result.skipped} already finished → "
+        f"{result.results_path}"
+    )
+    for f in result.failed:
+        click.echo(f"failed: {f.run.label} [{f.run.run_id}]: {f.message}", err=True)
+    if result.interrupted:
+        click.echo(
+            "interrupted: finished runs are saved and running ones checkpointed; run the same "
+            "command again to resume",
+            err=True,
+        )
+        sys.exit(130)
+    if result.failed:
+        sys.exit(1)
+
+
+def print_plan(
+    runs: list[RunSpec], notes: list[str], infos: dict[str, ProblemInfo], out_dir: Path
+) -> None:
+    """Print the runs a config would do (and which already finished) and its problems."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..experiments.results import find_run_table
+
+    console = Console(width=160)
+    for note in notes:
+        console.print(f"note: {escape(note)}")
+    table = Table(title=escape(f"{len(runs)} runs (output: {out_dir})"))
+    for col in ("run id", "problem", "method", "compressor", "step size", "seed", "state"):
+        table.add_column(col)
+    for r in runs:
+        done = find_run_table(out_dir / "runs" / r.run_id) is not None
+        cells = [
+            r.run_id,
+            r.problem.label,
+            r.arm.method,
+            r.arm.compressor,
+            r.arm.stepsize,
+            str(r.seed_index),
+            "finished" if done else "to run",
+        ]
+        table.add_row(*(escape(c) for c in cells))
+    console.print(table)
+    ptable = Table(title="problems")
+    for col in ("problem", "n", "d", "L", "L_AM", "L_QM", "L_var"):
+        ptable.add_column(col)
+    for spec, info in infos.items():
+        ptable.add_row(
+            escape(spec),
+            str(info.n),
+            str(info.d),
+            f"{info.L:.4g}",
+            f"{info.L_AM:.4g}",
+            f"{info.L_QM:.4g}",
+            f"{info.L_var:.4g}",
+        )
+    console.print(ptable)

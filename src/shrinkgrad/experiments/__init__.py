@@ -1,0 +1,1 @@
+"""Experiments: TOML configs, grids of simulations run in parallel, and paper reproductions."""

@@ -1,0 +1,133 @@
+"""Progress of a sweep: rich bars on a terminal, one line per finished run otherwise.
+
+On a terminal: a bar over runs (finished / total, elapsed, remaining) and one transient bar per
+active run over its rounds. Elsewhere (a log file, ``nohup``): a line per finished run, so a long
+sweep's log says what finished and how. ``progress=False`` shows nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Protocol
+
+from .grid import RunSpec
+
+__all__ = ["Display", "LineDisplay", "NullDisplay", "RichDisplay", "make_display"]
+
+
+class Display(Protocol):
+    def start(self) -> None: ...
+
+    def event(self, kind: str, run: RunSpec, payload: dict[str, Any]) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class NullDisplay:
+    """Shows nothing."""
+
+    def start(self) -> None:
+        pass
+
+    def event(self, kind: str, run: RunSpec, payload: dict[str, Any]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def _outcome(payload: dict[str, Any]) -> str:
+    status = payload.get("status", "?")
+    return (
+        f"{status} after {payload.get('rounds', '?')} rounds, ‖∇f‖²="
+        f"{payload.get('grad_norm_sq', float('nan')):.3g} ({payload.get('wall_s', 0.0):.1f} s)"
+    )
+
+
+class LineDisplay:
+    """One line on stderr per finished, failed or interrupted run."""
+
+    def __init__(self, total: int, done: int) -> None:
+        self.total = total
+        self.done = done
+        self.t0 = time.monotonic()
+
+    def start(self) -> None:
+        if self.done:
+            self._print(f"{self.done} of {self.total} runs already finished; running the rest")
+
+    def event(self, kind: str, run: RunSpec, payload: dict[str, Any]) -> None:
+        if kind == "done":
+            self.done += 1
+            self._print(f"[{self.done}/{self.total}] {run.label}: {_outcome(payload)}")
+        elif kind == "failed":
+            self._print(f"[failed] {run.label}: {payload.get('message', '')}")
+        elif kind == "interrupted":
+            self._print(f"[interrupted] {run.label}: checkpoint saved")
+
+    def stop(self) -> None:
+        pass
+
+    @staticmethod
+    def _print(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+
+class RichDisplay:
+    """A bar over runs and one transient bar per active run (rounds)."""
+
+    def __init__(self, total: int, done: int) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("{task.description}", markup=False),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.total = total
+        self.overall = self.progress.add_task("runs", total=total, completed=done)
+        self.tasks: dict[str, Any] = {}
+
+    def start(self) -> None:
+        self.progress.start()
+
+    def event(self, kind: str, run: RunSpec, payload: dict[str, Any]) -> None:
+        p = self.progress
+        if kind == "start":
+            label = run.label if len(run.label) <= 70 else run.label[:67] + "..."
+            self.tasks[run.run_id] = p.add_task("  " + label, total=payload.get("rounds", 1))
+        elif kind == "progress" and run.run_id in self.tasks:
+            p.update(self.tasks[run.run_id], completed=payload.get("round", 0))
+        elif kind in ("done", "failed", "interrupted"):
+            task = self.tasks.pop(run.run_id, None)
+            if task is not None:
+                p.remove_task(task)
+            if kind == "done":
+                p.advance(self.overall)
+            elif kind == "failed":
+                p.console.print(f"[failed] {run.label}: {payload.get('message', '')}", markup=False)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+def make_display(progress: bool, total: int, done: int) -> Display:
+    """A :class:`RichDisplay` on a terminal, a :class:`LineDisplay` otherwise, or nothing."""
+    if not progress:
+        return NullDisplay()
+    if sys.stderr.isatty():
+        return RichDisplay(total, done)
+    return LineDisplay(total, done)

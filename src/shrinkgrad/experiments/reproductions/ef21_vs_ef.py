@@ -1,0 +1,124 @@
+"""``ef21-vs-ef``: [EF21] — EF21 beats classic error feedback; larger step multipliers help.
+
+Claim ([EF21] §5): with Top-k, EF21 reaches a given ‖∇f‖² in fewer bits than classic EF
+([S14]) at step sizes that are multiples of the EF21 theory step, and larger multipliers help.
+
+Measured per dataset (both methods at the same multipliers m of the EF21 theory step):
+
+1. ε = the best (lowest) final ‖∇f‖² EF reaches at any multiplier; the fewest bits/n EF21 needs
+   to reach ε (best multiplier) vs the fewest EF needs: ratio EF/EF21 ≥ 1 on every dataset;
+2. at equal multipliers, EF21's final ‖∇f‖² ≤ EF's in at least ``better_fraction`` of the
+   (dataset, multiplier) pairs;
+3. on every dataset EF21's lowest final ‖∇f‖² is reached at a multiplier > 1.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from ..claims import Claim, fmt, median, reach, runs_of
+from . import REPRODUCTIONS, PlotSpec, Reproduction
+
+DEFAULTS: dict[str, Any] = {
+    "method": "ef21",
+    "baseline": "ef",
+    "better_fraction": 0.75,
+}
+
+_MULT = re.compile(r"\*([0-9.eE+\-]+)$")
+
+
+def multiplier(stepsize_spec: str) -> float:
+    """m of ``theory*m`` / ``theory(ef21)*m`` (1 without a factor)."""
+    m = _MULT.search(stepsize_spec)
+    return float(m.group(1)) if m else 1.0
+
+
+def per_run(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """One record per run: problem, method, multiplier, final ‖∇f‖² and the run's rows."""
+    return [
+        {
+            "problem": str(keys["problem_label"]),
+            "method": str(keys["method"]),
+            "m": multiplier(str(keys["stepsize_spec"])),
+            "final": float(run["grad_norm_sq"].iloc[-1]),
+            "run": run,
+        }
+        for keys, run in runs_of(table)
+    ]
+
+
+def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
+    new, old = params["method"], params["baseline"]
+    runs = per_run(table)
+    ratios: dict[str, float] = {}
+    better, pairs = 0, 0
+    best_m: dict[str, float] = {}
+    for label in dict.fromkeys(r["problem"] for r in runs):
+        a = [r for r in runs if r["problem"] == label and r["method"] == new]
+        b = [r for r in runs if r["problem"] == label and r["method"] == old]
+        if not a or not b:
+            continue
+        eps = min(r["final"] for r in b)
+        bits_new = min(reach(r["run"], eps) for r in a)
+        bits_old = min(reach(r["run"], eps) for r in b)
+        ratios[label] = bits_old / bits_new if math.isfinite(bits_new) and bits_new > 0 else 0.0
+        for ra in a:
+            fb = [r["final"] for r in b if r["m"] == ra["m"]]
+            if fb:
+                pairs += 1
+                better += int(ra["final"] <= median(fb))
+        best_m[label] = min(a, key=lambda r: r["final"])["m"]
+    out: list[Claim] = []
+    if not ratios:
+        return [Claim("EF21 beats EF", "no dataset has runs of both methods", "—", None)]
+    text = ", ".join(f"{k}: {fmt(v)}" for k, v in ratios.items())
+    vals = list(ratios.values())
+    out.append(
+        Claim(
+            "EF21 reaches EF's best accuracy in fewer bits/n (best multiplier of each)",
+            f"bits ratio EF/EF21: {text}",
+            "≥ 1 on every dataset",
+            all(v == v and v >= 1 for v in vals),
+            {"ratios": ratios},
+        )
+    )
+    frac = better / pairs if pairs else math.nan
+    out.append(
+        Claim(
+            "at equal step multipliers EF21 ends lower than EF",
+            f"{better} of {pairs} (dataset, multiplier) pairs ({fmt(frac)})",
+            f"fraction ≥ {params['better_fraction']:g}",
+            None if not pairs else bool(frac >= params["better_fraction"]),
+            {"fraction": frac},
+        )
+    )
+    text = ", ".join(f"{k}: ×{v:g}" for k, v in best_m.items())
+    out.append(
+        Claim(
+            "larger step multipliers help EF21",
+            f"best multiplier: {text}",
+            "> 1 on every dataset",
+            all(v > 1 for v in best_m.values()),
+            {"best_multiplier": best_m},
+        )
+    )
+    return out
+
+
+REPRODUCTIONS.register(
+    Reproduction(
+        name="ef21-vs-ef",
+        title="EF21 vs classic EF, Top-1, step multipliers",
+        paper="[EF21] §5",
+        config="ef21-vs-ef.toml",
+        claims=claims,
+        defaults=DEFAULTS,
+        plots=(PlotSpec("bits_paper", "grad_norm_sq"),),
+    )
+)

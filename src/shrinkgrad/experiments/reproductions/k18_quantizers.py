@@ -1,0 +1,302 @@
+"""``k18-quantizers``: [K18] — DCGD with unbiased quantizers: the communication trade-off.
+
+Claims ([K18]; methods.md §5): more compression means fewer bits per round but more rounds;
+the total bits to reach an accuracy therefore has an interior optimum over the compression
+level; and DCGD with an unbiased compressor stalls at an error floor that grows with γω
+(methods.md §3: its size ∝ γω (1/n) Σ‖∇f_i(x*)‖²) and disappears when every ∇f_i(x*) = 0.
+
+Measured from the table (medians over seeds), for each problem of ``eps_rel`` and each
+family of ``families`` (``qsgd[s=…]`` ordered by s, ``rand_k[k=…]`` by k, each ending with
+``identity``, the uncompressed limit), at the theory step:
+
+1. bits per round increase strictly with the level (less compression);
+2. rounds to ‖∇f‖² ≤ ε (ε = eps_rel × ‖∇f(x⁰)‖²) fall with the level: Spearman ρ ≤ ``rank_max``;
+3. for the quantization levels of ``optimum_families`` (QSGD's s: each level costs
+   ⌈log₂(s+1)⌉ + 1 bits per coordinate while ω falls like 1/s), the total bits to ε are
+   smallest at an interior level (neither the most compressed nor identity). For rand-k the
+   table reports where the optimum lies without a verdict: at the DCGD theory step the total
+   bits are ≈ k(32 + ⌈log₂ d⌉)(L + 2(d/k − 1)L_max/n)/μ, linear in k, so an end point is
+   expected there;
+
+and at fixed steps γ = c/L_max with rand-k (ω = d/k − 1):
+
+4. on ``floor_problem`` the floor (mean ‖∇f‖² over the last ``tail_fraction`` of rounds)
+   grows like (γω)^s with a log-log slope s in ``slope_range``;
+5. the floor disappears on ``zero_problem`` (every ∇f_i(x*) = 0): there the error is still
+   contracting in the second half of every run (final ‖∇f‖² ≤ ``contract_max`` × its value at
+   mid-run, or the run reached the stopping tolerance), while on ``floor_problem`` it has
+   stalled (final ≥ ``stall_min`` × mid-run).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ...registry import parse_spec
+from ..claims import Claim, fmt, median, rank_correlation, reach, runs_of, tail_mean
+from . import REPRODUCTIONS, PlotSpec, Reproduction
+
+DEFAULTS: dict[str, Any] = {
+    "eps_rel": {"logistic": 1e-3, "zero-residual": 1e-8},
+    "families": {"qsgd": "s", "rand_k": "k"},
+    "floor_problem": "noisy",
+    "zero_problem": "zero-residual",
+    "optimum_families": ["qsgd"],
+    "tail_fraction": 0.5,
+    "slope_range": [0.8, 1.2],
+    "contract_max": 1e-2,
+    "stall_min": 0.1,
+    "rank_max": -0.8,
+}
+
+
+def level(compressor: str, family: str, param: str) -> float | None:
+    """The compression level of ``compressor`` in ``family`` (identity = inf), else None."""
+    if compressor == "identity":
+        return math.inf
+    spec = parse_spec(compressor)
+    if spec.name != family:
+        return None
+    value = dict(spec.params).get(param)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def tradeoff(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
+    """Per problem, family and level: bits/round, rounds and total bits to ε (seed medians)."""
+    theory = table[table["stepsize_spec"] == "theory"]
+    rows: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for keys, run in runs_of(theory):
+        label = str(keys["problem_label"])
+        if label not in params["eps_rel"]:
+            continue
+        eps = float(params["eps_rel"][label]) * float(run["grad_norm_sq"].iloc[0])
+        last = run.iloc[-1]
+        per_round = (float(last["bits_up"]) - float(run["bits_up"].iloc[0])) / max(
+            int(last["round"]), 1
+        )
+        r = rows.setdefault((label, str(keys["compressor"])), {"bpr": [], "rounds": [], "bits": []})
+        r["bpr"].append(per_round)
+        r["rounds"].append(reach(run, eps, x="round"))
+        r["bits"].append(reach(run, eps, x="bits_up"))
+    out = []
+    for (label, comp), r in rows.items():
+        for family, param in params["families"].items():
+            lev = level(comp, family, param)
+            if lev is None:
+                continue
+            out.append(
+                {
+                    "problem": label,
+                    "family": family,
+                    "compressor": comp,
+                    "level": lev,
+                    "bits_per_round": median(r["bpr"]),
+                    "rounds": median(r["rounds"]),
+                    "bits": median(r["bits"]),
+                }
+            )
+    df = pd.DataFrame(out)
+    return df.sort_values(["problem", "family", "level"]) if not df.empty else df
+
+
+def floors(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
+    """Per problem and (compressor, γ) of the fixed-step runs: γω and the floor (seed median)."""
+    from ...compressors import make_compressor
+
+    fixed = table[table["stepsize_spec"].str.contains("/L", regex=False)]
+    acc: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for keys, run in runs_of(fixed):
+        first = run.iloc[0]
+        key = (str(keys["problem_label"]), str(keys["compressor"]), str(keys["stepsize_spec"]))
+        omega = float(make_compressor(str(keys["compressor"])).omega(int(first["d"])))
+        entry = acc.setdefault(
+            key,
+            {"gamma": float(first["stepsize"]), "omega": omega, "floor": [], "g0": [], "c": []},
+        )
+        entry["floor"].append(tail_mean(run, fraction=float(params["tail_fraction"])))
+        entry["g0"].append(float(first["grad_norm_sq"]))
+        entry["c"].append(_contraction(run))
+    rows = [
+        {
+            "problem": p,
+            "compressor": c,
+            "stepsize_spec": s,
+            "gamma_omega": e["gamma"] * e["omega"],
+            "floor": median(e["floor"]),
+            "g0": median(e["g0"]),
+            "contraction": max(e["c"]),
+            "stall": min(e["c"]),
+        }
+        for (p, c, s), e in acc.items()
+    ]
+    return pd.DataFrame(rows)
+
+
+def _contraction(run: pd.DataFrame) -> float:
+    """final ‖∇f‖² ÷ its value at the middle of the run (0 when the run met its tolerance)."""
+    if str(run["status"].iloc[-1]) == "converged":
+        return 0.0
+    rounds = run["round"].to_numpy()
+    mid = int(np.searchsorted(rounds, rounds[-1] / 2))
+    value = float(run["grad_norm_sq"].iloc[mid])
+    return float(run["grad_norm_sq"].iloc[-1]) / value if value > 0 else math.nan
+
+
+def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
+    out: list[Claim] = []
+    t = tradeoff(table, params)
+    groups = list(t.groupby(["problem", "family"], sort=False)) if not t.empty else []
+    if not groups:
+        out.append(Claim("the compression trade-off", "no theory-step runs", "—", None))
+    else:
+        mono, rhos, optima, per_round = {}, {}, {}, {}
+        for (prob, fam), g in groups:
+            g = g.sort_values("level")
+            name = f"{prob}/{fam}"
+            mono[name] = bool(np.all(np.diff(g["bits_per_round"].to_numpy()) > 0))
+            per_round[name] = dict(zip(g["compressor"], g["bits_per_round"], strict=True))
+            rhos[name] = rank_correlation(g["level"].tolist(), g["rounds"].tolist())
+            bits = g["bits"].to_numpy()
+            j = int(np.argmin(bits)) if np.isfinite(bits).any() else -1
+            optima[name] = (g["compressor"].iloc[j] if j >= 0 else "none", 0 < j < len(g) - 1)
+        out.append(
+            Claim(
+                "more compression → fewer bits per round",
+                ", ".join(f"{k}: {'monotone' if v else 'not monotone'}" for k, v in mono.items()),
+                "bits/round strictly increasing with the level in every family",
+                all(mono.values()),
+                {"bits_per_round": per_round},
+            )
+        )
+        out.append(
+            Claim(
+                "more compression → more rounds to ε",
+                ", ".join(f"{k}: ρ={fmt(v)}" for k, v in rhos.items()),
+                f"Spearman ρ(level, rounds) ≤ {params['rank_max']:g} in every family",
+                all(v == v and v <= params["rank_max"] for v in rhos.values()),
+                {"rho": rhos},
+            )
+        )
+        judged = {k: v for k, v in optima.items() if k.split("/")[1] in params["optimum_families"]}
+        others = {k: v for k, v in optima.items() if k not in judged}
+        bits = {
+            f"{p}/{f}": dict(zip(g["compressor"], g["bits"], strict=True)) for (p, f), g in groups
+        }
+        out.append(
+            Claim(
+                "the total bits to ε have an interior optimum over the quantization level",
+                ", ".join(f"{k}: min at {c}" for k, (c, _) in judged.items()) or "no such family",
+                "the minimum is neither the most compressed level nor identity",
+                all(inner for _, inner in judged.values()) if judged else None,
+                {"bits_to_eps": {k: bits[k] for k in judged}},
+            )
+        )
+        if others:
+            out.append(
+                Claim(
+                    "(for reference) where the optimum lies for sparsifiers",
+                    ", ".join(f"{k}: min at {c}" for k, (c, _) in others.items()),
+                    "no verdict: ≈ linear in k at the DCGD theory step",
+                    None,
+                    {"bits_to_eps": {k: bits[k] for k in others}},
+                )
+            )
+    f = floors(table, params)
+    noisy = f[f["problem"] == params["floor_problem"]] if not f.empty else f
+    zero = f[f["problem"] == params["zero_problem"]] if not f.empty else f
+    if len(noisy) >= 2:
+        x = np.log(noisy["gamma_omega"].to_numpy())
+        y = np.log(noisy["floor"].to_numpy())
+        slope = float(np.polyfit(x, y, 1)[0]) if np.ptp(x) > 0 else math.nan
+        lo, hi = params["slope_range"]
+        out.append(
+            Claim(
+                "DCGD's error floor grows in proportion to γω when ∇f_i(x*) ≠ 0",
+                f"log-log slope of the floor vs γω = {fmt(slope)} over {len(noisy)} (γ, ω) pairs "
+                f"(γω from {fmt(float(noisy['gamma_omega'].min()))} to "
+                f"{fmt(float(noisy['gamma_omega'].max()))})",
+                f"slope in [{lo:g}, {hi:g}]",
+                bool(lo <= slope <= hi),
+                {
+                    "slope": slope,
+                    "floors": noisy[["compressor", "stepsize_spec", "floor"]].to_dict("records"),
+                },
+            )
+        )
+    else:
+        out.append(
+            Claim("the error floor grows with γω", "fewer than 2 fixed-step runs", "—", None)
+        )
+    if len(noisy) and len(zero):
+        contract = float(zero["contraction"].max())
+        stall = float(noisy["stall"].min())
+        out.append(
+            Claim(
+                "the floor disappears when every ∇f_i(x*) = 0",
+                f"final/mid-run ‖∇f‖²: zero residuals ≤ {fmt(contract)} (still contracting), "
+                f"noisy ≥ {fmt(stall)} (stalled)",
+                f"≤ {params['contract_max']:g} and ≥ {params['stall_min']:g}",
+                bool(contract <= params["contract_max"] and stall >= params["stall_min"]),
+                {"zero_residual_contraction": contract, "noisy_stall": stall},
+            )
+        )
+    return out
+
+
+def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> list[Path]:
+    """Total bits to ε against the level (per family and problem), and floor against γω."""
+    from matplotlib.figure import Figure
+
+    t = tradeoff(table, params)
+    f = floors(table, params)
+    fig = Figure(figsize=(9.2, 3.6), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    if not t.empty:
+        for (prob, fam), g in t.groupby(["problem", "family"], sort=False):
+            g = g.sort_values("level")
+            pos = np.arange(len(g))
+            ax1.plot(pos, g["bits"] / g["bits"].min(), "o-", label=f"{prob}: {fam}")
+            for i, c in zip(pos, g["compressor"], strict=True):
+                ax1.annotate(c.replace("identity", "id"), (i, 1.0), fontsize=5, rotation=90)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("compression level (most compressed → identity)", fontsize=8)
+    ax1.set_ylabel("total bits to ε ÷ the best level", fontsize=8)
+    ax1.legend(fontsize=6)
+    ax1.set_title("[K18] total bits to ε vs compression", fontsize=9)
+    if not f.empty:
+        for prob, g in f.groupby("problem", sort=False):
+            ax2.loglog(g["gamma_omega"], g["floor"] / g["g0"], "o", label=str(prob))
+    ax2.set_xlabel("γω", fontsize=8)
+    ax2.set_ylabel("error floor of ‖∇f‖² ÷ ‖∇f(x⁰)‖²", fontsize=8)
+    ax2.legend(fontsize=6)
+    ax2.set_title("[K18] DCGD error floor vs γω", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "pdf"):
+        p = directory / f"tradeoff_and_floor.{ext}"
+        fig.savefig(p, dpi=90)
+        paths.append(p)
+    return paths
+
+
+REPRODUCTIONS.register(
+    Reproduction(
+        name="k18-quantizers",
+        title="DCGD with unbiased quantizers: the communication trade-off",
+        paper="[K18]",
+        config="k18-quantizers.toml",
+        claims=claims,
+        defaults=DEFAULTS,
+        plots=(PlotSpec("bits", "grad_norm_sq"),),
+        figures=figures,
+    )
+)

@@ -1,0 +1,156 @@
+"""The results of a sweep on disk: per-run tables, the concatenated results table, JSON files.
+
+Layout of an output directory ``DIR`` (docs/experiments.md):
+
+* ``DIR/results.parquet`` (or ``results.csv``) — every run's table concatenated, one row per run
+  × logged round, with the config columns of :data:`RESULT_COLUMNS`;
+* ``DIR/runs.csv`` — one row per run: id, problem, arm, seed, status, rounds, final metrics;
+* ``DIR/config.toml`` — the resolved config; ``DIR/env.json`` — versions, host, seed, command;
+* ``DIR/runs/<run-id>/`` — ``run.json`` (what the run is), ``checkpoint.pt`` while it runs,
+  ``table.parquet`` and ``done.json`` once it finished.
+
+Every file is written to a temporary name and renamed, so an interruption never leaves a torn
+file; ``results.parquet`` is rebuilt from the per-run tables, so nothing finished is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from ..sim import COLUMNS
+
+__all__ = [
+    "CONFIG_COLUMNS",
+    "RESULT_COLUMNS",
+    "Format",
+    "default_format",
+    "load_results",
+    "read_json",
+    "read_table",
+    "write_json",
+    "write_table",
+]
+
+Format = Literal["parquet", "csv"]
+
+#: columns the sweep adds beside the simulator's (:data:`shrinkgrad.sim.COLUMNS`)
+CONFIG_COLUMNS = (
+    "run_id",
+    "experiment",
+    "problem_spec",
+    "problem_label",
+    "stepsize_spec",
+    "seed_index",
+    "status",
+    "L",
+    "L_AM",
+    "L_QM",
+    "L_max",
+    "L_var",
+    "mu",
+)
+#: every column of a results table, in order
+RESULT_COLUMNS = tuple(COLUMNS) + CONFIG_COLUMNS
+
+
+def default_format() -> Format:
+    """``parquet`` when pyarrow is installed, else ``csv``."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        return "csv"
+    return "parquet"
+
+
+def _atomic(path: Path, write: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_table(table: pd.DataFrame, stem: Path, fmt: Format) -> Path:
+    """Write ``table`` to ``stem.parquet`` or ``stem.csv`` atomically; return the path."""
+    path = stem.with_name(stem.name + ("." + fmt))
+    if fmt == "parquet":
+        _atomic(path, lambda p: table.to_parquet(p, index=False))
+    else:
+        _atomic(path, lambda p: table.to_csv(p, index=False))
+    return path
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """Read a table written by :func:`write_table`."""
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    return pd.read_csv(path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON atomically."""
+    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    _atomic(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def find_run_table(run_dir: Path) -> Path | None:
+    """The finished table of a run directory, or None when the run has not finished."""
+    if not (run_dir / "done.json").exists():
+        return None
+    for ext in ("parquet", "csv"):
+        p = run_dir / f"table.{ext}"
+        if p.exists():
+            return p
+    return None
+
+
+def concat_tables(tables: Iterable[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenate run tables into one results table with the columns of :data:`RESULT_COLUMNS`."""
+    frames = [t for t in tables if len(t)]
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in RESULT_COLUMNS})
+    out = pd.concat(frames, ignore_index=True)
+    first = [c for c in RESULT_COLUMNS if c in out.columns]
+    rest = [c for c in out.columns if c not in RESULT_COLUMNS]
+    return out[first + rest]
+
+
+def load_results(out: str | os.PathLike[str]) -> pd.DataFrame:
+    """The results table of a sweep directory (``results.parquet``/``.csv``).
+
+    When neither exists yet (a sweep interrupted before its first save), the table is rebuilt
+    from the finished runs under ``runs/``.
+    """
+    d = Path(out)
+    if not d.exists():
+        raise FileNotFoundError(f"{str(d)!r}: no such results directory")
+    if d.is_file():
+        if d.suffix in (".parquet", ".csv"):
+            return read_table(d)
+        raise ValueError(f"{str(d)!r}: expected a results directory or a .parquet/.csv table")
+    for ext in ("parquet", "csv"):
+        p = d / f"results.{ext}"
+        if p.exists():
+            return read_table(p)
+    runs = d / "runs"
+    tables = []
+    if runs.is_dir():
+        for run_dir in sorted(runs.iterdir()):
+            t = find_run_table(run_dir)
+            if t is not None:
+                tables.append(read_table(t))
+    if not tables:
+        raise FileNotFoundError(
+            f"{str(d)!r} holds no results (no results.parquet, results.csv or finished runs); "
+            "run 'shrinkgrad run CONFIG --out DIR' first"
+        )
+    return concat_tables(tables)

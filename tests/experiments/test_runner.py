@@ -1,0 +1,190 @@
+"""The sweep runner: results on disk, equality with simulate(), skip/resume, failures, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from shrinkgrad.experiments.config import load_config, loads_config
+from shrinkgrad.experiments.grid import expand
+from shrinkgrad.experiments.results import RESULT_COLUMNS, load_results
+from shrinkgrad.experiments.runner import run_experiment
+from shrinkgrad.sim import simulate
+
+
+def no_time(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=["time_s"]).reset_index(drop=True)
+
+
+def test_a_sweep_writes_results_config_env_and_run_summaries(
+    small_config: Path, tmp_path: Path
+) -> None:
+    cfg = load_config(small_config)
+    out = tmp_path / "out"
+    res = run_experiment(cfg, out, jobs=1, progress=False, command=["shrinkgrad", "run"])
+    assert res.complete and res.ran == 12 and res.skipped == 0
+    t = res.table
+    assert list(t.columns) == list(RESULT_COLUMNS)
+    assert t["run_id"].nunique() == 12 and len(t) == 12 * 4  # rounds 0, 4, 8, 12
+    assert not t.isna().drop(columns=["mu"]).any().any()
+    pd.testing.assert_frame_equal(load_results(out), t)
+    env = json.loads((out / "env.json").read_text())
+    for key in (
+        "python",
+        "torch",
+        "numpy",
+        "shrinkgrad",
+        "host",
+        "cpu_count",
+        "git_commit",
+        "seeds",
+    ):
+        assert key in env
+    assert env["command"] == "shrinkgrad run" and env["runs"]["finished"] == 12
+    assert load_config(out / "config.toml").fingerprint == cfg.fingerprint
+    runs = pd.read_csv(out / "runs.csv")
+    assert set(runs["status"]) == {"completed"} and len(runs) == 12
+    assert not any((out / "runs").glob("*/checkpoint.pt"))  # removed once a run finished
+
+
+def test_each_run_is_exactly_simulate_with_the_derived_seed(
+    small_config: Path, tmp_path: Path
+) -> None:
+    cfg = load_config(
+        small_config, overrides={"grid.methods": ["ef21"], "problem.sweep.dataset": ["a1a"]}
+    )
+    res = run_experiment(cfg, tmp_path / "o", jobs=1, progress=False)
+    from shrinkgrad.problems import make_problem
+
+    for run in expand(cfg):
+        problem = make_problem(run.problem.spec)
+        step = 1.0 / problem.L if run.arm.stepsize == "1/L" else run.arm.stepsize
+        ref = simulate(problem, run.arm.method, run.arm.compressor, step, 12, run.seed, log_every=4)
+        got = res.table[res.table["run_id"] == run.run_id][list(ref.table.columns)]
+        if run.arm.stepsize == "1/L":
+            got = got.assign(stepsize_rule="constant")
+        pd.testing.assert_frame_equal(no_time(got), no_time(ref.table), check_exact=True)
+        assert (res.table[res.table["run_id"] == run.run_id]["L_var"] == problem.L_var).all()
+
+
+def test_rerunning_skips_finished_runs_and_keeps_the_table(
+    small_config: Path, tmp_path: Path
+) -> None:
+    cfg = load_config(small_config, profile="tiny")
+    first = run_experiment(cfg, tmp_path, jobs=1, progress=False)
+    again = run_experiment(cfg, tmp_path, jobs=1, progress=False)
+    assert again.ran == 0 and again.skipped == 12
+    pd.testing.assert_frame_equal(again.table, first.table)
+    # a longer run is a different run: it is not skipped
+    longer = run_experiment(load_config(small_config), tmp_path, jobs=1, progress=False)
+    assert longer.ran == 12 and set(longer.table["round"]) == {0, 4, 8, 12}
+
+
+def test_a_failing_run_is_reported_and_the_others_finish(tmp_path: Path) -> None:
+    cfg = loads_config(
+        """
+        problem = "logistic_regression[dataset=a1a,n_clients=3]"
+        [run]
+        rounds = 5
+        [grid]
+        methods = ["ef21", "ef21_w"]
+        compressors = ["top_k[k=1]"]
+        """
+    )
+    bad = expand(cfg)[0]
+    (tmp_path / "runs" / bad.run_id).mkdir(parents=True)
+    (tmp_path / "runs" / bad.run_id / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    res = run_experiment(cfg, tmp_path, jobs=1, progress=False)
+    assert not res.complete and len(res.failed) == 1
+    assert res.failed[0].run.run_id == bad.run_id and "checkpoint" in res.failed[0].message
+    assert set(res.table["method"]) == {"ef21_w"}
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert dict(zip(runs["method"], runs["status"], strict=True)) == {
+        "ef21": "interrupted",
+        "ef21_w": "completed",
+    }
+
+
+def test_csv_format_and_line_progress(
+    small_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = load_config(small_config, profile="tiny", overrides={"grid.methods": ["ef21"]})
+    res = run_experiment(cfg, tmp_path, jobs=1, fmt="csv", progress=True)
+    assert res.results_path.name == "results.csv"
+    assert (tmp_path / "runs" / res.table["run_id"].iloc[0] / "table.csv").exists()
+    back = load_results(tmp_path)
+    assert len(back) == len(res.table) and list(back.columns) == list(res.table.columns)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 8 and "[8/8]" in err and "completed after 6 rounds" in err
+
+
+def test_load_results_rebuilds_from_finished_runs(small_config: Path, tmp_path: Path) -> None:
+    cfg = load_config(small_config, profile="tiny")
+    res = run_experiment(cfg, tmp_path, jobs=1, progress=False)
+    (tmp_path / "results.parquet").unlink()
+    rebuilt = load_results(tmp_path)
+    assert set(rebuilt["run_id"]) == set(res.table["run_id"]) and len(rebuilt) == len(res.table)
+    with pytest.raises(FileNotFoundError, match="no such results directory"):
+        load_results(tmp_path / "missing")
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_and_the_same_command_resumes(tmp_path: Path) -> None:
+    """SIGINT a 2-worker sweep mid-run; re-running finishes it with the uninterrupted tables."""
+    config = tmp_path / "long.toml"
+    config.write_text(
+        """
+        problem = "logistic_regression[dataset=a1a,n_clients=8]"
+        [run]
+        rounds = 3000
+        log_every = 50
+        checkpoint_every = 50
+        [grid]
+        methods = ["ef21", "ef21_w"]
+        compressors = ["top_k[k=1]"]
+        """,
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    exe = str(Path(sys.executable).with_name("shrinkgrad"))
+    cmd = [exe, "run", str(config), "--out", str(out), "-j", "2"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(out.glob("runs/*/checkpoint.pt"))) < 2:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[0]
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert "interrupted" in output and "run the same command again" in output
+    checkpoints = list(out.glob("runs/*/checkpoint.pt"))
+    assert checkpoints, output
+    partial = pd.read_csv(out / "runs.csv")
+    assert "interrupted" in set(partial["status"])
+    # resume: the same command finishes every run
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = load_results(out)
+    cfg = load_config(config)
+    ref_problem = "logistic_regression[dataset=a1a,n_clients=8]"
+    from shrinkgrad.problems import make_problem
+
+    problem = make_problem(ref_problem)
+    for run in expand(cfg):
+        ref = simulate(
+            problem, run.arm.method, run.arm.compressor, "theory", 3000, run.seed, log_every=50
+        )
+        got = table[table["run_id"] == run.run_id][list(ref.table.columns)]
+        pd.testing.assert_frame_equal(no_time(got), no_time(ref.table), check_exact=True)
