@@ -616,20 +616,24 @@ def topk_candidates(  # pragma: no cover - compiled
     ``cand[r]`` (counting beyond the slots), and a finiteness check."""
     d = x2.shape[1]
     nch = counts.shape[1]
-    flags = np.empty(CHUNK, dtype=np.uint8)
+    flags = np.zeros(CHUNK, dtype=np.uint8)
+    f64 = flags.view(np.uint64)  # skip 8 flags at a time: ~1.5% are set
     for w in range(w0, w1):
         r = w // nch
         c = w % nch
         j0 = c * CHUNK
         m = min(d, j0 + CHUNK) - j0
+        flags[m:] = 0
         bad = _above_block(x2[r, j0 : j0 + m], tau[r], flags[:m])
-        base = c * slots
+        slot = cand[r, c * slots : (c + 1) * slots]
         cnt = 0
-        for i in range(m):
-            if flags[i]:
-                if cnt < slots:
-                    cand[r, base + cnt] = j0 + i
-                cnt += 1
+        for q in range((m + 7) // 8):
+            if f64[q]:
+                for i in range(8 * q, 8 * q + 8):
+                    if flags[i]:
+                        if cnt < slots:
+                            slot[cnt] = j0 + i
+                        cnt += 1
         counts[r, c] = cnt
         status[w] = NON_FINITE if bad else OK
 
