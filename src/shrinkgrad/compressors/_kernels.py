@@ -115,13 +115,36 @@ def _sumabs_block(xs: np.ndarray) -> float:  # pragma: no cover - compiled
     return (a0 + a1) + (a2 + a3)
 
 
+@njit(cache=True)
+def _absmax_block(xs: np.ndarray) -> float:  # pragma: no cover - compiled
+    """max |x| of a block (float64), nan when the block holds inf or nan."""
+    m0 = 0.0
+    m1 = 0.0
+    bad = np.uint8(0)
+    n2 = xs.size - xs.size % 2
+    for j in range(0, n2, 2):
+        v0 = np.float64(xs[j])
+        v1 = np.float64(xs[j + 1])
+        bad |= np.uint8((v0 - v0) != 0) | np.uint8((v1 - v1) != 0)
+        a0 = abs(v0)
+        a1 = abs(v1)
+        m0 = a0 if a0 > m0 else m0
+        m1 = a1 if a1 > m1 else m1
+    for j in range(n2, xs.size):
+        v0 = np.float64(xs[j])
+        bad |= np.uint8((v0 - v0) != 0)
+        a0 = abs(v0)
+        m0 = a0 if a0 > m0 else m0
+    return np.nan if bad else max(m0, m1)
+
+
 @njit(cache=True, nogil=True)
 def row_stats(  # pragma: no cover - compiled
     x2: np.ndarray, what: int, part: np.ndarray, w0: int, w1: int, status: np.ndarray
 ) -> None:
-    """Partial sums per work item (row r, chunk c): ``what`` = 0: Σ x_j², 2: Σ |x_j|, in
-    float64. ``part[r, c]``; the caller adds them in chunk order, so the result does not
-    depend on the number of threads (inf/nan propagate into the sums)."""
+    """Partial statistics per work item (row r, chunk c) in float64: ``what`` = 0: Σ x_j²,
+    1: max |x_j|, 2: Σ |x_j|. ``part[r, c]``; the caller combines them in chunk order, so the
+    result does not depend on the number of threads (inf/nan propagate)."""
     d = x2.shape[1]
     nch = part.shape[1]
     for w in range(w0, w1):
@@ -129,7 +152,12 @@ def row_stats(  # pragma: no cover - compiled
         c = w % nch
         j0 = c * CHUNK
         xs = x2[r, j0 : min(d, j0 + CHUNK)]
-        part[r, c] = _sumsq_block(xs) if what == 0 else _sumabs_block(xs)
+        if what == 0:
+            part[r, c] = _sumsq_block(xs)
+        elif what == 1:
+            part[r, c] = _absmax_block(xs)
+        else:
+            part[r, c] = _sumabs_block(xs)
         status[w] = OK
 
 

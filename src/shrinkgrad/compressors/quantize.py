@@ -43,20 +43,21 @@ __all__ = ["QSGD", "NaturalCompression", "NaturalDithering", "ScaledSign", "Tern
 # --------------------------------------------------------------------------------------------
 def _row_stat(x: torch.Tensor, what: int, name: str, numba: bool) -> torch.Tensor:
     """Σx² (what=0), max|x| (1) or Σ|x| (2) per row in float64, checking that x is finite."""
-    if what == 1:  # order-free, so both paths share torch's fused min/max pass
+    if numba:
+        x2 = _rows(x)
+        part = np.empty((x2.shape[0], -(-x2.shape[1] // K.CHUNK)), dtype=np.float64)
+        K.run(K.row_stats, x2, x2, what, part)
+        # chunk partials combined in a fixed order: independent of the number of threads
+        res = part.max(axis=1) if what == 1 else part.sum(axis=1)
+        if not np.isfinite(res).all():
+            _require_finite(x, name)  # inf/nan entries, or a mere float64 overflow
+        return torch.from_numpy(res).reshape(x.shape[:-1])
+    if what == 1:  # order-free: torch's fused min/max pass
         lo, hi = torch.aminmax(x, dim=-1)
         m = torch.maximum(-lo, hi)
         if not bool(torch.isfinite(m).all()):
             raise non_finite_error(name)
         return m.to(torch.float64)
-    if numba:
-        x2 = _rows(x)
-        part = np.empty((x2.shape[0], -(-x2.shape[1] // K.CHUNK)), dtype=np.float64)
-        K.run(K.row_stats, x2, x2, what, part)
-        res = part.sum(axis=1)  # chunk partials in a fixed order: independent of threads
-        if not np.isfinite(res).all():
-            _require_finite(x, name)  # inf/nan entries, or a mere float64 overflow
-        return torch.from_numpy(res).reshape(x.shape[:-1])
     _require_finite(x, name)
     x64 = x.to(torch.float64)
     if what == 0:
