@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/shrinkgrad list compressors
+	$(BIN)/shrinkgrad reproduce ef21w-libsvm --quick --out runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup

@@ -319,3 +319,20 @@ def test_stepsize_resolution_of_the_config_extensions() -> None:
     assert rule == "stepsize_ef21*2 of ef21"
     assert resolve_stepsize("0.5/L_max", "gd", "identity", p) == (0.5 / p.L_max, "0.5/L_max")
     assert resolve_stepsize("theory*3", "ef21", "top_k[k=1]", p) == ("theory*3", "")
+
+
+def test_the_annotated_example_of_the_docs_is_valid() -> None:
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "experiments.md").read_text()
+    example = re.search(r"```toml\n(.*?)```", doc, re.S)
+    assert example is not None
+    cfg = loads_config(example.group(1), source="docs/experiments.md", profile="quick")
+    assert [p.label for p in cfg.problems] == [
+        "dataset=w1a,split=contiguous",
+        "dataset=w1a,split=heterogeneous_smoothness",
+        "aus,split=contiguous",
+        "aus,split=heterogeneous_smoothness",
+    ]
+    runs = expand(cfg)
+    assert len(runs) == (4 * 8 + 2 * 1 + 4 * 1) * 3

@@ -1,21 +1,34 @@
 """Imported first in every sweep worker process (and preloaded by the forkserver).
 
-It pins every thread pool to one thread *before* torch, numpy's BLAS or numba start theirs — a
-sweep gets its parallelism from processes, and several multi-threaded workers on few cores
-would only fight — and then imports the heavy modules once, so that forked workers start fast.
-Importing it has this process-wide effect; only worker processes import it.
+A sweep gets its parallelism from processes; several multi-threaded workers on few cores would
+only fight. :func:`pin_threads` sets every thread pool — torch's intra-op pool, numba's, and (for
+libraries that start later) OpenMP/MKL/OpenBLAS through the environment — to one thread, and
+importing this module does that and then imports the heavy modules once, so forked workers start
+fast. Importing it has this process-wide effect: only worker processes import it.
 """
 
 from __future__ import annotations
 
 import os
 
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ[_var] = "1"
+_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
 
-import torch  # noqa: E402
 
-torch.set_num_threads(1)
+def pin_threads() -> None:
+    """One thread for torch, numba and any BLAS/OpenMP pool started from now on."""
+    for var in _VARS:
+        os.environ[var] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return
+    numba.set_num_threads(1)
+
+
+pin_threads()
 
 import numpy  # noqa: E402, F401
 import pandas  # noqa: E402, F401

@@ -116,6 +116,8 @@ class ProblemCase:
     params: tuple[tuple[str, Any], ...] = ()
     #: where in the config file it comes from (``"problem"``, ``"problem.cases[1]"``)
     key: str = "problem"
+    #: the ``label`` given to its [[problem.cases]] entry (shared by the entry's sweep variants)
+    case: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +135,8 @@ class Arm:
     problems: tuple[str, ...] | None = None
 
     def applies_to(self, problem: ProblemCase) -> bool:
-        """Whether this arm runs on ``problem``."""
-        return self.problems is None or problem.label in self.problems
+        """Whether this arm runs on ``problem`` (named by its label or its case's label)."""
+        return self.problems is None or bool({problem.label, problem.case} & set(self.problems))
 
     @property
     def label(self) -> str:
@@ -508,7 +510,9 @@ def _problems(value: Any, source: str) -> tuple[ProblemCase, ...]:
             made = _problem_from_table(case_name, params, varying, source, where)
             if given_label is not None:
                 swept = ",".join(f"{k}={_label_value(v)}" for k, v in zip(keys, combo, strict=True))
-                made = dataclasses.replace(made, label=given_label + (f",{swept}" if swept else ""))
+                made = dataclasses.replace(
+                    made, label=given_label + (f",{swept}" if swept else ""), case=given_label
+                )
             out.append(made)
     if len(out) == 1 and not out[0].label:
         out[0] = dataclasses.replace(out[0], label=out[0].spec)
@@ -729,7 +733,7 @@ def _problem_filter(
     if "problems" not in entry:
         return None
     labels = _string_list(entry["problems"], source, f"{key}.problems")
-    known = [p.label for p in problems]
+    known = list(dict.fromkeys([p.label for p in problems] + [p.case for p in problems if p.case]))
     for i, lab in enumerate(labels):
         if lab not in known:
             raise ConfigError(

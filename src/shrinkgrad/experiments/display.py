@@ -54,7 +54,9 @@ class LineDisplay:
         self.t0 = time.monotonic()
 
     def start(self) -> None:
-        if self.done:
+        if self.done == self.total:
+            self._print(f"all {self.total} runs already finished")
+        elif self.done:
             self._print(f"{self.done} of {self.total} runs already finished; running the rest")
 
     def event(self, kind: str, run: RunSpec, payload: dict[str, Any]) -> None:
@@ -107,7 +109,8 @@ class RichDisplay:
     def event(self, kind: str, run: RunSpec, payload: dict[str, Any]) -> None:
         p = self.progress
         if kind == "start":
-            label = run.label if len(run.label) <= 70 else run.label[:67] + "..."
+            room = max(20, min(70, self.console.width - 48))  # leave room for bar and counts
+            label = run.label if len(run.label) <= room else run.label[: room - 1] + "…"
             self.tasks[run.run_id] = p.add_task("  " + label, total=payload.get("rounds", 1))
         elif kind == "progress" and run.run_id in self.tasks:
             p.update(self.tasks[run.run_id], completed=payload.get("round", 0))

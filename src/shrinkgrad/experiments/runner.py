@@ -215,7 +215,9 @@ class _Task:
 
 def _worker_main(tasks: Any, events: Any) -> None:
     """Loop of a worker process: take a task, run it, report events; stop on None or Ctrl-C."""
-    from . import _preload  # noqa: F401  (threads = 1, heavy imports)
+    from ._preload import pin_threads  # threads = 1, heavy imports
+
+    pin_threads()  # again: a forkserver started by someone else may not have preloaded us
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # terminate = Ctrl-C: checkpoint
 

@@ -1,0 +1,128 @@
+"""The run / plot / reproduce commands: outputs, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shrinkgrad.cli import main
+
+CONFIG = """
+name = "cli-small"
+[problem]
+name = "logistic_regression"
+n_clients = 3
+[problem.sweep]
+dataset = ["a1a", "australian_scale"]
+[run]
+rounds = 8
+log_every = 4
+seeds = 2
+[grid]
+methods = ["ef21", "ef21_w"]
+compressors = ["top_k[k=1]"]
+"""
+
+
+def run_cli(args: list[str]) -> int:
+    try:
+        main(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(CONFIG, encoding="utf-8")
+    return p
+
+
+def test_dry_run_lists_the_runs_and_writes_nothing(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert run_cli(["run", str(config), "--out", str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "8 runs" in text and text.count("to run") == 8
+    assert "dataset=australian_scale" in text and "L_var" in text
+    assert not out.exists()
+
+
+def test_run_then_plot(config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert run_cli(["run", str(config), "--out", str(out), "-j", "1", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "8 runs (8 completed); 8 run now, 0 already finished" in text
+    assert (out / "results.parquet").exists() and (out / "config.toml").exists()
+    # same command again: nothing left to run
+    assert run_cli(["run", str(config), "--out", str(out), "-j", "1", "--no-progress"]) == 0
+    assert "0 run now, 8 already finished" in capsys.readouterr().out
+    assert run_cli(["plot", str(out), "--x", "rounds", "--y", "loss"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [
+        str(out / "plots" / "loss_vs_rounds.png"),
+        str(out / "plots" / "loss_vs_rounds.pdf"),
+    ]
+    assert all(Path(p).stat().st_size > 0 for p in printed)
+    stem = tmp_path / "only_ef21"
+    code = run_cli(
+        ["plot", str(out), "--where", "method=ef21", "--out", str(stem), "--formats", "png"]
+    )
+    assert code == 0 and (tmp_path / "only_ef21.png").exists()
+    assert run_cli(["plot", str(out), "--where", "colour=red"]) == 2
+    assert "--where" in capsys.readouterr().err
+
+
+def test_a_config_error_is_one_line_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(CONFIG.replace("rounds = 8", "roundz = 8"), encoding="utf-8")
+    exe = str(Path(sys.executable).with_name("shrinkgrad"))
+    res = subprocess.run([exe, "run", str(bad)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert lines == [
+        f"error: {bad}: run.roundz: unknown key; allowed here: "
+        + lines[0].split("allowed here: ")[1]
+    ]
+    assert "did you mean 'rounds'" in lines[0] and "Traceback" not in res.stderr
+    res = subprocess.run(
+        [exe, "plot", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=120
+    )
+    assert (
+        res.returncode == 2 and res.stderr.startswith("error: ") and "Traceback" not in res.stderr
+    )
+
+
+def test_reproduce_prints_the_claim_table_and_writes_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["reproduce", "k18-delays", "--profile", "tiny", "--out", str(tmp_path), "-j", "1"]
+    code = run_cli([*args, "--no-progress", "--strict"])
+    text = capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "k18-delays" in text and "claims hold" in text and str(tmp_path / "summary.json") in text
+    n, ok = len(summary["claims"]), summary["claims_passed"]
+    assert n and f"{ok} of {n} claims hold" in text
+    # --strict: exit 1 exactly when a claim fails
+    assert code == (1 if summary["claims_failed"] else 0)
+
+
+def test_reproduce_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["reproduce", "k18-delay"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown reproduction 'k18-delay'") and "k18-delays" in err
+    assert run_cli(["reproduce", "k18-delays", "--quick", "--profile", "tiny"]) == 2
+    assert "--quick or --profile" in capsys.readouterr().err
+
+
+def test_list_reproductions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["list", "reproductions"]) == 0
+    text = capsys.readouterr().out
+    for name in ("ef21w-libsvm", "ef21w-synthetic", "ef21w-sgd-pp", "ef21-vs-ef", "k18-quantizers"):
+        assert name in text
