@@ -326,6 +326,31 @@ def test_kernel_output_does_not_depend_on_the_thread_count(
     assert torch.equal(c(x, keys), one)
 
 
+def test_kernel_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The parent's thread pool does not survive fork(); the child must build its own.
+    import multiprocessing as mp
+
+    monkeypatch.setenv("SHRINKGRAD_THREADS", "2")
+    x = torch.randn(2, 3 * K.CHUNK)
+    c = make_compressor("qsgd[s=4]")
+    ref = c(x, Keys.derive(1, client=np.arange(2)))  # creates the pool in this process
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def child() -> None:
+        y = c(x, Keys.derive(1, client=np.arange(2)))
+        q.put(bool(torch.equal(y, ref)))
+
+    p = ctx.Process(target=child)
+    p.start()
+    p.join(60)
+    alive = p.is_alive()
+    if alive:
+        p.kill()
+    assert not alive, "the forked child hung in the kernel thread pool"
+    assert q.get(timeout=5) is True
+
+
 def test_list_compressors_cli_prints_every_compressor() -> None:
     from click.testing import CliRunner
 

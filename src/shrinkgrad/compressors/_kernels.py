@@ -862,7 +862,9 @@ def bernoulli_rows(  # pragma: no cover - compiled
 # --------------------------------------------------------------------------------------------
 # the driver: work items (row, chunk) split over threads
 # --------------------------------------------------------------------------------------------
-_POOL: list[tuple[int, ThreadPoolExecutor]] = []
+#: (creating process id, workers, pool): a forked child gets a pool of its own (the parent's
+#: worker threads do not exist in the child, so submitting to the inherited pool would hang)
+_POOL: list[tuple[int, int, ThreadPoolExecutor]] = []
 _POOL_LOCK = threading.Lock()
 
 
@@ -885,9 +887,11 @@ def run(kernel: Callable[..., None], x2: np.ndarray, *args: object) -> int:
         kernel(*args, 0, items, status)
     else:
         with _POOL_LOCK:
-            if not _POOL or _POOL[0][0] < t:
-                _POOL[:] = [(t, ThreadPoolExecutor(max_workers=t, thread_name_prefix="shrinkgrad"))]
-            pool = _POOL[0][1]
+            pid = os.getpid()
+            if not _POOL or _POOL[0][0] != pid or _POOL[0][1] < t:
+                new = ThreadPoolExecutor(max_workers=t, thread_name_prefix="shrinkgrad")
+                _POOL[:] = [(pid, t, new)]
+            pool = _POOL[0][2]
         bounds = [items * i // t for i in range(t + 1)]
         futures = [pool.submit(kernel, *args, bounds[i], bounds[i + 1], status) for i in range(t)]
         for f in futures:
