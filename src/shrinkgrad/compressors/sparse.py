@@ -7,7 +7,8 @@ Row r keeps S_r = {(π_r(i) + ρ_r) mod d : i = 0, …, k−1}, where
 * π_r is a keyed pseudo-random permutation of [0, d): a 4-round Feistel network on
   b = ⌈log₂ d⌉ bits (halves of ⌊b/2⌋ and ⌈b/2⌉ bits, round function ``mix32(half ⊕ key_t)``),
   restricted to [0, d) by cycle walking (re-apply until the value is < d; < 2 steps on average);
-* ρ_r is uniform on [0, d) (rejection sampling of 32-bit words, so exactly uniform).
+* ρ_r is uniform on [0, d) (rejection sampling of 32-bit words: exactly uniform unless all
+  :data:`ROT_TRIES` = 8 words are rejected, probability (d/2³²)⁸ < 10⁻²⁰ for d ≤ 10⁷).
 
 The k indices are distinct because π_r is a bijection, and P(j ∈ S_r) = k/d *exactly* for every j
 because of the uniform rotation ρ_r alone — which is all that unbiasedness and ω = d/k − 1 need:
