@@ -94,6 +94,7 @@ def test_a_failing_run_is_reported_and_the_others_finish(tmp_path: Path) -> None
         problem = "logistic_regression[dataset=a1a,n_clients=3]"
         [run]
         rounds = 5
+        checkpoint_every = 2
         [grid]
         methods = ["ef21", "ef21_w"]
         compressors = ["top_k[k=1]"]

@@ -150,8 +150,10 @@ def curve_label(row: pd.Series | dict[str, Any], rule: str | None = None) -> str
     return f"{text} ({rule})" if rule else text
 
 
-def _rules(table: pd.DataFrame, keys: list[str]) -> dict[tuple[Any, ...], str]:
-    """Step-size rule and value of every curve (identical over seeds)."""
+def _rules(
+    table: pd.DataFrame, keys: list[str], with_value: bool = True
+) -> dict[tuple[Any, ...], str]:
+    """Step-size rule (and value, ``with_value``) of every curve (identical over seeds)."""
     out: dict[tuple[Any, ...], str] = {}
     if "stepsize_rule" not in table.columns:
         return out
@@ -159,22 +161,28 @@ def _rules(table: pd.DataFrame, keys: list[str]) -> dict[tuple[Any, ...], str]:
         rule = str(df["stepsize_rule"].iloc[0])
         gamma = df["stepsize"].iloc[0] if "stepsize" in df.columns else math.nan
         out[group if isinstance(group, tuple) else (group,)] = (
-            f"{rule}, γ={gamma:.3g}" if np.isfinite(gamma) else rule
+            f"{rule}, γ={gamma:.3g}" if with_value and np.isfinite(gamma) else rule
         )
     return out
 
 
 def _panel_title(df: pd.DataFrame, name: str) -> str:
+    import textwrap
+
     first = df.iloc[0]
     parts = []
     for col, fmt in (("n_clients", "n={}"), ("d", "d={}")):
         if col in df.columns:
             parts.append(fmt.format(first[col]))
     if "L_var" in df.columns and np.isfinite(first["L_var"]):
-        parts.append(f"L_var={first['L_var']:.3g}")
+        scale = float(first["L_AM"]) ** 2 if "L_AM" in df.columns else 1.0
+        lvar = float(first["L_var"])
+        parts.append("L_var=0" if abs(lvar) <= 1e-12 * scale else f"L_var={lvar:.3g}")
     if {"L_QM", "L_AM"} <= set(df.columns) and first["L_AM"] > 0:
         parts.append(f"L_QM/L_AM={first['L_QM'] / first['L_AM']:.3g}")
-    return name + ("\n" + ", ".join(parts) if parts else "")
+    # wrap long labels (problem specs) after a comma, never inside a word
+    head = "\n".join(textwrap.wrap(name.replace(",", ", "), 60)).replace(", ", ",")
+    return head + ("\n" + ", ".join(parts) if parts else "")
 
 
 def plot_results(
@@ -207,12 +215,17 @@ def plot_results(
     has_facet = facet in table.columns
     panels = list(dict.fromkeys(agg[facet])) if has_facet else [None]
     keys = [facet, *CURVE_KEYS] if has_facet else list(CURVE_KEYS)
-    rules = _rules(table, keys)
     curve_ids = list(dict.fromkeys(map(tuple, agg[list(CURVE_KEYS)].to_numpy().tolist())))
+    # few curves: a legend in each panel, with each curve's γ; many: one legend below the
+    # panels (the same colour is the same curve in every panel), with the rule only
+    shared = len(curve_ids) > 4
+    rules = _rules(table, keys, with_value=not shared)
     colors = _palette(len(curve_ids))
     cols = min(ncols, len(panels))
     rows = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(4.6 * cols, 3.6 * rows + 0.4), layout="constrained")
+    width = max(4.6 * cols, 7.0 if shared else 0.0)
+    extra = 0.16 * math.ceil(len(curve_ids) / max(1, int(width // 4.5))) if shared else 0.0
+    fig = Figure(figsize=(width, 3.6 * rows + 0.4 + extra), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
@@ -249,7 +262,21 @@ def plot_results(
         ax.grid(True, which="major", alpha=0.3)
         if panel is not None:
             ax.set_title(_panel_title(src, str(panel)), fontsize=8)
-        ax.legend(fontsize=6, loc="best")
+        if not shared:
+            ax.legend(fontsize=6, loc="best")
+    if shared:
+        handles: dict[str, Any] = {}
+        for ax in axes.flat[: len(panels)]:
+            for line in ax.get_lines():
+                handles.setdefault(str(line.get_label()), line)
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="outside lower center",
+            ncols=max(1, int(width // 4.5)),
+            fontsize=6,
+            frameon=False,
+        )
     if title:
         fig.suptitle(title, fontsize=10)
     paths: list[Path] = []
