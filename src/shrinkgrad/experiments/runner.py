@@ -324,7 +324,7 @@ def run_experiment(
             interrupted = _run_pool(tasks, n_jobs, emit)
     finally:
         disp.stop()
-    table, summary = _collect(out_dir, runs)
+    table, summary = _collect(out_dir, runs, config.name)
     results_path = write_table(table, out_dir / "results", fmt)
     summary.to_csv(out_dir / "runs.csv", index=False)
     env["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -473,8 +473,14 @@ def _stop_workers(
     _drain(event_q, handle)
 
 
-def _collect(out_dir: Path, runs: Sequence[RunSpec]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Concatenate the finished runs' tables (config order) and summarise every run."""
+def _collect(
+    out_dir: Path, runs: Sequence[RunSpec], experiment: str
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Concatenate the finished runs' tables (config order) and summarise every run.
+
+    The presentation columns (``problem_label``, ``experiment``) are taken from the current
+    config, so relabelling a problem does not require re-running it.
+    """
     tables = []
     rows = []
     for r in runs:
@@ -493,7 +499,10 @@ def _collect(out_dir: Path, runs: Sequence[RunSpec]) -> tuple[pd.DataFrame, pd.D
             status = "interrupted" if (run_dir / "checkpoint.pt").exists() else "pending"
             rows.append({**base, "status": status})
             continue
-        tables.append(read_table(path))
+        t = read_table(path)
+        t["problem_label"] = r.problem.label
+        t["experiment"] = experiment
+        tables.append(t)
         done = read_json(run_dir / "done.json")
         rows.append({**base, **{k: v for k, v in done.items() if k not in base}})
     summary = pd.DataFrame(rows)
