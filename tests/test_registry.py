@@ -43,7 +43,9 @@ class Chain(Thing):
 
 
 def test_parse_nested_and_values() -> None:
-    s = parse_spec(" chain( plain[k=3, p=1e-2, flag=true, mode='x y'], wrap[scale=2](plain[k=1]) ) ")
+    s = parse_spec(
+        " chain( plain[k=3, p=1e-2, flag=true, mode='x y'], wrap[scale=2](plain[k=1]) ) "
+    )
     assert s.name == "chain"
     assert s.args[0] == Spec("plain", (("k", 3), ("p", 0.01), ("flag", True), ("mode", "x y")))
     assert s.args[1].params == (("scale", 2),)

@@ -1,4 +1,4 @@
-"""Registries and the one ``name[param=value](arg, ...)`` syntax shared by the API, CLI, configs and plots.
+"""Registries and the one ``name[param=value](arg, ...)`` syntax of the API, CLI, configs and plots.
 
 Every component family (compressors, methods, problems, splits, delay models, ...) keeps a
 :class:`Registry`. A component is registered with a factory whose *typed signature* is the
@@ -23,6 +23,7 @@ in signature order, so it round-trips through :meth:`Registry.make` and is stabl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -43,7 +44,7 @@ T = TypeVar("T")
 
 
 class SpecError(ValueError):
-    """A component name or its parameters could not be understood. The message says how to fix it."""
+    """A component name or its parameters could not be understood (the message says how to fix)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,8 @@ class _Parser:
         if (value is not None and tok[1] != value) or (kind is not None and tok[0] != kind):
             want = repr(value) if value else (kind or "?")
             raise SpecError(
-                f"cannot parse {self.text!r}: expected {want} at position {tok[2]}, found {tok[1]!r}"
+                f"cannot parse {self.text!r}: expected {want} at position {tok[2]}, "
+                f"found {tok[1]!r}"
             )
         self.i += 1
         return tok
@@ -140,9 +142,11 @@ class _Parser:
             self.take("[")
             if self.peek() is not None and self.peek()[1] != "]":  # type: ignore[index]
                 while True:
-                    _, key, kpos = self.take(kind="name")
+                    _, key, _ = self.take(kind="name")
                     if any(k == key for k, _ in params):
-                        raise SpecError(f"cannot parse {self.text!r}: parameter {key!r} given twice")
+                        raise SpecError(
+                            f"cannot parse {self.text!r}: parameter {key!r} given twice"
+                        )
                     self.take("=")
                     params.append((key, self.value()))
                     if self.peek() is not None and self.peek()[1] == ",":  # type: ignore[index]
@@ -193,7 +197,9 @@ def parse_spec(text: str | Spec) -> Spec:
     if isinstance(text, Spec):
         return text
     if not isinstance(text, str):
-        raise SpecError(f"a component name must be a string like 'qsgd[s=4]', got {type(text).__name__}")
+        raise SpecError(
+            f"a component name must be a string like 'qsgd[s=4]', got {type(text).__name__}"
+        )
     if not text.strip():
         raise SpecError("empty component name; expected e.g. 'top_k[k=1]'")
     p = _Parser(text)
@@ -250,7 +256,11 @@ class Registry(Generic[T]):
                 p
                 for p in params
                 if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)
-                or (p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty and _is_component(hints.get(p.name)))
+                or (
+                    p.kind == p.POSITIONAL_OR_KEYWORD
+                    and p.default is p.empty
+                    and _is_component(hints.get(p.name))
+                )
             )
             keyword = tuple(p for p in params if p not in positional and p.kind != p.VAR_KEYWORD)
             doc = summary or (inspect.getdoc(factory) or "").strip().splitlines()[0:1]
@@ -282,10 +292,11 @@ class Registry(Generic[T]):
     def make(self, spec: str | Spec | T, **overrides: Any) -> T:
         """Build a component from a spec string (or pass an already built one through)."""
         if self.base is not None and isinstance(spec, self.base):
-            return spec
+            return typing.cast(T, spec)
         if not isinstance(spec, (str, Spec)):
             raise SpecError(
-                f"expected a {self.family} name such as {self._example()!r}, got {type(spec).__name__}"
+                f"expected a {self.family} name such as {self._example()!r}, "
+                f"got {type(spec).__name__}"
             )
         parsed = parse_spec(spec)
         entry = self.entry(parsed.name)
@@ -295,7 +306,9 @@ class Registry(Generic[T]):
         allowed = {p.name for p in entry.keyword}
         for key, raw in given.items():
             if key not in allowed:
-                listing = ", ".join(_describe_param(p, entry.hints) for p in entry.keyword) or "none"
+                listing = (
+                    ", ".join(_describe_param(p, entry.hints) for p in entry.keyword) or "none"
+                )
                 raise SpecError(
                     f"{self.family} {entry.name!r} has no parameter {key!r}; allowed: {listing}"
                     + _did_you_mean(key, sorted(allowed))
@@ -315,10 +328,9 @@ class Registry(Generic[T]):
             tuple((p.name, kwargs[p.name]) for p in entry.keyword if p.name in kwargs),
             tuple(parse_spec(getattr(a, "spec", str(a))) for a in args),
         )
-        try:
+        # objects that refuse attributes keep no canonical name
+        with contextlib.suppress(AttributeError, TypeError):
             object.__setattr__(obj, "spec", str(canon))
-        except (AttributeError, TypeError):  # pragma: no cover - objects that refuse attributes
-            pass
         return obj
 
     # -- helpers ----------------------------------------------------------------------------
@@ -334,7 +346,9 @@ class Registry(Generic[T]):
             want = f"{len(fixed)}" + (" or more" if var else "")
             raise SpecError(
                 f"{self.family} {entry.name!r} takes {want} component argument(s) in parentheses, "
-                f"got {n}: write e.g. '{entry.name}(" + ", ".join("..." for _ in fixed or var) + ")'"
+                f"got {n}: write e.g. '{entry.name}("
+                + ", ".join("..." for _ in fixed or var)
+                + ")'"
             )
         out = list(zip(fixed, parsed.args, strict=False))
         if var:
@@ -376,7 +390,7 @@ def _type_name(hint: Any) -> str:
 
 
 def coerce_value(raw: Any, hint: Any, what: str, registry: Registry[Any] | None = None) -> Any:
-    """Convert a parsed value to the annotated type, or raise a :class:`SpecError` naming ``what``."""
+    """Convert a parsed value to the annotated type, or raise a :class:`SpecError` naming what."""
     if hint is None or hint is Any:
         return raw
     origin = typing.get_origin(hint)
@@ -386,7 +400,9 @@ def coerce_value(raw: Any, hint: Any, what: str, registry: Registry[Any] | None 
             return None
         errors = []
         # Prefer an exact type match before trying conversions (int before float for "3").
-        for opt in sorted(options, key=lambda o: 0 if isinstance(o, type) and isinstance(raw, o) else 1):
+        for opt in sorted(
+            options, key=lambda o: 0 if isinstance(o, type) and isinstance(raw, o) else 1
+        ):
             if opt is type(None):
                 continue
             try:
@@ -404,8 +420,10 @@ def coerce_value(raw: Any, hint: Any, what: str, registry: Registry[Any] | None 
             return raw
         raise SpecError(f"{what} must be true or false, got {raw!r}")
     if hint is int:
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or (
-            isinstance(raw, float) and (not math.isfinite(raw) or raw != int(raw))
+        if (
+            isinstance(raw, bool)
+            or not isinstance(raw, (int, float))
+            or (isinstance(raw, float) and (not math.isfinite(raw) or raw != int(raw)))
         ):
             raise SpecError(f"{what} must be an integer, got {raw!r}")
         return int(raw)

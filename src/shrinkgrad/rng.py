@@ -130,7 +130,7 @@ class Keys:
         cls,
         seed: int,
         *,
-        round: int = 0,  # noqa: A002 - the papers' word
+        round: int = 0,
         client: int | Sequence[int] | np.ndarray | torch.Tensor = 0,
         stream: str = "compressor",
         device: torch.device | str | None = None,
@@ -172,8 +172,8 @@ class Keys:
             return Keys(self.lo.expand(shape), self.hi.expand(shape))
         except RuntimeError:
             raise ValueError(
-                f"keys of shape {tuple(self.shape)} do not match a batch of shape {shape}: give one "
-                "key per row (Keys.derive(seed, round=t, client=clients)) or a single key"
+                f"keys of shape {tuple(self.shape)} do not match a batch of shape {shape}: give "
+                "one key per row (Keys.derive(seed, round=t, client=clients)) or a single key"
             ) from None
 
     def to(self, device: torch.device | str) -> Keys:
@@ -199,7 +199,9 @@ class Keys:
         j = torch.arange(offset, offset + d, dtype=torch.int64, device=self.device)
         return bits32_torch(self.lo[..., None], self.hi[..., None], j)
 
-    def uniform(self, d: int, dtype: torch.dtype = torch.float64, *, offset: int = 0) -> torch.Tensor:
+    def uniform(
+        self, d: int, dtype: torch.dtype = torch.float64, *, offset: int = 0
+    ) -> torch.Tensor:
         """Uniform draws in the open interval (0, 1), shape ``(*self.shape, d)``.
 
         float64 uses all 32 bits: u = (w + ½)/2³²; float32 uses the top 24 bits,
@@ -253,8 +255,8 @@ class KeyStream:
             raise ValueError("client ids must be in [0, 2**32)")
         c = c.astype(np.uint32)
         sid = stream_id(stream)
-        lo = np.uint32(_INIT_LO)
-        hi = np.uint32(_INIT_HI)
+        lo = np.asarray(_INIT_LO, dtype=np.uint32)
+        hi = np.asarray(_INIT_HI, dtype=np.uint32)
         for w in (s_lo, s_hi, sid):
             lo = mix32_numpy(lo ^ np.uint32(w))
             hi = mix32_numpy(hi ^ np.uint32(w))
@@ -265,7 +267,7 @@ class KeyStream:
         self.shape = c.shape
         self.device = torch.device(device) if device is not None else torch.device("cpu")
 
-    def at(self, round: int) -> Keys:  # noqa: A002
+    def at(self, round: int) -> Keys:
         """Keys of every client of this stream at ``round``."""
         r_lo, r_hi = _split64(round, "round")
         lo = mix32_numpy(mix32_numpy(self._lo ^ np.uint32(r_lo)) ^ np.uint32(r_hi))
