@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -111,6 +112,46 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     return out
 
 
+def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> list[Path]:
+    """Final ‖∇f‖² against the step multiplier, EF21 (solid) and EF (dashed), per dataset."""
+    from matplotlib.figure import Figure
+
+    runs = per_run(table)
+    labels = list(dict.fromkeys(r["problem"] for r in runs))
+    fig = Figure(figsize=(4.8, 3.4 + 0.16 * len(labels)), layout="constrained")
+    ax = fig.subplots()
+    for i, label in enumerate(labels):
+        color = f"C{i % 10}"
+        for method, style in ((params["method"], "-"), (params["baseline"], "--")):
+            pts = sorted(
+                (r["m"], r["final"])
+                for r in runs
+                if r["problem"] == label and r["method"] == method
+            )
+            if pts:
+                ax.loglog(
+                    *zip(*pts, strict=True),
+                    style,
+                    marker="o",
+                    ms=3,
+                    color=color,
+                    label=f"{label} · {method}",
+                )
+    ax.set_xlabel("step multiplier m (× the EF21 theory step)", fontsize=8)
+    ax.set_ylabel("final ‖∇f(xᵗ)‖²", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(True, alpha=0.3)
+    fig.legend(loc="outside lower center", fontsize=6, ncols=2, frameon=False)
+    ax.set_title("[EF21] EF21 (solid) vs EF (dashed) after the same rounds", fontsize=9)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "pdf"):
+        p = directory / f"final_vs_multiplier.{ext}"
+        fig.savefig(p, dpi=90)
+        paths.append(p)
+    return paths
+
+
 REPRODUCTIONS.register(
     Reproduction(
         name="ef21-vs-ef",
@@ -120,5 +161,6 @@ REPRODUCTIONS.register(
         claims=claims,
         defaults=DEFAULTS,
         plots=(PlotSpec("bits_paper", "grad_norm_sq"),),
+        figures=figures,
     )
 )
