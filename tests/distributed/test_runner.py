@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,18 @@ def test_every_method_runs_on_three_ranks_as_in_the_simulator(
         log_every=3,
     )
     out = spawn(_run, 3, (kwargs,))
+    sim, xs = _simulate(kwargs)
+    _assert_same_run(out, sim, xs)
+
+
+def test_a_problem_that_cannot_be_restricted_is_evaluated_in_full() -> None:
+    # the method tests' independent least-squares Problem: every rank holds all of it
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "methods"))
+    from methods_fixtures import LeastSquares
+
+    problem = LeastSquares(n=5, d=8, m=6, seed=2)
+    kwargs = dict(problem=problem, method="ef21", compressor="top_k[k=2]", rounds=15, seed=3)
+    out = spawn(_run, 2, (kwargs,))
     sim, xs = _simulate(kwargs)
     _assert_same_run(out, sim, xs)
 

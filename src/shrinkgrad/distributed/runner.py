@@ -109,7 +109,8 @@ class LocalOracle:
     Holds the data of the clients ``ids`` only (a restricted copy of the problem, see
     :func:`_restrict`); for problems that cannot be restricted it evaluates the full problem and
     keeps the requested rows (correct, not faster). Implements the
-    :class:`~shrinkgrad.methods.base.GradientOracle` protocol plus the two sums the metrics need.
+    :class:`~shrinkgrad.methods.base.GradientOracle` protocol plus the local sums the metrics
+    need (:meth:`sums`).
     """
 
     def __init__(self, problem: Problem, ids: torch.Tensor) -> None:
@@ -138,15 +139,13 @@ class LocalOracle:
     ) -> torch.Tensor:
         return self._oracle.stoch_grads(x, self._rows(ids), batch_sizes, keys)
 
-    def grad_sum(self, x: torch.Tensor) -> torch.Tensor:
-        """Σ_{i on this rank} ∇f_i(x)."""
-        return self.grads(x, self.ids).sum(dim=0)
-
-    def loss_sum(self, x: torch.Tensor) -> float:
-        """Σ_{i on this rank} f_i(x)."""
-        if self.local is not None:
-            return float(self.local.client_losses(x).double().sum())
-        return float(self.problem.client_losses(x).double()[self.ids].sum())
+    def sums(self, x: torch.Tensor) -> tuple[torch.Tensor, float] | None:
+        """(Σ_{i on this rank} ∇f_i(x), Σ_{i on this rank} f_i(x)), or None when this rank holds
+        the full problem (then the metrics are evaluated on it, as the simulator does)."""
+        if self.local is None:
+            return None
+        grad = self._oracle.grads(x, torch.arange(self.ids.numel())).sum(dim=0)
+        return grad, float(self.local.client_losses(x).double().sum())
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,17 +298,20 @@ def run_distributed(
             ],
             dtype=torch.float64,
         )
+        n = cfg.n
+        local = oracle.sums(x)
+        if local is None:  # every rank holds the full problem: the simulator's evaluation
+            reduce._all_reduce(stats)
+            g, loss = prob.grad(x), prob.loss(x)
+            tail = stats.tolist()
+            return float(torch.dot(g, g)), loss, [tail[0] / n, tail[1] / n, tail[2] / n, tail[3]]
+        grad, loss_sum = local
         buf = torch.cat(
-            [
-                oracle.grad_sum(x).to(torch.float64),
-                torch.tensor([oracle.loss_sum(x)], dtype=torch.float64),
-                stats,
-            ]
+            [grad.to(torch.float64), torch.tensor([loss_sum], dtype=torch.float64), stats]
         )
         reduce._all_reduce(buf)
-        g = buf[: cfg.d] / cfg.n
+        g = buf[: cfg.d] / n
         tail = buf[cfg.d :].tolist()
-        n = cfg.n
         return float(g @ g), tail[0] / n, [tail[1] / n, tail[2] / n, tail[3] / n, tail[4]]
 
     def row(r: int, gns: float, loss: float, bits: list[float]) -> dict[str, Any]:

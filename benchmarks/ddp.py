@@ -1,0 +1,417 @@
+"""DDP step time and bytes per step: dense all-reduce vs torch's and shrinkgrad's hooks.
+
+Run as root (the rate-limited links need network namespaces)::
+
+    python benchmarks/ddp.py                       # loopback, 1 Gbit/s and 100 Mbit/s
+    python benchmarks/ddp.py --links loopback --steps 3 --no-task   # a quick look
+
+What it measures, in the same run, for a 4-rank gloo job (forked processes, one thread each)
+training an MLP of ~10.5 M parameters (1024 → 2048 → 2048 → 2048 → 16, float32, batch 32 per
+rank, SGD) on synthetic data:
+
+* ``dense``: DDP without a hook (its own bucketed all-reduce), and the same step with
+  communication skipped (``no_sync``): the compute time of a step;
+* torch's ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 4, ``start_powerSGD_iter=2``) with
+  DDP's default buckets — where PowerSGD hangs on gloo (it waits on a future inside a callback;
+  platform notes), which the benchmark detects with a timeout and reports as ``hangs`` — and with
+  one bucket (``bucket_cap_mb=1000``), where it runs;
+* shrinkgrad's hook with top_k 1% + EF21, rand_k 1% with a shared seed (values only) and
+  qsgd[s=4], each also with ``skip_communication=True`` (all the compression work, no collective),
+  so that communication time = step − step without communication;
+* on three links: the plain loopback, and the loopback of a network namespace limited by
+  ``tc tbf`` to 1 Gbit/s and to 100 Mbit/s (created and removed by the benchmark; all four ranks
+  run inside the namespace and share its link, like four hosts on one shared segment). Each link's
+  measured TCP throughput is printed.
+
+Bytes per step are counted at the collectives (Python-level all-reduce / all-gather calls, per
+rank, what the rank hands over as its message; the transport's ring overhead is not counted);
+DDP's own all-reduce (no hook) is counted as 4 bytes per parameter. Step times are medians over
+``--steps`` timed steps after ``--warmup`` steps, each step starting after a barrier.
+Communication time for the torch hooks is step − the dense compute step (their compression cost
+is counted as communication). Ratios are against the dense all-reduce of the same run.
+
+``--task`` (default on) also trains the example task of ``examples/ddp_mlp.py`` (an MLP on a9a,
+4 ranks, loopback) with fp16_compress_hook and with top_k 1% + EF21 for the same number of steps
+and prints both final training losses.
+
+Memory allocator: glibc's defaults (no MALLOC_* or THP variables are set); every configuration
+runs in fresh processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import itertools
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+WIDTHS = (1024, 2048, 2048, 2048, 16)
+BATCH = 32
+WORLD = 4
+LINKS = {"loopback": None, "1gbit": "1gbit", "100mbit": "100mbit"}
+#: every configuration runs with these glibc settings: freed multi-megabyte buffers are reused
+#: instead of being unmapped and page-faulted in again (platform notes; halves the hooks' time)
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
+#: (key, label, kind, options)
+CONFIGS: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("dense", "dense all-reduce (no hook)", "dense", {}),
+    ("fp16", "torch fp16_compress_hook", "fp16", {}),
+    ("psgd", "torch powerSGD_hook r=4, default buckets", "powersgd", {}),
+    ("psgd1", "torch powerSGD_hook r=4, one bucket", "powersgd", {"bucket_cap_mb": 1000}),
+    (
+        "topk",
+        "shrinkgrad top_k 1% + EF21",
+        "shrinkgrad",
+        {"c": "top_k", "ratio": 0.01, "ef": "ef21"},
+    ),
+    (
+        "randk",
+        "shrinkgrad rand_k 1% shared seed",
+        "shrinkgrad",
+        {"c": "rand_k[shared_seed=true]", "ratio": 0.01, "ef": "none"},
+    ),
+    ("qsgd", "shrinkgrad qsgd[s=4]", "shrinkgrad", {"c": "qsgd[s=4]", "ratio": None, "ef": "none"}),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# one rank
+# --------------------------------------------------------------------------------------------
+def _rank(
+    rank: int, world: int, kind: str, opts: dict[str, Any], skip: bool, steps: int, warmup: int
+) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shrinkgrad.distributed import CompressionState, compression_hook
+
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for a, b in itertools.pairwise(WIDTHS):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
+    n_params = sum(p.numel() for p in model.parameters())
+    ddp = DDP(model, bucket_cap_mb=opts.get("bucket_cap_mb", 25))
+    state: Any = None
+    if kind == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif kind == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif kind == "shrinkgrad":
+        state = CompressionState(
+            opts["c"], ratio=opts["ratio"], error_feedback=opts["ef"], skip_communication=skip
+        )
+        ddp.register_comm_hook(state, compression_hook)
+    ops: list[tuple[str, int, torch.dtype]] = []  # this step's collectives
+    real_reduce, real_gather = dist.all_reduce, dist.all_gather_single
+
+    def reduce(t: torch.Tensor, *a: Any, **k: Any) -> Any:
+        ops.append(("allreduce", t.numel(), t.dtype))
+        return real_reduce(t, *a, **k)
+
+    def gather(out: torch.Tensor, t: torch.Tensor, *a: Any, **k: Any) -> Any:
+        ops.append(("allgather", t.numel(), t.dtype))
+        return real_gather(out, t, *a, **k)
+
+    dist.all_reduce = reduce  # type: ignore[assignment]
+    dist.all_gather_single = gather  # type: ignore[assignment]
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(rank)
+    X = torch.randn(BATCH, WIDTHS[0], generator=gen)
+    y = torch.randint(0, WIDTHS[-1], (BATCH,), generator=gen)
+    times, sent = [], []
+    for step in range(warmup + steps):
+        real_reduce(torch.zeros(1))  # a barrier that is not counted
+        ops.clear()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        ctx = ddp.no_sync() if (skip and kind != "shrinkgrad") else contextlib.nullcontext()
+        with ctx:
+            loss = torch.nn.functional.cross_entropy(ddp(X), y)
+            loss.backward()
+        opt.step()
+        dt = time.perf_counter() - t0
+        if step >= warmup:
+            times.append(dt)
+            if kind == "dense" and not skip:  # DDP's reducer all-reduces 25 MB buckets in C++
+                cap = 25 * 2**20 // 4
+                ops[:] = [
+                    ("allreduce", min(cap, n_params - i), torch.float32)
+                    for i in range(0, n_params, cap)
+                ]
+            sent.append(sum(n * torch.empty(0, dtype=dt_).element_size() for _, n, dt_ in ops))
+    # communication alone: the last step's collectives again, back to back, without compute
+    world_ = dist.get_world_size()
+    bufs = [
+        (
+            op,
+            torch.zeros(n, dtype=dt_),
+            torch.zeros(n * world_, dtype=dt_) if op == "allgather" else None,
+        )
+        for op, n, dt_ in list(ops)
+    ]
+    replay = []
+    for _ in range(3 if bufs else 0):
+        real_reduce(torch.zeros(1))
+        t0 = time.perf_counter()
+        for op, t, out in bufs:
+            if op == "allreduce":
+                real_reduce(t)
+            else:
+                real_gather(out, t)
+        replay.append(time.perf_counter() - t0)
+    return {
+        "times": times,
+        "sent": sent,
+        "params": n_params,
+        "comm_s": statistics.median(replay) if replay else 0.0,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# one link: every configuration in fresh processes (run inside the namespace)
+# --------------------------------------------------------------------------------------------
+def _throughput() -> float:
+    """Measured TCP throughput of 127.0.0.1 in Mbit/s (16 MB through one connection)."""
+    size = 16 * 2**20
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+
+    def sink() -> None:
+        conn, _ = srv.accept()
+        got = 0
+        while got < size:
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                break
+            got += len(chunk)
+        conn.sendall(b"k")
+        conn.close()
+
+    th = threading.Thread(target=sink, daemon=True)
+    th.start()
+    cli = socket.create_connection(("127.0.0.1", port))
+    payload = b"\0" * (1 << 20)
+    t0 = time.perf_counter()
+    for _ in range(size >> 20):
+        cli.sendall(payload)
+    cli.recv(1)
+    dt = time.perf_counter() - t0
+    cli.close()
+    srv.close()
+    return size * 8 / dt / 1e6
+
+
+def _why(e: Any, elapsed: float) -> str:
+    """One line on why a configuration failed: the rank that crashed or hung, not its victims."""
+    crashed = [f for f in e.failures if f.exitcode is not None]
+    hung = [f for f in e.failures if "launch timeout" in f.message]
+    if hung:
+        return f"hangs (killed after {elapsed:.0f} s)"
+    if crashed:
+        f = crashed[0]
+        return f"crashes: rank {f.rank} {f.message}; the others lose their connection"
+    return e.failures[0].message.splitlines()[0][:160]
+
+
+def worker(
+    link: str, steps: int, warmup: int, only: list[str] | None, out: str, hang_timeout: float
+) -> None:
+    from shrinkgrad.distributed import WorkerError, preload, spawn
+
+    preload()
+    results: dict[str, Any] = {"link": link, "mbit_s": _throughput(), "configs": {}}
+    for key, label, kind, opts in CONFIGS:
+        if only and key not in only and key != "dense":
+            continue
+        for skip in (False, True):
+            if skip and kind in ("fp16", "powersgd"):
+                continue  # their compute-only step is the dense one
+            name = key + ("_skip" if skip else "")
+            budget = hang_timeout if kind == "powersgd" else 1800.0
+            t0 = time.monotonic()
+            try:
+                per_rank = spawn(
+                    _rank,
+                    WORLD,
+                    (kind, opts, skip, steps, warmup),
+                    timeout=budget,
+                    pg_timeout=budget,
+                    grace=5.0,
+                )
+                entry: dict[str, Any] = {
+                    "label": label,
+                    "step_s": max(statistics.median(r["times"]) for r in per_rank),
+                    "comm_s": max(r["comm_s"] for r in per_rank),
+                    "bytes": statistics.median(per_rank[0]["sent"]),
+                    "params": per_rank[0]["params"],
+                }
+            except WorkerError as e:
+                entry = {"label": label, "error": _why(e, time.monotonic() - t0)}
+            results["configs"][name] = entry
+            print(f"[{link}] {name}: {entry}", file=sys.stderr, flush=True)
+    Path(out).write_text(json.dumps(results, indent=2))
+
+
+# --------------------------------------------------------------------------------------------
+# the example task: fp16 vs top_k 1% + EF21 at equal steps
+# --------------------------------------------------------------------------------------------
+def task(steps: int) -> dict[str, float]:
+    path = Path(__file__).resolve().parent.parent / "examples" / "ddp_mlp.py"
+    spec = importlib.util.spec_from_file_location("ddp_mlp", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from shrinkgrad.distributed import spawn
+
+    out = {}
+    for hook, extra in (("fp16", []), ("shrinkgrad", ["--error-feedback", "ef21"])):
+        args = mod.parse_args(
+            ["--hook", hook, "--steps", str(steps), "--log-every", str(steps), *extra]
+        )
+        res = spawn(mod.train, WORLD, (args,), timeout=3600.0, pg_timeout=120.0)
+        out[hook] = res[0]["final_train_loss"]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the driver
+# --------------------------------------------------------------------------------------------
+def _run_link(link: str, rate: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    steps = args.steps if rate != "100mbit" else max(2, args.steps - 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", link, "--out", out]
+        cmd += ["--steps", str(steps), "--warmup", str(args.warmup)]
+        cmd += ["--hang-timeout", str(args.hang_timeout)]
+        if args.only:
+            cmd += ["--only", *args.only]
+        ns = None
+        try:
+            if rate is not None:
+                ns = f"sgbench{os.getpid()}{link}"
+                burst = "4mbit" if rate == "1gbit" else "1mbit"
+                for c in (
+                    ["ip", "netns", "add", ns],
+                    ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        ns,
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        "lo",
+                        "root",
+                        "tbf",
+                        "rate",
+                        rate,
+                        "burst",
+                        burst,
+                        "latency",
+                        "400ms",
+                    ],
+                ):
+                    subprocess.run(c, check=True)
+                cmd = ["ip", "netns", "exec", ns, *cmd]
+            subprocess.run(cmd, check=True, env=dict(os.environ, **MALLOC))
+            return json.loads(Path(out).read_text())
+        finally:
+            if ns is not None:
+                subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def _fmt_bytes(b: float) -> str:
+    return f"{b / 1e6:.2f} MB" if b >= 1e5 else f"{b / 1e3:.1f} kB"
+
+
+def report(res: dict[str, Any]) -> str:
+    """The markdown table of one link."""
+    cfg = res["configs"]
+    dense = cfg["dense"]
+    compute = cfg["dense_skip"]["step_s"]
+    lines = [
+        f"### {res['link']} (measured TCP throughput {res['mbit_s']:.0f} Mbit/s; "
+        f"{dense['params'] / 1e6:.2f} M parameters, {WORLD} ranks)",
+        "",
+        "| configuration | step | step without comm. | comm. (replayed) | bytes/step/rank "
+        "| step speed-up | comm. speed-up |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, label, kind, _ in CONFIGS:
+        e = cfg.get(key)
+        if e is None:
+            continue
+        if "error" in e:
+            lines.append(f"| {label} | {e['error']} | | | | | |")
+            continue
+        skip = cfg.get(key + "_skip", {}).get("step_s") if kind == "shrinkgrad" else compute
+        skip_txt = f"{skip * 1e3:.0f} ms" if skip is not None else "—"
+        if kind in ("fp16", "powersgd"):
+            skip_txt += " (dense)"
+        lines.append(
+            f"| {label} | {e['step_s'] * 1e3:.0f} ms | {skip_txt} | {e['comm_s'] * 1e3:.1f} ms "
+            f"| {_fmt_bytes(e['bytes'])} | {dense['step_s'] / e['step_s']:.2f}× "
+            f"| {dense['comm_s'] / max(e['comm_s'], 1e-6):.1f}× |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--links", nargs="+", default=list(LINKS), choices=list(LINKS))
+    p.add_argument("--steps", type=int, default=5, help="timed steps (2 fewer at 100 Mbit/s)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument(
+        "--hang-timeout", type=float, default=300.0, help="seconds before PowerSGD counts as hung"
+    )
+    p.add_argument("--only", nargs="+", help="configuration keys (dense always runs)")
+    p.add_argument("--task-steps", type=int, default=600)
+    p.add_argument("--no-task", action="store_true")
+    p.add_argument("--json", help="write all results here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.worker, args.steps, args.warmup, args.only, args.out, args.hang_timeout)
+        return
+    if any(LINKS[k] for k in args.links) and os.geteuid() != 0:
+        sys.exit("the rate-limited links need root (network namespaces); use --links loopback")
+    results = [_run_link(k, LINKS[k], args) for k in args.links]
+    for r in results:
+        print(report(r) + "\n")
+    summary: dict[str, Any] = {"links": results}
+    if not args.no_task:
+        losses = task(args.task_steps)
+        summary["task"] = losses
+        print(
+            f"example task (examples/ddp_mlp.py, a9a, {WORLD} ranks, {args.task_steps} steps): "
+            f"final training loss fp16_compress_hook {losses['fp16']:.4f}, top_k 1% + EF21 "
+            f"{losses['shrinkgrad']:.4f}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
