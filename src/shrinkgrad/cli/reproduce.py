@@ -112,7 +112,7 @@ def print_claims(result: ReproductionResult) -> None:
     ok = sum(c.passed is True for c in result.claims)
     bad = sum(c.passed is False for c in result.claims)
     na = len(result.claims) - ok - bad
-    tail = f", {na} not measurable" if na else ""
+    tail = f", {na} without a verdict" if na else ""
     console.print(
         escape(
             f"{ok} of {len(result.claims)} claims hold, {bad} fail{tail} "

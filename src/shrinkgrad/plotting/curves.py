@@ -225,6 +225,17 @@ def plot_results(
     rows = math.ceil(len(panels) / cols)
     width = max(4.6 * cols, 7.0 if shared else 0.0)
     extra = 0.16 * math.ceil(len(curve_ids) / max(1, int(width // 4.5))) if shared else 0.0
+    if not shared:
+        longest = max(
+            (
+                len(curve_label(dict(zip(CURVE_KEYS, c, strict=True)), r))
+                for c in curve_ids
+                for r in rules.values()
+            ),
+            default=0,
+        )
+        if longest > 60:  # the legends go under the panels, two lines per curve
+            extra = rows * (0.25 * len(curve_ids) + 0.2)
     fig = Figure(figsize=(width, 3.6 * rows + 0.4 + extra), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels) :]:
@@ -256,6 +267,10 @@ def plot_results(
             ax.set_yscale("log")
         if logx and (sub["x"] > 0).all():
             ax.set_xscale("log")
+        if xcol.startswith("bits"):
+            from matplotlib.ticker import EngFormatter
+
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, 1.5M bits
         ax.set_xlabel(_AXIS_LABELS.get(xcol, xcol), fontsize=8)
         ax.set_ylabel(_AXIS_LABELS.get(ycol, ycol), fontsize=8)
         ax.tick_params(labelsize=7)
@@ -263,7 +278,15 @@ def plot_results(
         if panel is not None:
             ax.set_title(_panel_title(src, str(panel)), fontsize=8)
         if not shared:
-            ax.legend(fontsize=6, loc="best")
+            longest = max((len(str(h.get_label())) for h in ax.get_lines()), default=0)
+            if longest > 60:  # long labels would hide the curves: two lines, under the panel
+                lines = ax.get_lines()
+                wrapped = [str(h.get_label()).replace(" (", "\n(", 1) for h in lines]
+                ax.legend(
+                    lines, wrapped, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22)
+                )
+            else:
+                ax.legend(fontsize=6, loc="best")
     if shared:
         handles: dict[str, Any] = {}
         for ax in axes.flat[: len(panels)]:
