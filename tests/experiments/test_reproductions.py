@@ -99,3 +99,37 @@ def test_tiny_reproduction_produces_a_finite_claim_table(name: str, tmp_path: Pa
     pngs = [p for p in res.figures if p.suffix == ".png"]
     assert pngs and all(p.exists() and p.stat().st_size > 0 for p in pngs)
     assert (tmp_path / "results.parquet").exists() and (tmp_path / "env.json").exists()
+
+
+def test_a_custom_executor_and_no_finished_run(tmp_path: Path) -> None:
+    """The execute hook is used as given; an empty table gives no claims, not a crash."""
+    import dataclasses
+
+    import pandas as pd
+
+    from shrinkgrad.experiments.reproductions import Reproduction
+
+    calls = []
+
+    @dataclasses.dataclass
+    class Outcome:
+        table: pd.DataFrame
+        complete: bool = False
+        interrupted: bool = False
+
+    def execute(config: Any, out: Path, **kwargs: Any) -> Outcome:
+        calls.append((config.name, out, sorted(kwargs)))
+        return Outcome(pd.DataFrame())
+
+    def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Any]:
+        raise AssertionError("claims must not be measured on an empty table")
+
+    base = REPRODUCTIONS.get("k18-delays")
+    rep = Reproduction(
+        "custom", "t", "p", base.config, claims, base.defaults, base.plots, None, execute
+    )
+    res = reproduce(rep, tmp_path, profile="tiny")
+    assert calls == [("k18-delays", tmp_path, ["command", "fmt", "jobs", "progress"])]
+    assert res.claims == [] and res.figures == [] and not res.passed
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["claims"] == [] and summary["complete"] is False

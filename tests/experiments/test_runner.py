@@ -189,3 +189,28 @@ def test_ctrl_c_checkpoints_and_the_same_command_resumes(tmp_path: Path) -> None
         )
         got = table[table["run_id"] == run.run_id][list(ref.table.columns)]
         pd.testing.assert_frame_equal(no_time(got), no_time(ref.table), check_exact=True)
+
+
+def test_worker_thread_pinning_keeps_numba_compiling(tmp_path: Path) -> None:
+    """Workers import shrinkgrad (and numba) before pinning threads; compiling a parallel
+    kernel afterwards must work (setting NUMBA_NUM_THREADS late breaks numba's next compile)."""
+    code = (
+        "import numba, numpy as np\n"
+        "import shrinkgrad.experiments._preload\n"
+        "from numba import njit, prange\n"
+        "@njit(parallel=True)\n"
+        "def f(x):\n"
+        "    s = 0.0\n"
+        "    for i in prange(x.shape[0]):\n"
+        "        s += x[i]\n"
+        "    return s\n"
+        "import torch\n"
+        "print(f(np.ones(10)), numba.get_num_threads(), torch.get_num_threads())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["10.0", "1", "1"]

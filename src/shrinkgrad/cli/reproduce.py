@@ -119,7 +119,9 @@ def print_claims(result: ReproductionResult) -> None:
             f"({result.elapsed_s:.0f} s) → {result.summary_path}"
         )
     )
-    if not result.outcome.complete and not result.outcome.interrupted:
+    if not result.claims and not result.outcome.interrupted:
+        console.print("[bold red]no run finished[/]: nothing to measure (see the failures above)")
+    elif not result.outcome.complete and not result.outcome.interrupted:
         console.print("[bold red]some runs failed[/]: the claims use the finished runs only")
     for p in result.figures:
         if p.suffix == ".png":

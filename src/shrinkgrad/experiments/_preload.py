@@ -10,14 +10,23 @@ fast. Importing it has this process-wide effect: only worker processes import it
 from __future__ import annotations
 
 import os
+import sys
 
-_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
+_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def pin_threads() -> None:
-    """One thread for torch, numba and any BLAS/OpenMP pool started from now on."""
+    """One thread for torch, numba and any BLAS/OpenMP pool started from now on.
+
+    NUMBA_NUM_THREADS is only set when numba is not imported yet: numba re-reads it whenever it
+    compiles, and a value that differs from the one its thread pool started with is an error
+    ("Cannot set NUMBA_NUM_THREADS to a different value once the threads have been launched").
+    Once numba is loaded, :func:`numba.set_num_threads` limits it instead.
+    """
     for var in _VARS:
         os.environ[var] = "1"
+    if "numba" not in sys.modules:
+        os.environ["NUMBA_NUM_THREADS"] = "1"
     import torch
 
     torch.set_num_threads(1)

@@ -185,8 +185,8 @@ class ReproductionResult:
 
     @property
     def passed(self) -> bool:
-        """Every measurable claim holds."""
-        return all(c.passed is not False for c in self.claims)
+        """Claims were measured and none failed."""
+        return bool(self.claims) and all(c.passed is not False for c in self.claims)
 
 
 def claim_params(rep: Reproduction, config: ExperimentConfig) -> dict[str, Any]:
@@ -207,7 +207,7 @@ def claim_params(rep: Reproduction, config: ExperimentConfig) -> dict[str, Any]:
 
 
 def reproduce(
-    name: str,
+    name: str | Reproduction,
     out: str | os.PathLike[str] | None = None,
     *,
     quick: bool = False,
@@ -220,25 +220,26 @@ def reproduce(
 ) -> ReproductionResult:
     """Run reproduction ``name``: its config, its claims, its figures and ``summary.json``.
 
-    ``quick`` selects the config's ``quick`` profile (``profile`` names any other, e.g. the
-    test suite's ``tiny``); ``overrides`` as in :func:`~shrinkgrad.experiments.load_config`;
-    ``out`` defaults to ``runs/<name>`` (``runs/<name>-quick`` with ``quick``). When the sweep
-    is interrupted the claims are not measured (re-run to resume) and ``claims`` is empty.
+    ``name`` is a registered name (or a :class:`Reproduction`); ``quick`` selects the config's
+    ``quick`` profile (``profile`` names any other, e.g. the test suite's ``tiny``);
+    ``overrides`` as in :func:`~shrinkgrad.experiments.load_config`; ``out`` defaults to
+    ``runs/<name>`` (``runs/<name>-quick`` with ``quick``). When the sweep is interrupted, or no
+    run finished, the claims are not measured and ``claims`` is empty (re-run to resume).
     """
     from ..runner import run_experiment
 
-    rep = REPRODUCTIONS.get(name)
+    rep = name if isinstance(name, Reproduction) else REPRODUCTIONS.get(name)
     prof = profile or ("quick" if quick else None)
     cfg = load_config(config_path(rep), profile=prof, overrides=overrides)
     params = claim_params(rep, cfg)
     suffix = f"-{prof}" if prof else ""
-    out_dir = Path(out) if out is not None else Path("runs") / f"{name}{suffix}"
+    out_dir = Path(out) if out is not None else Path("runs") / f"{rep.name}{suffix}"
     t0 = time.perf_counter()
     execute = rep.execute or run_experiment
     outcome = execute(cfg, out_dir, jobs=jobs, fmt=fmt, progress=progress, command=command)
     claims: list[Claim] = []
     figures: list[Path] = []
-    if not outcome.interrupted:
+    if not outcome.interrupted and not outcome.table.empty:
         table = outcome.table
         claims = rep.claims(table, params)
         figures = draw(rep, table, params, out_dir / "figures")
