@@ -183,6 +183,7 @@ BAD = [
     (SMALL.replace('stepsize = "1/L"', 'stepsize = "theory*x"'), "pairs[0].stepsize", "step size"),
     (SMALL.replace("lam = 0.1", "lamda = 0.1"), "problem.lamda", "did you mean 'lam'"),
     (SMALL.replace("lam = 0.1", "lam = 'big'"), "problem.lam", "must be a number"),
+    (SMALL.replace('"a1a"', '"a1b"'), "problem.sweep.dataset", "unknown dataset 'a1b'.*'a1a'"),
     (
         SMALL.replace('name = "logistic_regression"', 'name = "logistic"'),
         "problem.name",

@@ -507,7 +507,7 @@ def _problems(value: Any, source: str) -> tuple[ProblemCase, ...]:
             params = {**fixed, **case, **dict(zip(keys, combo, strict=True))}
             where = f"problem.cases[{ci}]" if "cases" in value else "problem"
             varying = {**case, **dict(zip(keys, combo, strict=True))}
-            made = _problem_from_table(case_name, params, varying, source, where)
+            made = _problem_from_table(case_name, params, varying, source, where, keys)
             if given_label is not None:
                 swept = ",".join(f"{k}={_label_value(v)}" for k, v in zip(keys, combo, strict=True))
                 made = dataclasses.replace(
@@ -520,7 +520,12 @@ def _problems(value: Any, source: str) -> tuple[ProblemCase, ...]:
 
 
 def _problem_from_table(
-    name: str, params: dict[str, Any], varying: dict[str, Any], source: str, where: str
+    name: str,
+    params: dict[str, Any],
+    varying: dict[str, Any],
+    source: str,
+    where: str,
+    swept: Sequence[str] = (),
 ) -> ProblemCase:
     from ..problems import PROBLEMS
 
@@ -537,7 +542,10 @@ def _problem_from_table(
                 f"problem {name!r} has no parameter {k!r}; parameters: {', '.join(allowed)}"
                 + _did_you_mean(k, list(allowed)),
             )
-        _check_param(entry.hints.get(k), v, source, f"{where}.{k}", f"problem {name!r}")
+        key = f"problem.sweep.{k}" if k in swept else f"{where}.{k}"
+        _check_param(entry.hints.get(k), v, source, key, f"problem {name!r}")
+        if k == "dataset" and isinstance(v, str):
+            _check_dataset(v, source, key)
     for p in entry.keyword:
         if p.default is p.empty and p.name not in params:
             raise ConfigError(source, where, f"problem {name!r} needs the parameter {p.name!r}")
@@ -545,6 +553,21 @@ def _problem_from_table(
     spec = str(Spec(name, tuple((k, _spec_value(params[k])) for k in order)))
     label = ",".join(f"{k}={_label_value(varying[k])}" for k in order if k in varying)
     return ProblemCase(spec, label, tuple((k, params[k]) for k in order), where)
+
+
+def _check_dataset(value: str, source: str, key: str) -> None:
+    """A dataset is a bundled name or an existing LIBSVM file (relative to the working dir)."""
+    from ..problems.datasets import available
+
+    names = available()
+    if value in names or Path(value).expanduser().is_file():
+        return
+    raise ConfigError(
+        source,
+        key,
+        f"unknown dataset {value!r}: not a bundled name ({', '.join(names)}) and no such file "
+        "(paths are relative to the working directory)" + _did_you_mean(value, names),
+    )
 
 
 def _problem_from_spec(text: str, source: str, where: str) -> ProblemCase:
