@@ -35,7 +35,7 @@ def test_top_k_ties_go_to_lower_indices() -> None:
 
 @pytest.mark.parametrize("d", [5, 70_000])
 @pytest.mark.parametrize(
-    "case", ["randn", "ties", "all_equal", "zeros_mostly", "spikes_at_end", "sorted"]
+    "case", ["randn", "ties", "all_equal", "zeros_mostly", "spikes_at_end", "sorted", "outer"]
 )
 def test_top_k_numba_and_torch_equal_the_reference(
     d: int, case: str, monkeypatch: pytest.MonkeyPatch
@@ -52,6 +52,10 @@ def test_top_k_numba_and_torch_equal_the_reference(
         x[rng.integers(0, d, 3)] = 1.0
     elif case == "sorted":  # every candidate in the last chunk: its slots overflow
         x = np.arange(d, dtype=np.float64) - d / 3
+    elif case == "outer":  # a weight gradient u vᵀ, flattened: large entries in whole rows
+        cols = 2000 if d % 2000 == 0 else d
+        u = rng.standard_normal(d // cols) ** 3
+        x = np.outer(u, rng.standard_normal(cols)).reshape(-1)
     else:  # the strided sample sees none of the large values
         x = rng.standard_normal(d) * 1e-3
         x[-min(d, 500) :] = 10.0 + rng.standard_normal(min(d, 500))

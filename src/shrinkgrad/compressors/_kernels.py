@@ -423,15 +423,56 @@ def dither_rows(  # pragma: no cover - compiled
                 os[i] = np.copysign(nr * (b if up else a), xs[i])
 
 
+@njit(cache=True)
+def natural_chunk(  # pragma: no cover - compiled
+    xs: np.ndarray,
+    os: np.ndarray,
+    k: np.ndarray,
+    r: int,
+    j0: int,
+    mant: int,
+    words: np.ndarray,
+    flags: np.ndarray,
+) -> int:
+    """Natural compression of one chunk ``xs`` (bit patterns, coordinates j0, j0 + 1, … of
+    row r) into ``os``; ``k`` holds the row keys (lo, hi, lo₂, hi₂) as rows of a (4, n) array;
+    ``words``/``flags`` are scratch. Returns the chunk's status (see :func:`natural_rows`)."""
+    ut = xs.dtype.type
+    nbits = 8 * xs.itemsize
+    sign = ut(1) << ut(nbits - 1)
+    um = ut(mant)
+    u8 = ut(mant - 8)
+    mmask = (ut(1) << um) - ut(1)
+    emax = (ut(1) << ut(nbits - 1 - mant)) - ut(1)
+    one = ut(1)
+    inv = 2.0**-mant
+    m_ = xs.size
+    byts = words.view(np.uint8)
+    fill_words(k[0, r], k[1, r], j0 // 4, words[: (m_ + 3) // 4])
+    _natural_block(xs, byts[:m_], sign, um, u8, mmask, emax, os, flags[:m_])
+    st = OK
+    for i in range(m_):
+        f = flags[i]
+        if f:
+            if f & 2:
+                st = NON_FINITE
+            elif f & 4 and st == OK:
+                st = OVERFLOW
+            if f & 1:
+                v = xs[i]
+                sg = v & sign
+                mag = v ^ sg
+                t = float(mag & mmask) * inv * 256.0
+                if _tie_up(t, math.floor(t), k[2, r], k[3, r], j0 + i):
+                    os[i] = sg | (((mag >> um) + one) << um)
+    return st
+
+
 @njit(cache=True, nogil=True)
 def natural_rows(  # pragma: no cover - compiled
     xu: np.ndarray,
-    nbits: int,
     mant: int,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    lo2: np.ndarray,
-    hi2: np.ndarray,
+    k: np.ndarray,
     outu: np.ndarray,
     w0: int,
     w1: int,
@@ -444,44 +485,18 @@ def natural_rows(  # pragma: no cover - compiled
     m/2^mant = |x_j|/2^{e_min}); the sign bit is kept. An all-ones exponent (inf/nan) gives
     NON_FINITE, a value above the largest power of two gives OVERFLOW. Same layout as
     :func:`round_rows`; the first 8 bits of the probability are simply m ≫ (mant − 8).
+    ``k``: the row keys (lo, hi, lo₂, hi₂) as a (4, rows) ``uint64`` array.
     """
     d = xu.shape[1]
-    ut = xu.dtype.type
-    sign = ut(1) << ut(nbits - 1)
-    um = ut(mant)
-    u8 = ut(mant - 8)
-    mmask = (ut(1) << um) - ut(1)
-    emax = (ut(1) << ut(nbits - 1 - mant)) - ut(1)
-    one = ut(1)
-    inv = 2.0**-mant
     nch = (d + CHUNK - 1) // CHUNK
     words = np.empty(CHUNK // 4, dtype=np.uint32)
-    byts = words.view(np.uint8)
     flags = np.empty(CHUNK, dtype=np.uint8)
     for w in range(w0, w1):
         r = w // nch
         j0 = (w % nch) * CHUNK
         m_ = min(d, j0 + CHUNK) - j0
         xs = xu[r, j0 : j0 + m_]
-        os = outu[r, j0 : j0 + m_]
-        fill_words(lo[r], hi[r], j0 // 4, words[: (m_ + 3) // 4])
-        _natural_block(xs, byts[:m_], sign, um, u8, mmask, emax, os, flags[:m_])
-        st = OK
-        for i in range(m_):
-            f = flags[i]
-            if f:
-                if f & 2:
-                    st = NON_FINITE
-                elif f & 4 and st == OK:
-                    st = OVERFLOW
-                if f & 1:
-                    v = xs[i]
-                    sg = v & sign
-                    mag = v ^ sg
-                    t = float(mag & mmask) * inv * 256.0
-                    if _tie_up(t, math.floor(t), lo2[r], hi2[r], j0 + i):
-                        os[i] = sg | (((mag >> um) + one) << um)
-        status[w] = st
+        status[w] = natural_chunk(xs, outu[r, j0 : j0 + m_], k, r, j0, mant, words, flags)
 
 
 # --------------------------------------------------------------------------------------------
@@ -548,14 +563,30 @@ def _select_exact(
             need -= 1
 
 
+#: golden-ratio step of the sample positions (see :func:`_sample_abs`)
+_PHI = 0.6180339887498949
+
+
+@njit(cache=True, inline="always")
+def _sample_abs(row: np.ndarray, sample: np.ndarray) -> None:  # pragma: no cover - compiled
+    """|row| at ``sample.size`` positions j_i = ⌊frac(i·φ)·d⌋ (a Weyl sequence): spread over
+    the row like an evenly strided sample, but without aliasing with the row length of a
+    flattened matrix (a stride of d/4096 hits the same few columns of a 2048-column weight
+    gradient, whose magnitudes depend on the column: the threshold then misled, and the exact
+    fallback over all d entries ran)."""
+    d = row.size
+    for i in range(sample.size):
+        t = i * _PHI
+        sample[i] = abs(row[min(d - 1, int((t - math.floor(t)) * d))])
+
+
 @njit(cache=True)
 def _topk_row(row: np.ndarray, k: int, idx: np.ndarray) -> bool:  # pragma: no cover - compiled
     d = row.size
     if d >= 1 << 16 and k * 16 <= d:
         m = 4096
         sample = np.empty(m, dtype=row.dtype)
-        for i in range(m):
-            sample[i] = abs(row[(i * d) // m])
+        _sample_abs(row, sample)
         mu = m * k / d
         rank = int(mu + 4.0 * math.sqrt(mu) + 4.0)
         if rank < m:
@@ -607,14 +638,12 @@ def topk_plan(d: int, k: int) -> tuple[int, int] | None:
 
 @njit(cache=True)
 def topk_thresholds(x2: np.ndarray, rank: int, tau: np.ndarray) -> None:  # pragma: no cover
-    """tau[r]: the rank-th largest |x_j| of a strided sample of row r."""
-    n, d = x2.shape
+    """tau[r]: the rank-th largest |x_j| of a sample of row r (:func:`_sample_abs`)."""
+    n = x2.shape[0]
     m = TOPK_SAMPLE
     sample = np.empty(m, dtype=x2.dtype)
     for r in range(n):
-        row = x2[r]
-        for i in range(m):
-            sample[i] = abs(row[(i * d) // m])
+        _sample_abs(x2[r], sample)
         tau[r] = _kth_smallest(sample, m - rank)
 
 
@@ -668,28 +697,44 @@ def topk_candidates(  # pragma: no cover - compiled
 
 @njit(cache=True)
 def topk_finish(  # pragma: no cover - compiled
-    x2: np.ndarray, k: int, slots: int, cand: np.ndarray, counts: np.ndarray, idx: np.ndarray
+    x2: np.ndarray,
+    k: int,
+    tau: np.ndarray,
+    slots: int,
+    cand: np.ndarray,
+    counts: np.ndarray,
+    idx: np.ndarray,
 ) -> int:
-    """Exact selection among each row's candidates (in index order); rows whose chunks
-    overflowed their slots or kept fewer than k candidates are redone by :func:`_topk_row`."""
+    """Exact selection among each row's candidates |x_j| ≥ tau[r] (in index order).
+
+    A chunk with more candidates than its slots (the large entries of a weight gradient come
+    in whole rows of the matrix, so they cluster) is scanned again for them; only a row that
+    kept fewer than k candidates (a misleading sample) is redone by :func:`_topk_row`."""
     n, nch = counts.shape
+    d = x2.shape[1]
     for r in range(n):
         total = 0
-        fits = True
         for c in range(nch):
             total += counts[r, c]
-            fits = fits and counts[r, c] <= slots
-        if not fits or total < k:
+        if total < k:
             if not _topk_row(x2[r], k, idx[r]):
                 return NON_FINITE
             continue
+        row = x2[r]
+        t = tau[r]
         buf = np.empty(total, dtype=np.int64)
         o = 0
         for c in range(nch):
-            for i in range(counts[r, c]):
-                buf[o] = cand[r, c * slots + i]
-                o += 1
-        _select_exact(x2[r], buf, k, idx[r])
+            if counts[r, c] <= slots:
+                for i in range(counts[r, c]):
+                    buf[o] = cand[r, c * slots + i]
+                    o += 1
+            else:
+                for j in range(c * CHUNK, min(d, (c + 1) * CHUNK)):
+                    if abs(row[j]) >= t:
+                        buf[o] = j
+                        o += 1
+        _select_exact(row, buf, k, idx[r])
     return OK
 
 

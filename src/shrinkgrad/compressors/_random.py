@@ -15,7 +15,7 @@ import torch
 
 from ..rng import Keys, bits32_torch
 
-__all__ = ["EXTRA", "draw_up", "kernel_keys"]
+__all__ = ["EXTRA", "draw_up", "kernel_keys", "key_table"]
 
 #: fold tag of the second key K₂ used on ties
 EXTRA = "extra"
@@ -60,3 +60,8 @@ def kernel_keys(keys: Keys) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
         lo2.reshape(-1).astype(np.uint64),
         hi2.reshape(-1).astype(np.uint64),
     )
+
+
+def key_table(keys: Keys) -> np.ndarray:
+    """The same four key arrays as rows of one ``(4, rows)`` ``uint64`` array."""
+    return np.stack(kernel_keys(keys))

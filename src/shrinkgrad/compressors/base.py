@@ -213,41 +213,120 @@ class Compressor(abc.ABC):
         raise NotImplementedError(f"{self.name} is not a fixed-size sparsifier")
 
     # -- wire format ----------------------------------------------------------------------------
-    def encode(self, x: torch.Tensor, keys: Keys | None = None) -> torch.Tensor:
+    #: True when the message is a list of (index, value) pairs (Top-k, rand-k, Bernoulli, a
+    #: composition whose first stage is one): :meth:`decode_sparse` then returns them
+    sparse_message: bool = False
+
+    def encode(
+        self, x: torch.Tensor, keys: Keys | None = None, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Encode one vector ``x`` (shape ``(d,)``) as a ``uint8`` payload of ⌈bits(d)/8⌉ bytes.
 
         ``decode(encode(x, keys), d, x.dtype, keys)`` equals ``self(x, keys)`` exactly. The
-        layout is a sequence of bit fields (see :mod:`shrinkgrad.compressors._wire`).
+        layout is a sequence of bit fields (see :mod:`shrinkgrad.compressors._wire`); on CPU
+        numba kernels compute and pack the fields in one pass. ``out`` (a contiguous ``uint8``
+        vector on x's device with at least as many bytes as the message) receives the payload
+        at its start; the returned payload is then that leading slice of ``out``.
         """
         self._check_input(x)
         if x.ndim != 1:
             raise ValueError(f"encode takes one vector of shape (d,), got shape {tuple(x.shape)}")
         keys = self._prepare_keys(x, keys)
-        w = BitWriter(x.device)
+        if out is not None and (
+            not isinstance(out, torch.Tensor)
+            or out.dtype != torch.uint8
+            or out.ndim != 1
+            or not out.is_contiguous()
+            or out.device != x.device
+        ):
+            raise ValueError(f"out must be a contiguous uint8 vector on {x.device}")
+        w = BitWriter(x.device, fast=_fast_wire(x.device))
         self._encode_fields(w, x, keys)
-        return w.to_bytes()
+        return w.to_bytes(out)
 
     def decode(
-        self, payload: torch.Tensor, d: int, dtype: torch.dtype, keys: Keys | None = None
+        self,
+        payload: torch.Tensor,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None = None,
+        *,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Inverse of :meth:`encode`: the dense compressed vector of length ``d``."""
+        """Inverse of :meth:`encode`: the dense compressed vector of length ``d``.
+
+        ``out`` (shape ``(d,)``, ``dtype``, on the payload's device) receives the result and is
+        returned: hot loops preallocate it once.
+        """
+        keys = self._check_decode(payload, d, dtype, keys)
+        if out is not None:
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"out must be a torch tensor, got {type(out).__name__}")
+            if out.shape != (d,) or out.dtype != dtype or out.device != payload.device:
+                raise ValueError(
+                    f"out must be a vector of shape ({d},), {dtype} on {payload.device}; got "
+                    f"shape {tuple(out.shape)}, {out.dtype} on {out.device}"
+                )
+        r = BitReader(payload, fast=_fast_wire(payload.device))
+        res = self._decode_fields(r, d, dtype, keys, out)
+        if out is not None and res is not out:
+            out.copy_(res)
+            return out
+        return res
+
+    def decode_sparse(
+        self, payload: torch.Tensor, d: int, dtype: torch.dtype, keys: Keys | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(indices, values)`` of a sparse message (:attr:`sparse_message`): ``decode`` gives
+        ``values`` at the (distinct, ``int64``) ``indices`` and zeros elsewhere. Summing many
+        messages this way costs O(k) each instead of O(d)."""
+        if not self.sparse_message:
+            raise TypeError(f"{self.name} sends dense messages: use decode()")
+        keys = self._check_decode(payload, d, dtype, keys)
+        pairs = self._decode_pairs(
+            BitReader(payload, fast=_fast_wire(payload.device)), d, dtype, keys
+        )
+        assert pairs is not None
+        return pairs
+
+    def _check_decode(
+        self, payload: torch.Tensor, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> Keys | None:
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"decode produces float32 or float64 vectors, got {dtype}")
         if isinstance(d, bool) or not isinstance(d, int) or d < 1:
             raise ValueError(f"decode needs the vector length d >= 1, got {d!r}")
-        if not self.deterministic:
-            if keys is None:
-                raise ValueError(f"{self.name} is random: decode needs the keys used by encode")
-            keys = keys.expand(()).to(payload.device)
-        return self._decode_fields(BitReader(payload), d, dtype, keys)
+        if self.deterministic:
+            return None
+        if keys is None:
+            raise ValueError(f"{self.name} is random: decode needs the keys used by encode")
+        return keys.expand(()).to(payload.device)
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         raise NotImplementedError(f"{self.name} has no wire format")
 
     def _decode_fields(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
-        raise NotImplementedError(f"{self.name} has no wire format")
+        """The dense vector of the message read from ``r``; written into ``out`` (and ``out``
+        returned) when given and convenient, else a new tensor (``decode`` copies it)."""
+        pairs = self._decode_pairs(r, d, dtype, keys)
+        if pairs is None:
+            raise NotImplementedError(f"{self.name} has no wire format")
+        idx, vals = pairs
+        res = torch.zeros(d, dtype=dtype, device=r.device) if out is None else out.zero_()
+        return res.scatter_(0, idx, vals)
+
+    def _decode_pairs(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Sparse messages: (indices, values) read from ``r``; None for dense messages."""
+        return None
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -291,6 +370,18 @@ def _use_numba(x: torch.Tensor, min_d: int = 0) -> bool:
     if KERNELS == "torch":
         return False
     return x.shape[-1] >= min_d
+
+
+def _fast_wire(device: torch.device) -> bool:
+    """Whether the wire format uses the numba packer and codecs (CPU, unless KERNELS="torch")."""
+    return device.type == "cpu" and KERNELS != "torch"
+
+
+def _dense_out(out: torch.Tensor | None, d: int, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous CPU vector for a decoder to write into: ``out`` itself when it is one."""
+    if out is not None and out.is_contiguous():
+        return out
+    return torch.empty(d, dtype=dtype)
 
 
 def _rows(x: torch.Tensor) -> np.ndarray:

@@ -56,9 +56,14 @@ class Identity(Compressor):
         w.add_float(x)
 
     def _decode_fields(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
-        return r.read_float(d, dtype)
+        return r.read_float(d, dtype, out)
 
 
 def topk_indices_torch(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -95,6 +100,7 @@ class TopK(Compressor):
     positively_homogeneous = True
     collective = "allgather"
     projection = True
+    sparse_message = True
     constant_formula = "α = k/d"
     bits_formula = "k·(32 + ⌈log₂ d⌉)"
 
@@ -141,7 +147,7 @@ class TopK(Compressor):
                 counts = np.empty((n, nch), dtype=np.int64)
                 status = K.run(K.topk_candidates, x2, x2, tau, slots, cand, counts)
                 if status == K.OK:
-                    status = K.topk_finish(x2, k, slots, cand, counts, idx)
+                    status = K.topk_finish(x2, k, tau, slots, cand, counts, idx)
             if status != K.OK:
                 raise non_finite_error(self.name)
             return torch.from_numpy(idx).reshape(*x.shape[:-1], k)
@@ -175,9 +181,8 @@ class TopK(Compressor):
         self._encode_indices(w, idx, x.shape[-1])
         w.add_float(vals)
 
-    def _decode_fields(
+    def _decode_pairs(
         self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._decode_indices(r, d, keys)
-        vals = r.read_float(idx.numel(), dtype)
-        return torch.zeros(d, dtype=dtype, device=r.device).scatter_(0, idx, vals)
+        return idx, r.read_float(idx.numel(), dtype)

@@ -14,18 +14,22 @@ or underflow (float64 inputs beyond ~1e±150) are recomputed with a max-rescalin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..rng import Keys
+from . import _codec as codec
 from . import _kernels as K
-from ._random import draw_up, kernel_keys
+from ._random import draw_up, kernel_keys, key_table
 from ._wire import BitReader, BitWriter, float_width
 from .base import (
     COMPRESSORS,
     Compressor,
     _check_positive_int,
+    _dense_out,
     _emit,
     _log2ceil,
     _out_rows,
@@ -110,6 +114,16 @@ def _with_sign(v: torch.Tensor, sbit: torch.Tensor) -> torch.Tensor:
     return torch.copysign(v, torch.where(sbit.bool(), -1.0, 1.0).to(v.dtype))
 
 
+def _bits_of(dtype: torch.dtype) -> tuple[type[np.unsignedinteger[Any]], int]:
+    """(unsigned integer type of the dtype's width, mantissa bits)."""
+    return (np.uint32, 23) if dtype == torch.float32 else (np.uint64, 52)
+
+
+def _run(kernel: Callable[..., None], x2: np.ndarray, *args: object) -> int:
+    """A wire codec over the chunks of one vector (``x2``: shape (1, d)); its status."""
+    return K.run(kernel, x2, *args)
+
+
 def _max_pow2(dtype: torch.dtype) -> float:
     """The largest power of two of the dtype (2^127 for float32, 2^1023 for float64)."""
     return 2.0 ** (127 if dtype == torch.float32 else 1023)
@@ -190,16 +204,34 @@ class _LevelQuantizer(Compressor):
         assert keys is not None
         norm = self._norm(x, _use_numba(x))  # the same norm as _apply computes
         scale = self._scale_from_norm(norm)
-        _, lev = round_levels_torch(x, scale, self.s, keys)
         w.add_float(norm.reshape(1))
-        w.add((lev.to(torch.int64) << 1) | _sign_bits(x), 1 + self._level_bits())
+        width = 1 + self._level_bits()
+        if w.fast:  # levels computed and packed chunk by chunk
+            x2 = _rows(x)
+            args = (x2[0], scale.reshape(-1).numpy(), self.s, key_table(keys), width)
+            w.add_block(x.shape[-1] * width, lambda p, b: _run(codec.round_encode, x2, *args, p, b))
+            return
+        _, lev = round_levels_torch(x, scale, self.s, keys)
+        w.add((lev.to(torch.int64) << 1) | _sign_bits(x), width)
 
     def _decode_fields(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         norm = r.read_float(1, dtype)
-        code = r.read(d, 1 + self._level_bits())
+        width = 1 + self._level_bits()
         scale = self._scale_from_norm(norm)
+        if r.fast:
+            src, b0 = r.block(d * width)
+            res = _dense_out(out, d, dtype)
+            o = res.numpy()
+            _run(codec.round_decode, o[None], src, b0, width, scale.numpy(), o)
+            return res
+        code = r.read(d, width)
         return _with_sign(scale * (code >> 1).to(dtype), code & 1)
 
 
@@ -328,29 +360,48 @@ class NaturalCompression(Compressor):
         assert keys is not None
         if _use_numba(x):
             res, o2, copy = _out_rows(x, out)
-            lo, hi, lo2, hi2 = kernel_keys(keys)
-            utype = np.uint32 if x.dtype == torch.float32 else np.uint64
-            nbits, mant = (32, 23) if x.dtype == torch.float32 else (64, 52)
+            utype, mant = (np.uint32, 23) if x.dtype == torch.float32 else (np.uint64, 52)
             xu = _rows(x).view(utype)
-            status = K.run(K.natural_rows, xu, xu, nbits, mant, lo, hi, lo2, hi2, o2.view(utype))
+            status = K.run(K.natural_rows, xu, xu, mant, key_table(keys), o2.view(utype))
             _finish(self.name, status, x.dtype)
             return _emit(res, out) if copy else res
         return _emit(natural_torch(x, keys, self.name), out)
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         assert keys is not None
-        y = natural_torch(x, keys, self.name)
         eb = self._exp_bits(x.dtype)
         mant = torch.finfo(x.dtype).bits - 1 - eb
+        if w.fast:  # exponents drawn and packed chunk by chunk
+            x2 = _rows(x)
+            xu = x2.view(np.uint32 if x.dtype == torch.float32 else np.uint64)
+            args = (xu[0], mant, key_table(keys), 1 + eb)
+
+            def write(p: np.ndarray, b: int) -> None:
+                _finish(self.name, _run(codec.natural_encode, x2, *args, p, b), x.dtype)
+
+            w.add_block(x.shape[-1] * (1 + eb), write)
+            return
+        y = natural_torch(x, keys, self.name)
         pattern = y.abs().view(torch.int32 if x.dtype == torch.float32 else torch.int64)
         code = (pattern.to(torch.int64) >> mant) & ((1 << eb) - 1)
         w.add((code << 1) | _sign_bits(y), 1 + eb)
 
     def _decode_fields(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         eb = self._exp_bits(dtype)
         mant = torch.finfo(dtype).bits - 1 - eb
+        if r.fast:
+            src, b0 = r.block(d * (1 + eb))
+            res = _dense_out(out, d, dtype)
+            o = res.numpy().view(np.uint32 if dtype == torch.float32 else np.uint64)
+            _run(codec.natural_decode, o[None], src, b0, 1 + eb, mant, o)
+            return res
         code = r.read(d, 1 + eb)
         mag = code >> 1
         if dtype == torch.float32:
@@ -437,15 +488,41 @@ class NaturalDithering(Compressor):
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         assert keys is not None
         norm = l2_norms(x, self.name, _use_numba(x))  # the same norm as _apply computes
-        _, code = dither_torch(x, norm, self.s, keys)
         w.add_float(norm.reshape(1))
-        w.add((code << 1) | _sign_bits(x), 1 + _log2ceil(self.s + 1))
+        width = 1 + _log2ceil(self.s + 1)
+        if w.fast:  # level codes drawn and packed chunk by chunk
+            x2 = _rows(x)
+            utype, mant = _bits_of(x.dtype)
+            scratch = np.empty(0, dtype=utype)  # only its dtype matters
+            args = (x2[0], norm.reshape(-1).numpy(), self.s, key_table(keys), scratch, mant, width)
+            w.add_block(
+                x.shape[-1] * width, lambda p, b: _run(codec.dither_encode, x2, *args, p, b)
+            )
+            return
+        _, code = dither_torch(x, norm, self.s, keys)
+        w.add((code << 1) | _sign_bits(x), width)
 
     def _decode_fields(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         norm = r.read_float(1, dtype)
-        code = r.read(d, 1 + _log2ceil(self.s + 1))
+        width = 1 + _log2ceil(self.s + 1)
+        if r.fast:
+            src, b0 = r.block(d * width)
+            res = _dense_out(out, d, dtype)
+            o = res.numpy()
+            utype, mant = _bits_of(dtype)
+            scratch = np.empty(0, dtype=utype)
+            _run(
+                codec.dither_decode, o[None], src, b0, width, norm.numpy(), self.s, scratch, mant, o
+            )
+            return res
+        code = r.read(d, width)
         c = code >> 1
         lev = torch.where(
             c == 0, torch.zeros(d, dtype=dtype, device=c.device), _pow2(c - self.s, dtype)
@@ -499,10 +576,25 @@ class ScaledSign(Compressor):
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         w.add_float(self._scale(x).reshape(1))
+        if w.fast:
+            x2 = _rows(x)
+            w.add_block(x.shape[-1], lambda p, b: _run(codec.sign_encode, x2, x2[0], p, b))
+            return
         w.add(_sign_bits(x), 1)
 
     def _decode_fields(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         m = r.read_float(1, dtype)
+        if r.fast:
+            src, b0 = r.block(d)
+            res = _dense_out(out, d, dtype)
+            o = res.numpy()
+            _run(codec.sign_decode, o[None], src, b0, m.numpy(), o)
+            return res
         return _with_sign(m.expand(d).clone(), r.read(d, 1))

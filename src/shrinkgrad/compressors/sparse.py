@@ -94,6 +94,7 @@ def randk_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
 class _RandKBase(Compressor):
     collective = "allgather"
     positively_homogeneous = True
+    sparse_message = True
     _scaled: bool = True
 
     def __init__(self, k: int, shared_seed: bool = False) -> None:
@@ -173,7 +174,7 @@ class _RandKBase(Compressor):
     def _decode_indices(self, r: BitReader, d: int, keys: Keys | None) -> torch.Tensor:
         if self.shared_seed:
             assert keys is not None
-            return self._idx(keys.to(r.device), d, False)
+            return self._idx(keys.to(r.device), d, r.fast)
         return r.read(self._k(d), _log2ceil(d))
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
@@ -181,12 +182,11 @@ class _RandKBase(Compressor):
         self._encode_indices(w, idx, x.shape[-1])
         w.add_float(vals)
 
-    def _decode_fields(
+    def _decode_pairs(
         self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._decode_indices(r, d, keys).reshape(-1)
-        vals = r.read_float(idx.numel(), dtype)
-        return torch.zeros(d, dtype=dtype, device=r.device).scatter_(0, idx, vals)
+        return idx, r.read_float(idx.numel(), dtype)
 
 
 def _overflow_error(name: str, dtype: torch.dtype) -> ValueError:
@@ -253,6 +253,7 @@ class Bernoulli(Compressor):
     collective = "allgather"
     positively_homogeneous = True
     variable_size = True
+    sparse_message = True
     constant_formula = "ω = 1/p − 1"
     bits_formula = "32 + p·d·(32 + ⌈log₂ d⌉) expected (message_bits counts the actual size)"
 
@@ -303,10 +304,9 @@ class Bernoulli(Compressor):
         w.add(idx, _log2ceil(x.shape[-1]))
         w.add_float(y[idx])
 
-    def _decode_fields(
+    def _decode_pairs(
         self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = int(r.read(1, 32)[0])
         idx = r.read(n, _log2ceil(d))
-        vals = r.read_float(n, dtype)
-        return torch.zeros(d, dtype=dtype, device=r.device).scatter_(0, idx, vals)
+        return idx, r.read_float(n, dtype)

@@ -77,6 +77,7 @@ class Scaled(Compressor):
         self.positively_homogeneous = inner.positively_homogeneous
         self.collective = inner.collective
         self.variable_size = inner.variable_size
+        self.sparse_message = (self.exact or inner).sparse_message
         self.projection = self.exact.projection if self.exact is not None else False
 
     def _factor(self, d: int) -> float:
@@ -127,12 +128,28 @@ class Scaled(Compressor):
         (self.exact or self.inner)._encode_fields(w, x, keys)
 
     def _decode_fields(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         if self.exact is not None:
-            return self.exact._decode_fields(r, d, dtype, keys)
-        y = self.inner._decode_fields(r, d, dtype, keys)
-        return y * torch.tensor(self._factor(d), dtype=dtype, device=y.device)
+            return self.exact._decode_fields(r, d, dtype, keys, out)
+        y = self.inner._decode_fields(r, d, dtype, keys, out)
+        return y.mul_(torch.tensor(self._factor(d), dtype=dtype, device=y.device))
+
+    def _decode_pairs(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.exact is not None:
+            return self.exact._decode_pairs(r, d, dtype, keys)
+        pairs = self.inner._decode_pairs(r, d, dtype, keys)
+        if pairs is None:
+            return None
+        idx, vals = pairs
+        return idx, vals.mul_(torch.tensor(self._factor(d), dtype=dtype, device=vals.device))
 
 
 @COMPRESSORS.register("compose")
@@ -162,6 +179,7 @@ class Compose(Compressor):
         self.variable_size = second.variable_size
         sparse = self.k is not None
         self.collective = "allgather" if sparse else second.collective
+        self.sparse_message = sparse
         if self.k is not None and not both_unbiased and first.projection:
             self._projection_factor()  # fail early: the constant of C2 at D = k is known now
 
@@ -285,15 +303,26 @@ class Compose(Compressor):
             self.second._encode_fields(w, self.first(x, k1), k2)
 
     def _decode_fields(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
+        if self.k is not None:
+            return super()._decode_fields(r, d, dtype, keys, out)
+        return self.second._decode_fields(r, d, dtype, _fold(keys, SECOND, self.second), out)
+
+    def _decode_pairs(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.k is None:
+            return None
         k1 = _fold(keys, FIRST, self.first)
         k2 = _fold(keys, SECOND, self.second)
-        if self.k is not None:
-            idx = self.first._decode_indices(r, d, k1).reshape(-1)  # type: ignore[attr-defined]
-            z = self.second._decode_fields(r, idx.numel(), dtype, k2)
-            return torch.zeros(d, dtype=dtype, device=z.device).scatter_(0, idx, z)
-        return self.second._decode_fields(r, d, dtype, k2)
+        idx = self.first._decode_indices(r, d, k1).reshape(-1)  # type: ignore[attr-defined]
+        return idx, self.second._decode_fields(r, idx.numel(), dtype, k2, None)
 
 
 def _sparsifier_k(c: Compressor) -> int | None:

@@ -113,6 +113,13 @@ class _Plan:
     compressed: list[_Unit]
     send: torch.Tensor  # uint8 (allgather) or dtype (allreduce / values)
     recv: torch.Tensor | None = None
+    #: two work vectors of the largest compressed tensor's size (client difference, decoded
+    #: messages): preallocated, so that no multi-megabyte tensor is created per step
+    scratch: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+    def work(self, i: int, n: int) -> torch.Tensor:
+        """The first ``n`` entries of work vector ``i``."""
+        return self.scratch[i][:n]
 
 
 class CompressionState:
@@ -392,6 +399,8 @@ class CompressionState:
                 u.soff, pos = pos, pos + u.nbytes // esize
             send = torch.empty(pos, dtype=buf.dtype, device=buf.device)
         plan = _Plan(signature, buf.numel(), buf.dtype, mode, units, dense, compressed, send)
+        most = max((u.numel for u in compressed), default=0)
+        plan.scratch = [torch.empty(most, dtype=buf.dtype, device=buf.device) for _ in range(2)]
         self._plans[bucket.index()] = plan
         return plan
 
@@ -597,9 +606,12 @@ def _scale(state: CompressionState) -> float:
     return float(1.0 / (state.world_size * state.weights[state.rank]))
 
 
-def _client(state: CompressionState, u: _Unit, x: torch.Tensor, compress: Compress) -> None:
+def _client(
+    state: CompressionState, plan: _Plan, u: _Unit, x: torch.Tensor, compress: Compress
+) -> None:
     """This rank's client update of tensor ``u`` with gradient ``x``; ``compress(p)`` sends
-    C(p) and returns it as a dense tensor (the shared rules of :mod:`shrinkgrad.methods.rules`)."""
+    C(p) and returns it as a dense tensor (the shared rules of :mod:`shrinkgrad.methods.rules`).
+    EF21's difference goes into the plan's work vector 0."""
     mode = state.error_feedback
     if mode == "none":
         compress(x)
@@ -607,7 +619,8 @@ def _client(state: CompressionState, u: _Unit, x: torch.Tensor, compress: Compre
         ef_update(state._mem(u, "e", x), x, compress, inplace=True)
     else:
         target = x if mode == "ef21" else x * _scale(state)
-        ef21_update(state._mem(u, "g_local", x), target, compress, inplace=True)
+        g = state._mem(u, "g_local", x)
+        ef21_update(g, target, compress, inplace=True, scratch=plan.work(0, u.numel))
 
 
 def _reduce(
@@ -628,10 +641,11 @@ def _reduce(
             continue
         keys = state.keys(C, u.uid, rank, it)
         if values:
-            compress = _values_encoder(C, keys, seg, state.error_feedback != "none")
+            dec = plan.work(1, u.numel) if state.error_feedback != "none" else None
+            compress = _values_encoder(C, keys, seg, dec)
         else:
             compress = _dense_encoder(C, keys, seg)
-        _client(state, u, x, compress)
+        _client(state, plan, u, x, compress)
         if ef21:
             seg.mul_(w_self)
         else:
@@ -646,8 +660,9 @@ def _reduce(
             C = u.compressor
             agg = seg
             if C is not None and values:
-                payload = seg.contiguous().view(torch.uint8)
-                agg = C.decode(payload, u.numel, buf.dtype, state.keys(C, u.uid, rank, it))
+                payload = seg.view(torch.uint8)
+                keys = state.keys(C, u.uid, rank, it)
+                agg = C.decode(payload, u.numel, buf.dtype, keys, out=plan.work(1, u.numel))
             if C is not None and ef21:
                 g = state._mem(u, "g", out)
                 g.add_(agg)
@@ -667,33 +682,40 @@ def _dense_encoder(C: Compressor, keys: Keys | None, seg: torch.Tensor) -> Compr
     return compress
 
 
-def _values_encoder(C: Compressor, keys: Keys | None, seg: torch.Tensor, dense: bool) -> Compress:
-    """``compress`` for shared-seed sparsifiers: the payload is the k values, which go into
-    ``seg``; returns C(p) decoded (only when error feedback needs it, else p itself)."""
+def _values_encoder(
+    C: Compressor, keys: Keys | None, seg: torch.Tensor, dec: torch.Tensor | None
+) -> Compress:
+    """``compress`` for shared-seed sparsifiers: the payload is the k values, encoded straight
+    into ``seg``; returns C(p) decoded into ``dec`` (when error feedback needs it, else p)."""
 
     def compress(p: torch.Tensor) -> torch.Tensor:
-        payload = C.encode(p, keys)
-        if payload.numel() != seg.numel() * seg.element_size():
+        nbytes = seg.numel() * seg.element_size()
+        payload = C.encode(p, keys, out=seg.view(torch.uint8))
+        if payload.numel() != nbytes:
             raise RuntimeError(
                 f"{C.name} sent {payload.numel()} bytes for {seg.numel()} values: with "
                 "shared_seed=true a message must be the values only"
             )
-        seg.copy_(payload.view(seg.dtype))
-        return C.decode(payload, p.numel(), p.dtype, keys) if dense else p
+        return p if dec is None else C.decode(payload, p.numel(), p.dtype, keys, out=dec)
 
     return compress
 
 
 def _payload_encoder(
-    C: Compressor, keys: Keys | None, box: list[torch.Tensor], dense: bool
+    C: Compressor,
+    keys: Keys | None,
+    box: list[torch.Tensor],
+    dest: torch.Tensor | None,
+    dec: torch.Tensor | None,
 ) -> Compress:
-    """``compress`` for packed payloads: the payload goes into ``box``; returns C(p) decoded
-    (only when error feedback needs it, else p itself)."""
+    """``compress`` for packed payloads: the payload is encoded into ``dest`` (fixed-size
+    messages: their slot of the send buffer) or a new tensor, and put into ``box``; returns
+    C(p) decoded into ``dec`` (when error feedback needs it, else p itself)."""
 
     def compress(p: torch.Tensor) -> torch.Tensor:
-        payload = C.encode(p, keys)
+        payload = C.encode(p, keys, out=dest)
         box.append(payload)
-        return C.decode(payload, p.numel(), p.dtype, keys) if dense else p
+        return p if dec is None else C.decode(payload, p.numel(), p.dtype, keys, out=dec)
 
     return compress
 
@@ -714,19 +736,23 @@ def _gather(
     for u in plan.dense:
         x = buf[u.offset : u.offset + u.numel]
         plan.send[u.soff : u.soff + u.nbytes].view(buf.dtype).copy_(x)
+    variable = any(u.compressor is not None and u.compressor.variable_size for u in plan.compressed)
     for u in plan.compressed:
         C = u.compressor
         assert C is not None
         box: list[torch.Tensor] = []
         x = buf[u.offset : u.offset + u.numel]
-        _client(state, u, x, _payload_encoder(C, state.keys(C, u.uid, rank, it), box, need))
+        # fixed-size messages are encoded in place, into their slot of the send buffer
+        dest = None if variable else plan.send[u.soff : u.soff + u.nbytes]
+        dec = plan.work(1, u.numel) if need else None
+        keys = state.keys(C, u.uid, rank, it)
+        _client(state, plan, u, x, _payload_encoder(C, keys, box, dest, dec))
         if not C.variable_size and box[0].numel() != u.nbytes:
             raise RuntimeError(
                 f"{C.name} encoded {u.numel} entries into {box[0].numel()} bytes, but its bits "
                 f"formula gives {u.nbytes}: its wire format and bits() disagree"
             )
         payloads.append(box[0])
-    variable = any(u.compressor is not None and u.compressor.variable_size for u in plan.compressed)
     if variable:
         header = torch.tensor([p.numel() for p in payloads], dtype=torch.int32)
         size = dense_part + header.numel() * 4 + sum(p.numel() for p in payloads)
@@ -739,13 +765,12 @@ def _gather(
         send[size:].zero_()
         send[dense_part : dense_part + header.numel() * 4].copy_(header.view(torch.uint8))
         pos = dense_part + header.numel() * 4
-    else:
+        for p in payloads:
+            send[pos : pos + p.numel()].copy_(p)
+            pos += p.numel()
+    else:  # the payloads are already in place
         send = plan.send
         block = send.numel()
-        pos = dense_part
-    for p in payloads:
-        send[pos : pos + p.numel()].copy_(p)
-        pos += p.numel()
     if plan.recv is None or plan.recv.numel() < n * block:
         plan.recv = torch.empty(n * block, dtype=torch.uint8, device=buf.device)
     recv = plan.recv[: n * block]
@@ -804,14 +829,24 @@ def _combine(
         for u, size in zip(plan.compressed, sizes, strict=True):
             C = u.compressor
             assert C is not None
-            c = C.decode(recv[pos : pos + size], u.numel, buf.dtype, state.keys(C, u.uid, j, it))
+            payload = recv[pos : pos + size]
+            keys = state.keys(C, u.uid, j, it)
             pos += size
+            out = buf[u.offset : u.offset + u.numel]
+            if C.sparse_message:  # O(k): add the values at their indices
+                idx, vals = C.decode_sparse(payload, u.numel, buf.dtype, keys)
+                if ef21:
+                    vals.mul_(float(state.weights[j]))
+                if j == 0:
+                    out.zero_()
+                out.index_add_(0, idx, vals)
+                continue
+            c = C.decode(
+                payload, u.numel, buf.dtype, keys, out=out if j == 0 else plan.work(1, u.numel)
+            )
             if ef21:
                 c.mul_(float(state.weights[j]))
-            out = buf[u.offset : u.offset + u.numel]
-            if j == 0:
-                out.copy_(c)
-            else:
+            if j > 0:
                 out.add_(c)
     for u in plan.dense:
         buf[u.offset : u.offset + u.numel].div_(n)

@@ -24,15 +24,22 @@ Compress = Callable[[torch.Tensor], torch.Tensor]
 
 
 def ef21_update(
-    g: torch.Tensor, target: torch.Tensor, compress: Compress, *, inplace: bool = False
+    g: torch.Tensor,
+    target: torch.Tensor,
+    compress: Compress,
+    *,
+    inplace: bool = False,
+    scratch: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EF21's client update: c = C(target − g); g ← g + c. Returns ``(c, new g)``.
 
     [EF21] Alg. 1 step 2 with ``target`` = ∇f_i(x^{t+1}); [EFR] Alg. 2 (EF21-W) with
     ``target`` = ∇f_i(x^{t+1}) / (n w_i). The client sends c; the server adds Σ_i w_i c_i to g.
-    With ``inplace=True`` the new g is ``g`` itself, updated in place.
+    With ``inplace=True`` the new g is ``g`` itself, updated in place; ``scratch`` (g's shape
+    and dtype) receives target − g instead of a new tensor.
     """
-    c = compress(target - g)
+    diff = target - g if scratch is None else torch.sub(target, g, out=scratch)
+    c = compress(diff)
     return c, (g.add_(c) if inplace else g + c)
 
 
