@@ -738,12 +738,97 @@ def topk_finish(  # pragma: no cover - compiled
     return OK
 
 
-@njit(cache=True)
-def topk_rows(x2: np.ndarray, k: int, idx: np.ndarray) -> int:  # pragma: no cover - compiled
-    """Indices (ascending) of the k largest |x_j| of every row; NON_FINITE on inf/nan."""
-    for r in range(x2.shape[0]):
-        if not _topk_row(x2[r], k, idx[r]):
+#: up to this k, short rows find the k-th largest magnitude by insertion into a sorted buffer
+TOPK_INSERT_K = 16
+
+
+@njit(cache=True, nogil=True)
+def topk_rows(  # pragma: no cover - compiled
+    x2: np.ndarray, k: int, idx: np.ndarray, out: np.ndarray
+) -> int:
+    """Indices (ascending) of the k largest |x_j| of every row, ties to the lower index, by
+    one selection per row (the path for short rows, e.g. the simulator's (1000, 123) batches,
+    and for k > d/16); NON_FINITE on inf/nan. When ``out`` has the rows of ``x2`` it also
+    receives the dense result (zeros and the kept entries); pass an empty array to skip it.
+
+    k = 1 is one pass (the first largest |x_j|). Otherwise the k-th largest magnitude τ is
+    found — for k ≤ :data:`TOPK_INSERT_K` in the finiteness pass, by insertion into a sorted
+    buffer of the k largest so far (few entries get past its last one), else by quickselect on
+    a copy — and one pass collects the entries ≥ τ: the kept ones are those > τ and the first
+    entries = τ."""
+    n, d = x2.shape
+    a = np.empty(d, dtype=x2.dtype)
+    top = np.empty(k, dtype=x2.dtype)
+    cand = np.empty(d, dtype=np.int64)
+    dense = out.shape[0] == n
+    for r in range(n):
+        row = x2[r]
+        bad = np.uint8(0)
+        if k == 1:  # the first largest |x_j|: one pass
+            j = 0
+            best = abs(row[0])
+            for i in range(d):
+                v = row[i]
+                bad |= np.uint8((v - v) != 0)
+                av = abs(v)
+                if av > best:
+                    best = av
+                    j = i
+            if bad:
+                return NON_FINITE
+            idx[r, 0] = j
+            if dense:
+                orow = out[r]
+                for i in range(d):
+                    orow[i] = 0
+                orow[j] = row[j]
+            continue
+        if k <= TOPK_INSERT_K:
+            top[:] = -1.0
+            for i in range(d):
+                v = row[i]
+                bad |= np.uint8((v - v) != 0)
+                av = abs(v)
+                if av > top[k - 1]:
+                    p = k - 1
+                    while p > 0 and top[p - 1] < av:
+                        top[p] = top[p - 1]
+                        p -= 1
+                    top[p] = av
+            kth = top[k - 1]
+        else:
+            for i in range(d):
+                v = row[i]
+                bad |= np.uint8((v - v) != 0)
+                a[i] = abs(v)
+            kth = _kth_smallest(a, d - k) if not bad else a[0]
+        if bad:
             return NON_FINITE
+        c = 0
+        above = 0
+        for i in range(d):
+            av = abs(row[i])
+            if av >= kth:
+                cand[c] = i
+                c += 1
+                above += av > kth
+        need = k - above
+        o = 0
+        for t in range(c):
+            i = cand[t]
+            if abs(row[i]) > kth:
+                idx[r, o] = i
+                o += 1
+            elif need > 0:
+                idx[r, o] = i
+                o += 1
+                need -= 1
+        if dense:
+            orow = out[r]
+            for i in range(d):
+                orow[i] = 0
+            for t in range(k):
+                orow[idx[r, t]] = row[idx[r, t]]
     return OK
 
 

@@ -10,7 +10,6 @@ from . import _kernels as K
 from ._wire import BitReader, BitWriter, float_width
 from .base import (
     COMPRESSORS,
-    NUMBA_MIN_D,
     Compressor,
     _check_positive_int,
     _emit,
@@ -131,42 +130,49 @@ class TopK(Compressor):
 
     def _indices(self, x: torch.Tensor) -> torch.Tensor:
         k = self._k(x.shape[-1])
-        if _use_numba(x, NUMBA_MIN_D):
-            x2 = _rows(x)
-            n, d = x2.shape
-            idx = np.empty((n, k), dtype=np.int64)
-            plan = K.topk_plan(d, k)
-            if plan is None:
-                status = K.topk_rows(x2, k, idx)
-            else:  # threshold from a sample, candidates in parallel chunks, exact selection
-                rank, slots = plan
-                tau = np.empty(n, dtype=x2.dtype)
-                K.topk_thresholds(x2, rank, tau)
-                nch = -(-d // K.CHUNK)
-                cand = np.empty((n, nch * slots), dtype=np.int64)
-                counts = np.empty((n, nch), dtype=np.int64)
-                status = K.run(K.topk_candidates, x2, x2, tau, slots, cand, counts)
-                if status == K.OK:
-                    status = K.topk_finish(x2, k, tau, slots, cand, counts, idx)
-            if status != K.OK:
-                raise non_finite_error(self.name)
+        if _use_numba(x):
+            idx = self._topk_numba(x, k, None)
             return torch.from_numpy(idx).reshape(*x.shape[:-1], k)
         _require_finite(x, self.name)
         return topk_indices_torch(x, k)
+
+    def _topk_numba(self, x: torch.Tensor, k: int, o2: np.ndarray | None) -> np.ndarray:
+        """Indices (rows, k) by the kernels; short rows (no sampling plan) also write the dense
+        result into ``o2`` when given (one fused pass)."""
+        x2 = _rows(x)
+        n, d = x2.shape
+        idx = np.empty((n, k), dtype=np.int64)
+        plan = K.topk_plan(d, k)
+        if plan is None:  # one selection per row
+            dense = o2 if o2 is not None else np.empty((0, d), dtype=x2.dtype)
+            status = K.topk_rows(x2, k, idx, dense)
+        else:  # threshold from a sample, candidates in parallel chunks, exact selection
+            rank, slots = plan
+            tau = np.empty(n, dtype=x2.dtype)
+            K.topk_thresholds(x2, rank, tau)
+            nch = -(-d // K.CHUNK)
+            cand = np.empty((n, nch * slots), dtype=np.int64)
+            counts = np.empty((n, nch), dtype=np.int64)
+            status = K.run(K.topk_candidates, x2, x2, tau, slots, cand, counts)
+            if status == K.OK:
+                status = K.topk_finish(x2, k, tau, slots, cand, counts, idx)
+            if status == K.OK and o2 is not None:
+                K.run(K.zero_rows, x2, x2, False, o2)
+                K.scatter_rows(x2, idx, np.ones(1, dtype=o2.dtype), o2)
+        if status != K.OK:
+            raise non_finite_error(self.name)
+        return idx
 
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._indices(x)
         return idx, x.gather(-1, idx)
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
-        idx = self._indices(x)
-        if _use_numba(x, NUMBA_MIN_D):
+        if _use_numba(x):
             res, o2, copy = _out_rows(x, out)
-            one = np.ones(1, dtype=o2.dtype)
-            x2 = _rows(x)
-            K.run(K.zero_rows, x2, x2, False, o2)
-            K.scatter_rows(x2, idx.reshape(-1, idx.shape[-1]).numpy(), one, o2)
+            self._topk_numba(x, self._k(x.shape[-1]), o2)
             return _emit(res, out) if copy else res
+        idx = self._indices(x)
         res = torch.zeros_like(x) if out is None else out.zero_()
         return res.scatter_(-1, idx, x.gather(-1, idx))
 

@@ -178,9 +178,12 @@ class LinearModelProblem(Problem):
             self._indices = csr.indices.astype(np.int64)
             self._data = csr.data.astype(np_dtype)
             self._A: sp.csr_matrix | np.ndarray = csr
+            # binary features (every stored value 1.0): the kernels skip reading the values
+            self._ones = bool(np.all(self._data == 1.0))
         else:
             dense = A64.toarray() if isinstance(A64, sp.csr_matrix) else A64
             self._A = np.ascontiguousarray(dense, dtype=np_dtype)
+            self._ones = False
         self._y = self._y64.astype(np_dtype)
         self._w = self._w64.astype(np_dtype)
         self._torch: dict[str, torch.Tensor] | None = None
@@ -373,7 +376,7 @@ class LinearModelProblem(Problem):
     def _rowdot(self, X: np.ndarray, rows: np.ndarray, client: np.ndarray) -> np.ndarray:
         z = np.empty(rows.size, dtype=self._A.dtype)
         if self.storage == "sparse":
-            K.rowdot_csr(self._indptr, self._indices, self._data, rows, client, X, z)
+            K.rowdot_csr(self._indptr, self._indices, self._data, rows, client, X, self._ones, z)
         else:
             K.rowdot_dense(self._A, rows, client, X, z)
         return z
@@ -396,10 +399,11 @@ class LinearModelProblem(Problem):
         z = self._rowdot(X, rows, same if same_x else client)
         y = self._y if rows is self._rows else self._y[rows]
         w = self._w if weights is None else weights
-        r = (_dphi_np(self.loss_kind, z, y) * w).astype(dt, copy=False)
+        r = np.empty(z.shape[0], dtype=dt)  # (_dphi_np(loss, z, y) * w).astype(dt), fused
+        K.dphi_weighted(self.loss_kind == "logistic", z, y, w, r)
         G = np.zeros((self.n, self.d), dtype=dt)
         if self.storage == "sparse":
-            K.scatter_csr(self._indptr, self._indices, self._data, rows, client, r, G)
+            K.scatter_csr(self._indptr, self._indices, self._data, rows, client, r, self._ones, G)
         else:
             K.scatter_dense(self._A, rows, client, r, G)
         return z, G
@@ -557,7 +561,7 @@ class LinearModelProblem(Problem):
         G = np.zeros((self.n, self.d))
         rm = r / m[self._client]
         if isinstance(A, sp.csr_matrix):
-            K.scatter_csr(*_csr_parts(A), self._rows, self._client, rm, G)
+            K.scatter_csr(*_csr_parts(A), self._rows, self._client, rm, False, G)
         else:
             K.scatter_dense(A, self._rows, self._client, rm, G)
         pop = np.maximum(second - (G * G).sum(1), 0.0)
