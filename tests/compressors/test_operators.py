@@ -97,18 +97,50 @@ def test_scaled_rand_k_is_rand_k_scaled_exactly() -> None:
     assert torch.equal(yu, b(x, keys) * torch.tensor(30 / 7, dtype=torch.float32))
 
 
-@pytest.mark.parametrize("d,k", [(1, 1), (2, 1), (7, 7), (1000, 13), (65537, 300)])
+@pytest.mark.parametrize(
+    "d,k",
+    [(1, 1), (2, 1), (7, 7), (1000, 13), (65537, 300), (1 << 16, 40_000), (100_003, 40_000)],
+)
 def test_rand_k_indices_distinct_in_range_and_paths_agree(d: int, k: int) -> None:
+    """The torch twin, the scalar kernel and the block kernel (vectorized uint32 Feistel, blocks
+    of 16384 indices on the threads; d = 2^16: no cycle walking, 100003: the most) agree."""
     from shrinkgrad.compressors.sparse import RANDK_TAG, ROT_TRIES, randk_indices_torch
 
     keys = Keys.derive(8, round=2, client=np.arange(5)).fold(RANDK_TAG)
     t = randk_indices_torch(keys, d, k)
-    lo, hi = keys.numpy()
+    lo, hi = (a.astype(np.uint64) for a in keys.numpy())
     idx = np.empty((5, k), dtype=np.int64)
-    K.randk_indices(lo.astype(np.uint64), hi.astype(np.uint64), d, k, ROT_TRIES, idx)
+    K.randk_indices(lo, hi, d, k, ROT_TRIES, idx)
     assert np.array_equal(t.numpy(), idx)
+    blocks = np.empty((5, k), dtype=np.int64)
+    K.run(K.randk_block, blocks, lo, hi, d, ROT_TRIES, blocks)
+    assert np.array_equal(blocks, idx)
     for row in idx:
         assert len(set(row.tolist())) == k and row.min() >= 0 and row.max() < d
+
+
+@pytest.mark.parametrize("spec", ["rand_k[k=5000]", "rand_k_scaled[k=5000]"])
+def test_rand_k_kernel_over_several_chunks(spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept values written chunk by chunk (indices bucketed by chunk) equal the torch path;
+    a non-finite entry in a late chunk and an overflowing kept value are still reported."""
+    d = 3 * K.CHUNK + 5
+    x = torch.randn(2, d, generator=torch.Generator().manual_seed(3))
+    keys = Keys.derive(4, round=1, client=np.arange(2))
+    c = make_compressor(spec)
+    monkeypatch.setattr(base, "KERNELS", "torch")
+    ref = c(x, keys)
+    monkeypatch.setattr(base, "KERNELS", "numba")
+    assert torch.equal(c(x, keys), ref)
+    assert int((ref != 0).sum()) == 2 * 5000
+    bad = x.clone()
+    bad[1, d - 2] = math.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        c(bad, keys)
+    if spec.startswith("rand_k["):
+        big = x.clone()
+        big[0, int(ref[0].nonzero()[-1])] = 1e38  # times d/k = 9.8: beyond float32
+        with pytest.raises(ValueError, match="overflows"):
+            c(big, keys)
 
 
 def test_rand_k_bits_with_and_without_shared_seed() -> None:

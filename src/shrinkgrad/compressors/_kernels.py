@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..rng_numba import bits32, fill_words, mix32
+from ..rng_numba import bits32, fill_words, mix32, mix32_u32
 
 __all__ = [
     "CHUNK",
@@ -42,12 +42,15 @@ __all__ = [
     "OK",
     "OVERFLOW",
     "bernoulli_rows",
+    "bucket_by_chunk",
     "dither_rows",
     "natural_rows",
+    "randk_block",
     "randk_indices",
     "round_rows",
     "row_stats",
     "scatter_rows",
+    "sparse_rows",
     "topk_candidates",
     "topk_finish",
     "topk_plan",
@@ -887,6 +890,193 @@ def randk_indices(  # pragma: no cover - compiled
             while y >= ud:
                 y = _feistel(y, m, mask_lo, mask_hi, r0, r1, r2, r3)
             row[i] = np.int64((y + rot) % ud)
+
+
+@njit(cache=True, inline="always")
+def _feistel32(  # pragma: no cover - compiled
+    v: np.uint32,
+    m: np.uint32,
+    mask_lo: np.uint32,
+    mask_hi: np.uint32,
+    r0: np.uint32,
+    r1: np.uint32,
+    r2: np.uint32,
+    r3: np.uint32,
+) -> np.uint32:
+    """:func:`_feistel` in wrapping ``uint32`` arithmetic (the same values for ⌈log₂ d⌉ ≤ 32:
+    every intermediate fits in 32 bits), which LLVM vectorizes."""
+    left = v >> m
+    right = v & mask_lo
+    left ^= mix32_u32(right ^ r0) & mask_hi
+    right ^= mix32_u32(left ^ r1) & mask_lo
+    left ^= mix32_u32(right ^ r2) & mask_hi
+    right ^= mix32_u32(left ^ r3) & mask_lo
+    return (left << m) | right
+
+
+@njit(cache=True)
+def _feistel_fill(  # pragma: no cover - compiled
+    i0: int,
+    y: np.ndarray,
+    m: np.uint32,
+    mask_lo: np.uint32,
+    mask_hi: np.uint32,
+    r0: np.uint32,
+    r1: np.uint32,
+    r2: np.uint32,
+    r3: np.uint32,
+) -> None:
+    """y[t] = π(i0 + t) before cycle walking (a vectorizable loop)."""
+    for t in range(y.size):
+        y[t] = _feistel32(np.uint32(i0 + t), m, mask_lo, mask_hi, r0, r1, r2, r3)
+
+
+@njit(cache=True)
+def _feistel_again(  # pragma: no cover - compiled
+    v: np.ndarray,
+    m: np.uint32,
+    mask_lo: np.uint32,
+    mask_hi: np.uint32,
+    r0: np.uint32,
+    r1: np.uint32,
+    r2: np.uint32,
+    r3: np.uint32,
+) -> None:
+    """v[s] = π(v[s]): one cycle-walking step of a list of values (a vectorizable loop)."""
+    for s in range(v.size):
+        v[s] = _feistel32(v[s], m, mask_lo, mask_hi, r0, r1, r2, r3)
+
+
+@njit(cache=True, nogil=True)
+def randk_block(  # pragma: no cover - compiled
+    lo: np.ndarray,
+    hi: np.ndarray,
+    d: int,
+    rot_tries: int,
+    idx: np.ndarray,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """:func:`randk_indices` for d ≤ 2³², as work items (row r, block of CHUNK indices) for
+    :func:`run`: the Feistel permutation of a whole block in one vectorized loop, then the
+    cycle walk of the values still ≥ d (≈ 1 − d/2^⌈log₂ d⌉ of them) in vectorized rounds over a
+    shrinking list. The same indices as :func:`randk_indices`."""
+    k = idx.shape[1]
+    nch = (k + CHUNK - 1) // CHUNK
+    b = 0
+    while (1 << b) < d:
+        b += 1
+    m = np.uint32(b // 2)
+    mask_lo = np.uint32((1 << (b // 2)) - 1)
+    mask_hi = np.uint32((1 << (b - b // 2)) - 1)
+    ud = np.uint64(d)
+    limit = np.uint64(4294967296 - (4294967296 % d))
+    y = np.empty(CHUNK, dtype=np.uint32)
+    pending = np.empty(CHUNK, dtype=np.int64)
+    values = np.empty(CHUNK, dtype=np.uint32)
+    for w in range(w0, w1):
+        r = w // nch
+        i0 = (w % nch) * CHUNK
+        cnt = min(k, i0 + CHUNK) - i0
+        k0 = lo[r]
+        k1 = hi[r]
+        r0 = np.uint32(bits32(k0, k1, np.uint64(0)))
+        r1 = np.uint32(bits32(k0, k1, np.uint64(1)))
+        r2 = np.uint32(bits32(k0, k1, np.uint64(2)))
+        r3 = np.uint32(bits32(k0, k1, np.uint64(3)))
+        rot = np.uint64(0)
+        for t in range(rot_tries):
+            word = bits32(k0, k1, np.uint64(4 + t))
+            rot = word % ud
+            if word < limit:
+                break
+        _feistel_fill(i0, y[:cnt], m, mask_lo, mask_hi, r0, r1, r2, r3)
+        npend = 0
+        for t in range(cnt):
+            if np.uint64(y[t]) >= ud:
+                pending[npend] = t
+                values[npend] = y[t]
+                npend += 1
+        while npend > 0:  # cycle walking: the values still >= d, one step per round
+            _feistel_again(values[:npend], m, mask_lo, mask_hi, r0, r1, r2, r3)
+            q = 0
+            for s in range(npend):
+                v = values[s]
+                if np.uint64(v) >= ud:
+                    pending[q] = pending[s]
+                    values[q] = v
+                    q += 1
+                else:
+                    y[pending[s]] = v
+            npend = q
+        row = idx[r]
+        for t in range(cnt):
+            u = np.uint64(y[t]) + rot
+            row[i0 + t] = np.int64(u - ud if u >= ud else u)
+        status[w] = OK
+
+
+@njit(cache=True)
+def bucket_by_chunk(  # pragma: no cover - compiled
+    idx: np.ndarray, order: np.ndarray, starts: np.ndarray
+) -> None:
+    """Counting sort of every row's indices by chunk (j ≫ log₂ CHUNK), keeping their order
+    within a chunk: chunk c of row r holds ``order[r, starts[r, c]:starts[r, c + 1]]``."""
+    n, k = idx.shape
+    nch = starts.shape[1] - 1
+    pos = np.empty(nch, dtype=np.int64)
+    shift = np.int64(0)
+    while (1 << shift) < CHUNK:
+        shift += 1
+    for r in range(n):
+        s = starts[r]
+        s[:] = 0
+        for i in range(k):
+            s[(idx[r, i] >> shift) + 1] += 1
+        for c in range(nch):
+            s[c + 1] += s[c]
+            pos[c] = s[c]
+        for i in range(k):
+            j = idx[r, i]
+            c = j >> shift
+            order[r, pos[c]] = j
+            pos[c] += 1
+
+
+@njit(cache=True, nogil=True)
+def sparse_rows(  # pragma: no cover - compiled
+    x2: np.ndarray,
+    order: np.ndarray,
+    starts: np.ndarray,
+    scale: np.ndarray,
+    out: np.ndarray,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """out = 0 except out[r, j] = x[r, j] · scale[0] for the kept j, chunk by chunk: one pass
+    zeroes the chunk and checks its x finite (NON_FINITE), then the chunk's kept entries
+    (:func:`bucket_by_chunk`) are written while both are in cache (OVERFLOW if a product
+    leaves the dtype's range)."""
+    d = x2.shape[1]
+    nch = (d + CHUNK - 1) // CHUNK
+    sc = scale[0]
+    for w in range(w0, w1):
+        r = w // nch
+        c = w % nch
+        j0 = c * CHUNK
+        j1 = min(d, j0 + CHUNK)
+        st = NON_FINITE if _zero_check_block(x2[r, j0:j1], out[r, j0:j1]) else OK
+        row = x2[r]
+        o = out[r]
+        for t in range(starts[r, c], starts[r, c + 1]):
+            j = order[r, t]
+            v = row[j] * sc
+            if not (abs(v) < np.inf) and st == OK:
+                st = OVERFLOW
+            o[j] = v
+        status[w] = st
 
 
 @njit(cache=True)

@@ -134,7 +134,10 @@ class _RandKBase(Compressor):
         if numba:
             lo, hi = _keys_rows(pk)
             idx = np.empty((lo.shape[0], k), dtype=np.int64)
-            K.randk_indices(lo, hi, d, k, ROT_TRIES, idx)
+            if d <= 1 << 32:  # vectorized uint32 Feistel, blocks of indices on the threads
+                K.run(K.randk_block, idx, lo, hi, d, ROT_TRIES, idx)
+            else:
+                K.randk_indices(lo, hi, d, k, ROT_TRIES, idx)
             return torch.from_numpy(idx).reshape(*keys.shape, k)
         return randk_indices_torch(pk, d, k)
 
@@ -154,13 +157,19 @@ class _RandKBase(Compressor):
         assert keys is not None
         d = x.shape[-1]
         if _use_numba(x):
-            idx = self._idx(keys, d, True)
+            ik = self._idx(keys, d, True).reshape(-1, self._k(d)).numpy()
             res, o2, copy = _out_rows(x, out)
             sc = np.array([self._scale(d)], dtype=o2.dtype)
             x2 = _rows(x)
-            if K.run(K.zero_rows, x2, x2, True, o2) == K.NON_FINITE:
+            # the kept indices sorted by chunk, so that one pass per chunk zeroes it, checks x
+            # finite and writes the chunk's kept values while both are in cache
+            order = np.empty_like(ik)
+            starts = np.empty((ik.shape[0], -(-d // K.CHUNK) + 1), dtype=np.int64)
+            K.bucket_by_chunk(ik, order, starts)
+            status = K.run(K.sparse_rows, x2, x2, order, starts, sc, o2)
+            if status == K.NON_FINITE:
                 raise non_finite_error(self.name)
-            if K.scatter_rows(x2, idx.reshape(-1, idx.shape[-1]).numpy(), sc, o2) == K.OVERFLOW:
+            if status == K.OVERFLOW:
                 raise _overflow_error(self.name, x.dtype)
             return _emit(res, out) if copy else res
         idx, vals = self._select(x, keys)
