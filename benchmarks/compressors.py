@@ -1,6 +1,6 @@
 """Speed of every compressor on CPU, as GB/s of input and as a ratio to a memcpy.
 
-Run: ``python benchmarks/compressors.py [--d 1e6 1e7] [--repeat 7] [--threads N]``.
+Run: ``python benchmarks/compressors.py [--d 1e6 1e7] [--repeat 7] [--threads N] [--no-wire]``.
 
 Like is compared with like: every compressor writes into a preallocated output tensor
 (``C(x, keys, out=buf)``) and the memcpy baseline copies the same input into a preallocated
@@ -10,6 +10,10 @@ allocations ≥ 4 MB inside a compressor (e.g. candidate buffers) are part of it
 reports the best of ``--repeat`` calls after one warm-up call (which also compiles the numba
 kernels). ``torch.topk`` is a reference row (values + indices of the k largest |x_j|, no dense
 output). The numba kernels use as many threads as torch (``--threads``, default torch's).
+
+A second table times the wire format of every compressor: ``encode(x, keys, out=payload)`` into a
+preallocated byte buffer and ``decode(payload, d, dtype, keys, out=buf)`` into a preallocated
+vector, each against a memcpy measured just before it.
 """
 
 from __future__ import annotations
@@ -79,12 +83,43 @@ def bench(d: int, repeat: int, only: str | None) -> None:
         measure(name, lambda c=c: c(x, keys, out=buf))
 
 
+def bench_wire(d: int, repeat: int, only: str | None) -> None:
+    """Encode (into a preallocated payload buffer) and decode (into a preallocated vector) of
+    every compressor's wire format, each paired with a memcpy measured just before it."""
+    k = max(1, d // 100)
+    x = torch.randn(d, generator=torch.Generator().manual_seed(0))
+    buf = torch.empty_like(x)
+    keys = Keys.derive(1, round=0, client=0)
+    print(f"\nwire format, d = {d:.0e}: encode(x, keys, out=payload), decode(..., out=buf)")
+    print(
+        f"{'compressor':42s} {'bytes':>10s} {'enc ms':>8s} {'dec ms':>8s} {'memcpy ms':>9s} "
+        f"{'enc x memcpy':>12s} {'dec x memcpy':>12s}"
+    )
+    for spec in SPECS:
+        name = spec.format(k=k)
+        if only and only not in name:
+            continue
+        c = make_compressor(name)
+        payload = c.encode(x, keys)
+        space = torch.empty(
+            payload.numel() + (payload.numel() if c.variable_size else 0) + 64, dtype=torch.uint8
+        )
+        t_copy = best_of(lambda: buf.copy_(x), repeat)
+        t_enc = best_of(lambda c=c, o=space: c.encode(x, keys, out=o), repeat)
+        t_dec = best_of(lambda c=c, p=payload: c.decode(p, d, x.dtype, keys, out=buf), repeat)
+        print(
+            f"{name:42s} {payload.numel():10d} {t_enc * 1e3:8.2f} {t_dec * 1e3:8.2f} "
+            f"{t_copy * 1e3:9.2f} {t_copy / t_enc:12.3f} {t_copy / t_dec:12.3f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--d", type=float, nargs="+", default=[1e6, 1e7])
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--threads", type=int, default=None, help="torch and kernel threads")
     ap.add_argument("--only", type=str, default=None, help="substring filter on the specs")
+    ap.add_argument("--no-wire", action="store_true", help="skip the encode/decode table")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -94,6 +129,9 @@ def main() -> None:
     )
     for df in args.d:
         bench(int(df), args.repeat, args.only)
+    if not args.no_wire:
+        for df in args.d:
+            bench_wire(int(df), args.repeat, args.only)
 
 
 if __name__ == "__main__":

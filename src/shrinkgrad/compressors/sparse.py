@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..rng import Keys, mix32_torch
+from . import _codec as codec
 from . import _kernels as K
 from ._random import draw_up, kernel_keys
 from ._wire import BitReader, BitWriter, float_width
@@ -308,10 +309,19 @@ class Bernoulli(Compressor):
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         y = self(x, keys)
-        idx = y.nonzero().reshape(-1)
+        if w.fast:  # the non-zeros by a counting pass and a filling pass (torch's: ~6x slower)
+            yn = y.numpy()
+            nz = codec.count_nonzero(yn)
+            idx_np = np.empty(nz, dtype=np.int64)
+            vals_np = np.empty(nz, dtype=yn.dtype)
+            codec.nonzero_pairs(yn, idx_np, vals_np)
+            idx, vals = torch.from_numpy(idx_np), torch.from_numpy(vals_np)
+        else:
+            idx = y.nonzero().reshape(-1)
+            vals = y[idx]
         w.add(torch.tensor([idx.numel()]), 32)
         w.add(idx, _log2ceil(x.shape[-1]))
-        w.add_float(y[idx])
+        w.add_float(vals)
 
     def _decode_pairs(
         self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
