@@ -34,8 +34,9 @@ is counted as communication). Ratios are against the dense all-reduce of the sam
 4 ranks, loopback) with fp16_compress_hook and with top_k 1% + EF21 for the same number of steps
 and prints both final training losses.
 
-Memory allocator: glibc's defaults (no MALLOC_* or THP variables are set); every configuration
-runs in fresh processes.
+Memory allocator: every configuration runs in fresh processes with ``MALLOC_MMAP_THRESHOLD_`` and
+``MALLOC_TRIM_THRESHOLD_`` set (see ``MALLOC``; no THP variables). The shrinkgrad hooks no longer
+allocate multi-megabyte tensors per step, so this matters for torch's hooks and DDP only.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ BATCH = 32
 WORLD = 4
 LINKS = {"loopback": None, "1gbit": "1gbit", "100mbit": "100mbit"}
 #: every configuration runs with these glibc settings: freed multi-megabyte buffers are reused
-#: instead of being unmapped and page-faulted in again (platform notes; halves the hooks' time)
+#: instead of being unmapped and page-faulted in again (platform notes)
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
 #: (key, label, kind, options)
 CONFIGS: list[tuple[str, str, str, dict[str, Any]]] = [

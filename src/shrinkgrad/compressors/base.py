@@ -19,11 +19,14 @@ is a function of (seed, round, client) only. ``C.compress(x, seed=...)`` is the 
 
 Wire format: ``encode(x, keys)`` gives a ``uint8`` payload of exactly ⌈bits/8⌉ bytes (a sequence of
 bit fields, :mod:`._wire`) and ``decode(payload, d, dtype, keys)`` the dense compressed vector,
-bit-identical to ``C(x, keys)``. Fixed-size sparsifiers (``sparse_k(d)`` not None) also expose
-their chosen indices and values (``_select``) and index fields, which ``compose`` uses.
+bit-identical to ``C(x, keys)``; both take ``out=`` (a preallocated payload buffer / vector).
+Sparse messages (:attr:`Compressor.sparse_message`) can also be read as (index, value) pairs
+(``decode_sparse``). Fixed-size sparsifiers (``sparse_k(d)`` not None) also expose their chosen
+indices and values (``_select``) and index fields, which ``compose`` uses.
 
 Implementations: a torch path (any device) defines every operator; on CPU numba kernels
-(:mod:`._kernels`) compute the same output faster (see :data:`KERNELS`).
+(:mod:`._kernels`; for the wire format :mod:`._wire` and :mod:`._codec`) compute the same
+output faster (see :data:`KERNELS`).
 """
 
 from __future__ import annotations
