@@ -234,3 +234,46 @@ def test_minibatch_variance_bound_for_logistic() -> None:
     )
     with pytest.raises(ValueError, match="no uniform bound"):
         least_squares("a1a", n_clients=6).minibatch_variance_bound(3)
+
+
+@pytest.mark.parametrize(("loss", "reg", "lam"), CASES)
+@pytest.mark.parametrize("storage", ["sparse", "dense"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_restrict_is_the_clients_own_problem_bit_for_bit(
+    loss: str, reg: str, lam: float, storage: str, dtype: str
+) -> None:
+    p = _build(loss, reg, lam, storage, dtype)
+    ids = torch.tensor([4, 1, 3])  # any order: client j of the result is client ids[j]
+    sub = p.restrict(ids)
+    assert isinstance(sub, LinearModelProblem)
+    assert (sub.n, sub.d, sub.dtype, sub.storage) == (3, p.d, p.dtype, p.storage)
+    assert torch.equal(sub.client_sizes, p.client_sizes[ids])
+    assert torch.equal(sub.L_i, p.L_i[ids])
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(p.d, generator=gen, dtype=torch.float64) * 0.3).to(p.dtype)
+    X = (torch.randn(p.n, p.d, generator=gen, dtype=torch.float64) * 0.3).to(p.dtype)
+    assert torch.equal(sub.client_grads(x), p.client_grads(x)[ids])
+    assert torch.equal(sub.client_grads_at(X[ids]), p.client_grads_at(X)[ids])
+    assert torch.equal(sub.client_losses(x), p.client_losses(x)[ids])
+    # the keyed minibatch of client ids[j] is drawn from keys[ids[j]] alone: the same rows
+    keys = Keys.derive(3, client=np.arange(p.n), stream="minibatch")
+    b = torch.clamp(p.client_sizes // 2, min=1)
+    assert torch.equal(
+        sub.client_stoch_grads(X[ids], b[ids], keys[ids]),
+        p.client_stoch_grads(X, b, keys)[ids],
+    )
+    # one client alone, and every client in order, are restrictions too
+    assert torch.equal(p.restrict(torch.tensor([5])).client_grads(x)[0], p.client_grads(x)[5])
+    assert torch.equal(p.restrict(torch.arange(p.n)).client_grads(x), p.client_grads(x))
+
+
+def test_restrict_errors() -> None:
+    p = logistic_regression("a1a", n_clients=4)
+    with pytest.raises(ValueError, match=r"lie in \[0, n=4\)"):
+        p.restrict(torch.tensor([1, 4]))
+    with pytest.raises(ValueError, match="distinct"):
+        p.restrict(torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="at least one"):
+        p.restrict(torch.tensor([], dtype=torch.int64))
+    with pytest.raises(TypeError, match="integers"):
+        p.restrict(torch.tensor([0.0, 1.0]))

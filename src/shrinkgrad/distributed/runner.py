@@ -65,50 +65,12 @@ def client_ids(n: int, world_size: int, rank: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # this rank's clients
 # --------------------------------------------------------------------------------------------
-def _restrict(problem: Problem, ids: torch.Tensor) -> Problem | None:
-    """The problem of the clients ``ids`` alone (same rows in the same order), when possible.
-
-    Implemented for :class:`~shrinkgrad.problems.LinearModelProblem` (each client's f_i depends on
-    its own rows only, so its gradients are computed exactly as in the full problem); None for
-    other problems (then :class:`LocalOracle` evaluates the full problem and keeps its rows).
-    """
-    from ..problems.linear import LinearModelProblem
-
-    targets = getattr(problem, "_y64", None)  # the targets in client order (no public accessor)
-    if not isinstance(problem, LinearModelProblem) or targets is None:
-        return None
-    offsets = problem.offsets
-    parts: list[np.ndarray] = []
-    rows: list[np.ndarray] = []
-    pos = 0
-    for i in ids.tolist():
-        r = np.arange(offsets[i], offsets[i + 1], dtype=np.int64)
-        rows.append(r)
-        parts.append(np.arange(pos, pos + r.size, dtype=np.int64))
-        pos += r.size
-    sel = np.concatenate(rows)
-    return LinearModelProblem(
-        problem.data_matrix()[sel],
-        np.asarray(targets)[sel],
-        parts,
-        loss=problem.loss_kind,
-        lam=problem.lam,
-        reg=problem.reg,
-        dtype=problem.dtype,
-        device=problem.device,
-        storage=problem.storage,
-        name=problem.name,
-        dataset=problem.dataset,
-        split=problem.split,
-    )
-
-
 class LocalOracle:
     """Gradients and losses of one rank's clients, addressed by their global ids.
 
-    Holds the data of the clients ``ids`` only (a restricted copy of the problem, see
-    :func:`_restrict`); for problems that cannot be restricted it evaluates the full problem and
-    keeps the requested rows (correct, not faster). Implements the
+    Holds the data of the clients ``ids`` only (:meth:`~shrinkgrad.problems.Problem.restrict`);
+    for problems that cannot be restricted it evaluates the full problem and keeps the requested
+    rows (correct, not faster). Implements the
     :class:`~shrinkgrad.methods.base.GradientOracle` protocol plus the local sums the metrics
     need (:meth:`sums`).
     """
@@ -116,7 +78,7 @@ class LocalOracle:
     def __init__(self, problem: Problem, ids: torch.Tensor) -> None:
         self.ids = ids.to(torch.int64)
         self.problem = problem
-        local = _restrict(problem, self.ids)
+        local = problem.restrict(self.ids)
         self.local = local
         self._oracle = ProblemOracle(local if local is not None else problem)
         self._index = torch.full((problem.n,), -1, dtype=torch.int64)

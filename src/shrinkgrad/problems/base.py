@@ -85,6 +85,16 @@ class Problem(abc.ABC):
         """
         raise NotImplementedError(f"{self.name} has no stochastic gradients")
 
+    def restrict(self, ids: torch.Tensor) -> Problem | None:
+        """The problem of the clients ``ids`` alone, or None when this problem cannot do that.
+
+        Client j of the result is client ``ids[j]`` of this problem with exactly the same f_j:
+        its losses and gradients equal those rows of this problem's, bit for bit. A distributed
+        rank holds only its clients' data this way. None (the default) means "evaluate the full
+        problem and keep the rows of ``ids``" (correct, not cheaper).
+        """
+        return None
+
     # -- derived constants ----------------------------------------------------------------------
     @property
     def L_AM(self) -> float:

@@ -188,6 +188,7 @@ class LinearModelProblem(Problem):
         self._w = self._w64.astype(np_dtype)
         self._torch: dict[str, torch.Tensor] | None = None
         self.backend: Literal["numba", "torch"] = "numba" if self.device.type == "cpu" else "torch"
+        self._eig_method = eig_method
 
         # -- smoothness constants (float64, exact) ------------------------------------------
         kappa = CURVATURE[loss]
@@ -604,6 +605,43 @@ class LinearModelProblem(Problem):
                 f"{int(self.client_sizes[i])}] (the client's number of samples)"
             )
         return b
+
+    def restrict(self, ids: torch.Tensor) -> LinearModelProblem:
+        """The problem of the clients ``ids`` alone (:meth:`Problem.restrict`).
+
+        Client j of the result holds client ``ids[j]``'s rows in the same order, so its gradients
+        and losses are computed exactly as here (each f_i depends on its own rows only); ``L_i``
+        and ``client_sizes`` are those of ``ids``, ``L`` is the smoothness constant of the
+        clients' average f = (1/m) Σ_j f_{ids[j]}.
+        """
+        idx = torch.as_tensor(ids).detach().cpu().reshape(-1)
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"client ids must be integers, got {idx.dtype}")
+        if idx.numel() == 0:
+            raise ValueError("restrict needs at least one client id")
+        if int(idx.min()) < 0 or int(idx.max()) >= self.n:
+            raise ValueError(f"client ids must lie in [0, n={self.n})")
+        if torch.unique(idx).numel() != idx.numel():
+            raise ValueError("client ids must be distinct")
+        rows = [np.arange(self.offsets[i], self.offsets[i + 1]) for i in idx.tolist()]
+        sel = np.concatenate(rows)
+        sizes = np.array([r.size for r in rows], dtype=np.int64)
+        parts = np.split(np.arange(sel.size, dtype=np.int64), np.cumsum(sizes)[:-1])
+        return LinearModelProblem(
+            self._A64[sel],
+            self._y64[sel],
+            parts,
+            loss=self.loss_kind,
+            lam=self.lam,
+            reg=self.reg,
+            dtype=self.dtype,
+            device=self.device,
+            storage=self.storage,
+            name=self.name,
+            dataset=self.dataset,
+            split=self.split,
+            eig_method=self._eig_method,
+        )
 
     # -- data access and metadata ----------------------------------------------------------------
     def data_matrix(self) -> sp.csr_matrix | np.ndarray:
