@@ -11,6 +11,12 @@ reports the best of ``--repeat`` calls after one warm-up call (which also compil
 kernels). ``torch.topk`` is a reference row (values + indices of the k largest |x_j|, no dense
 output). The numba kernels use as many threads as torch (``--threads``, default torch's).
 
+Caches: a d = 10⁷ float32 vector is 40 MB, which fits the last-level cache of some servers (the
+development VM has a 300 MB L3, where a repeated memcpy of the same 40 MB runs at ~25 GB/s instead
+of the ~12 GB/s of DRAM). ``--cold`` (the default) therefore rotates every measurement, the memcpy
+baseline included, through enough distinct input/output pairs to exceed twice the last-level cache,
+so that both stream from DRAM; ``--hot`` reuses one pair (everything cache-resident).
+
 A second table times the wire format of every compressor: ``encode(x, keys, out=payload)`` into a
 preallocated byte buffer and ``decode(payload, d, dtype, keys, out=buf)`` into a preallocated
 vector, each against a memcpy measured just before it.
@@ -21,10 +27,11 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from shrinkgrad import make_compressor
+from shrinkgrad import Compressor, make_compressor
 from shrinkgrad.rng import Keys
 
 SPECS = [
@@ -54,33 +61,77 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
     return min(times)
 
 
-def bench(d: int, repeat: int, only: str | None) -> None:
+def last_level_cache_bytes() -> int:
+    """Size of the largest CPU cache (Linux sysfs); 512 MB when it cannot be read."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * mult)
+        except ValueError:
+            continue
+    return max(sizes) if sizes else 512 << 20
+
+
+class Pool:
+    """Input/output pairs used in turn, so that a measurement streams from DRAM (see --cold)."""
+
+    def __init__(self, d: int, cold: bool) -> None:
+        nbytes = 2 * 4 * d
+        count = max(1, -(-2 * last_level_cache_bytes() // nbytes)) if cold else 1
+        gen = torch.Generator().manual_seed(0)
+        self.xs = [torch.randn(d, generator=gen) for _ in range(count)]
+        self.outs = [torch.empty(d) for _ in range(count)]
+        for o in self.outs:
+            o.zero_()  # fault the pages in now, not inside a measurement
+        self.i = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.i = (self.i + 1) % len(self.xs)
+        return self.xs[self.i], self.outs[self.i]
+
+
+def bench(d: int, repeat: int, only: str | None, cold: bool) -> None:
     """Print one table for vectors of length ``d``.
 
     Each row is paired with a memcpy measured just before it (same number of repeats), and its
     ratio uses that memcpy, so that load drifting on a shared machine affects both alike.
     """
     k = max(1, d // 100)
-    x = torch.randn(d, generator=torch.Generator().manual_seed(0))
-    buf = torch.empty_like(x)
+    pool = Pool(d, cold)
     keys = Keys.derive(1, round=0, client=0)
-    gb = x.numel() * x.element_size() / 1e9
-    print(f"\nd = {d:.0e} (k = {k}, 1%)")
+    gb = 4 * d / 1e9
+    mode = f"cold: {len(pool.xs)} input/output pairs in turn" if cold else "hot: one pair"
+    print(f"\nd = {d:.0e} (k = {k}, 1%), {mode}")
     print(f"{'compressor':42s} {'ms':>8s} {'GB/s':>6s} {'memcpy ms':>9s} {'x memcpy':>9s}")
 
+    def copy() -> object:
+        x, buf = pool.next()
+        return buf.copy_(x)
+
     def measure(name: str, fn: Callable[[], object]) -> None:
-        t_copy = best_of(lambda: buf.copy_(x), repeat)
+        t_copy = best_of(copy, repeat)
         t = best_of(fn, repeat)
         print(f"{name:42s} {t * 1e3:8.2f} {gb / t:6.2f} {t_copy * 1e3:9.2f} {t_copy / t:9.3f}")
 
-    measure("memcpy (buf.copy_(x))", lambda: buf.copy_(x))
-    measure("torch.topk(|x|, k) [reference]", lambda: torch.topk(x.abs(), k))
+    def topk() -> object:
+        x, _ = pool.next()
+        return torch.topk(x.abs(), k)
+
+    measure("memcpy (buf.copy_(x))", copy)
+    measure("torch.topk(|x|, k) [reference]", topk)
     for spec in SPECS:
         name = spec.format(k=k)
         if only and only not in name:
             continue
         c = make_compressor(name)
-        measure(name, lambda c=c: c(x, keys, out=buf))
+
+        def run(c: Compressor = c) -> object:
+            x, buf = pool.next()
+            return c(x, keys, out=buf)
+
+        measure(name, run)
 
 
 def bench_wire(d: int, repeat: int, only: str | None) -> None:
@@ -120,6 +171,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch and kernel threads")
     ap.add_argument("--only", type=str, default=None, help="substring filter on the specs")
     ap.add_argument("--no-wire", action="store_true", help="skip the encode/decode table")
+    cache = ap.add_mutually_exclusive_group()
+    cache.add_argument(
+        "--cold",
+        dest="cold",
+        action="store_true",
+        default=True,
+        help="rotate through inputs larger than the last-level cache (default)",
+    )
+    cache.add_argument("--hot", dest="cold", action="store_false", help="reuse one input/output")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -127,8 +187,9 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads (torch and the numba "
         "kernels); float32; output and memcpy into preallocated buffers"
     )
+    print(f"last-level cache: {last_level_cache_bytes() >> 20} MB")
     for df in args.d:
-        bench(int(df), args.repeat, args.only)
+        bench(int(df), args.repeat, args.only, args.cold)
     if not args.no_wire:
         for df in args.d:
             bench_wire(int(df), args.repeat, args.only)
