@@ -43,6 +43,7 @@ def _run(rank: int, world: int, kwargs: dict[str, Any]) -> dict[str, Any]:
         "message": res.message,
         "ids": res.state.clients.ids,
         "bits_up": res.bits_up,
+        "rounds": res.rounds,
     }
 
 
@@ -150,14 +151,25 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
         spawn(_run, 2, (dict(base, rounds=12, checkpoint=prefix),))
 
 
-def test_divergence_stops_every_rank_as_the_simulator_does() -> None:
+@pytest.mark.parametrize(
+    "how",
+    [
+        dict(stepsize=5.0, rounds=60),  # grad_norm_sq grows past divergence_factor
+        # non-finite metrics at a logged round: the state and the bit counters are those of the
+        # last round before it, on every rank as in the simulator
+        dict(stepsize=50.0, rounds=300, log_every=7, divergence_factor=None),
+    ],
+)
+def test_divergence_stops_every_rank_as_the_simulator_does(how: dict[str, Any]) -> None:
     problem = least_squares("a1a", n_clients=4)
-    kwargs = dict(problem=problem, method="ef21", compressor="top_k[k=2]", stepsize=5.0, rounds=60)
+    kwargs = dict(problem=problem, method="ef21", compressor="top_k[k=2]", **how)
     out = spawn(_run, 2, (kwargs,))
     sim, _ = _simulate(kwargs)
     assert sim.status == "diverged"
     assert [o["status"] for o in out] == ["diverged", "diverged"]
-    assert out[0]["message"] == out[1]["message"]
+    assert out[0]["message"] == out[1]["message"] == sim.message
+    assert out[0]["rounds"] == out[1]["rounds"] == sim.rounds
+    assert torch.equal(out[0]["bits_up"], sim.bits_up)
     cols = [c for c in sim.table.columns if c not in ("time_s", "grad_norm_sq", "loss")]
     pd.testing.assert_frame_equal(out[0]["table"][cols], sim.table[cols])
 

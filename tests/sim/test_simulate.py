@@ -268,6 +268,16 @@ def test_checkpoint_of_another_run_is_refused(lsq: LeastSquares, tmp_path: Path)
     run(lsq, checkpoint=path, rounds=5)
     with pytest.raises(ValueError, match=r"different run \(seed: saved 7 vs now 8\)"):
         run(lsq, checkpoint=path, seed=8)
+    # the same run saved without some fields (an older layout) is refused, not misread
+    from shrinkgrad.sim import load_checkpoint, save_checkpoint
+
+    saved = load_checkpoint(path)
+    assert saved is not None
+    save_checkpoint(path, {k: v for k, v in saved.items() if k not in ("n_rows", "last_logged")})
+    with pytest.raises(
+        ValueError, match=r"another version of shrinkgrad .*lacks last_logged, n_rows"
+    ):
+        run(lsq, checkpoint=path, rounds=5)
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="cannot read the checkpoint"):
         run(lsq, checkpoint=path)
