@@ -11,29 +11,17 @@ again; an interrupted run resumes from its ranks' checkpoints (``runs/<id>/check
 
 from __future__ import annotations
 
-import json
-import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 import torch.distributed as dist
 
-from ..experiments.config import ExperimentConfig, dump_config, resolve_stepsize
+from ..experiments.config import ExperimentConfig, dump_config
+from ..experiments.execute import collect_results, finish_run, prepare_run, write_run
 from ..experiments.grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
-from ..experiments.results import (
-    Format,
-    concat_tables,
-    default_format,
-    find_run_table,
-    read_json,
-    read_table,
-    write_json,
-    write_table,
-)
+from ..experiments.results import Format, default_format, find_run_table, write_json, write_table
 from .runner import run_distributed
 
 __all__ = ["plan", "train_config"]
@@ -98,7 +86,7 @@ def train_config(
     dist.barrier()
     if rank != 0:
         return None
-    table, summary_table = _collect(out_dir, runs)
+    table, summary_table = collect_results(out_dir, runs, config.name)
     write_table(table, out_dir / "results", fmt)
     summary_table.to_csv(out_dir / "runs.csv", index=False)
     return table
@@ -114,7 +102,6 @@ def _one_run(
     world: int,
 ) -> dict[str, Any]:
     """One run on every rank (the same columns and files as the simulator's sweep runner)."""
-    s = run.settings
     rank = dist.get_rank()
     run_dir = out_dir / "runs" / run.run_id
     if rank == 0:
@@ -122,97 +109,13 @@ def _one_run(
         ident = {"run_id": run.run_id, "label": run.label, **run.identity(), "world_size": world}
         write_json(run_dir / "run.json", ident)
     dist.barrier()
-    problem = cache.get(run.problem.spec)
-    if problem is None:
-        problem = cache[run.problem.spec] = build_problem(run.problem.spec, s.dtype)
-    step, rule = resolve_stepsize(run.arm.stepsize, run.arm.method, run.arm.compressor, problem)
-    tol = s.tol
-    if s.tol_rel is not None:
-        g0 = problem.grad(problem.x0())
-        tol = s.tol_rel * float(g0 @ g0)
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # divergence is a result, recorded below
-        res = run_distributed(
-            problem,
-            run.arm.method,
-            run.arm.compressor,
-            step,
-            s.rounds,
-            run.seed,
-            log_every=s.log_every,
-            tol=tol,
-            dtype=s.dtype,
-            wire_dtype=getattr(torch, s.wire_dtype),
-            divergence_factor=s.divergence_factor,
-            checkpoint=run_dir / "checkpoint.pt",
-            checkpoint_every=s.checkpoint_every,
-        )
-    wall = time.perf_counter() - t0
-    table = res.table.copy()
-    if rule:
-        table["stepsize_rule"] = rule
-    extra = {
-        "run_id": run.run_id,
-        "experiment": experiment,
-        "problem_spec": run.problem.spec,
-        "problem_label": run.problem.label,
-        "stepsize_spec": run.arm.stepsize,
-        "seed_index": run.seed_index,
-        "status": res.status,
-        **info.columns(),
-    }
-    for k, v in extra.items():
-        table[k] = v
-    last = table.iloc[-1]
-    summary = {
-        "run_id": run.run_id,
-        "problem": run.problem.label,
-        "method": run.arm.method,
-        "compressor": run.arm.compressor,
-        "stepsize_spec": run.arm.stepsize,
-        "stepsize": res.stepsize,
-        "stepsize_rule": rule or res.stepsize_rule,
-        "seed_index": run.seed_index,
-        "seed": run.seed,
-        "status": res.status,
-        "message": res.message,
-        "rounds": int(res.rounds),
-        "grad_norm_sq": float(last["grad_norm_sq"]),
-        "loss": float(last["loss"]),
-        "bits_up": float(last["bits_up"]),
-        "wall_s": wall,
-        "world_size": world,
-    }
+    prepared = prepare_run(run, cache.get(run.problem.spec))
+    cache[run.problem.spec] = prepared.problem
+    result, wall = prepared.execute(run_distributed, checkpoint=run_dir / "checkpoint.pt")
+    table, summary = finish_run(prepared, result, wall, info, experiment, world_size=world)
     dist.barrier()  # every rank saved its final checkpoint
     if rank == 0:
-        write_table(table, run_dir / "table", fmt)
-        write_json(run_dir / "done.json", json.loads(json.dumps(summary, default=str)))
+        write_run(run_dir, table, summary, fmt)
     for p in run_dir.glob(f"checkpoint.pt.rank{rank}-of-*"):
         p.unlink(missing_ok=True)
     return summary
-
-
-def _collect(out_dir: Path, runs: list[RunSpec]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The finished runs' tables concatenated (config order) and one summary row per run."""
-    tables = []
-    rows = []
-    for r in runs:
-        run_dir = out_dir / "runs" / r.run_id
-        path = find_run_table(run_dir)
-        base = {
-            "run_id": r.run_id,
-            "problem": r.problem.label,
-            "method": r.arm.method,
-            "compressor": r.arm.compressor,
-            "stepsize_spec": r.arm.stepsize,
-            "seed_index": r.seed_index,
-            "seed": r.seed,
-        }
-        if path is None:
-            rows.append({**base, "status": "pending"})
-            continue
-        tables.append(read_table(path))
-        done = read_json(run_dir / "done.json")
-        rows.append({**base, **{k: v for k, v in done.items() if k not in base}})
-    return concat_tables(tables), pd.DataFrame(rows)

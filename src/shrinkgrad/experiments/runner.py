@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -33,18 +32,10 @@ from typing import Any
 
 import pandas as pd
 
-from .config import ExperimentConfig, dump_config, resolve_stepsize
+from .config import ExperimentConfig, dump_config
+from .execute import collect_results, finish_run, prepare_run, write_run
 from .grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
-from .results import (
-    Format,
-    concat_tables,
-    default_format,
-    find_run_table,
-    read_json,
-    read_table,
-    write_json,
-    write_table,
-)
+from .results import Format, default_format, find_run_table, write_json, write_table
 
 __all__ = ["ExperimentResult", "RunFailure", "default_jobs", "environment", "run_experiment"]
 
@@ -124,12 +115,7 @@ def execute_run(
     s = run.settings
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "run.json", {"run_id": run.run_id, "label": run.label, **run.identity()})
-    problem = _problem(run.problem.spec, s.dtype)
-    step, rule = resolve_stepsize(run.arm.stepsize, run.arm.method, run.arm.compressor, problem)
-    tol = s.tol
-    if s.tol_rel is not None:
-        g0 = problem.grad(problem.x0())
-        tol = s.tol_rel * float(g0 @ g0)
+    prepared = prepare_run(run, _problem(run.problem.spec, s.dtype))
     emit("start", run.run_id, {"rounds": s.rounds, "label": run.label})
     last = [0.0]
 
@@ -140,65 +126,14 @@ def execute_run(
             emit("progress", run.run_id, {"round": r})
         return False
 
-    import torch
-
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # divergence is a result, recorded below
-        res = simulate(
-            problem,
-            run.arm.method,
-            run.arm.compressor,
-            step,
-            s.rounds,
-            run.seed,
-            log_every=s.log_every,
-            tol=tol,
-            dtype=s.dtype,
-            wire_dtype=getattr(torch, s.wire_dtype),
-            divergence_factor=s.divergence_factor,
-            # a run shorter than a checkpoint interval is simply rerun after an interruption
-            checkpoint=run_dir / "checkpoint.pt" if s.rounds > s.checkpoint_every else None,
-            checkpoint_every=s.checkpoint_every,
-            callback=callback,
-        )
-    wall = time.perf_counter() - t0
-    table = res.table.copy()
-    if rule:
-        table["stepsize_rule"] = rule
-    extra = {
-        "run_id": run.run_id,
-        "experiment": experiment,
-        "problem_spec": run.problem.spec,
-        "problem_label": run.problem.label,
-        "stepsize_spec": run.arm.stepsize,
-        "seed_index": run.seed_index,
-        "status": res.status,
-        **info.columns(),
-    }
-    for k, v in extra.items():
-        table[k] = v
-    last_row = table.iloc[-1]
-    summary = {
-        "run_id": run.run_id,
-        "problem": run.problem.label,
-        "method": run.arm.method,
-        "compressor": run.arm.compressor,
-        "stepsize_spec": run.arm.stepsize,
-        "stepsize": res.stepsize,
-        "stepsize_rule": rule or res.stepsize_rule,
-        "seed_index": run.seed_index,
-        "seed": run.seed,
-        "status": res.status,
-        "message": res.message,
-        "rounds": int(res.rounds),
-        "grad_norm_sq": float(last_row["grad_norm_sq"]),
-        "loss": float(last_row["loss"]),
-        "bits_up": float(last_row["bits_up"]),
-        "wall_s": wall,
-    }
-    write_table(table, run_dir / "table", fmt)
-    write_json(run_dir / "done.json", summary)
+    result, wall = prepared.execute(
+        simulate,
+        # a run shorter than a checkpoint interval is simply rerun after an interruption
+        checkpoint=run_dir / "checkpoint.pt" if s.rounds > s.checkpoint_every else None,
+        callback=callback,
+    )
+    table, summary = finish_run(prepared, result, wall, info, experiment)
+    write_run(run_dir, table, summary, fmt)
     (run_dir / "checkpoint.pt").unlink(missing_ok=True)
     emit("done", run.run_id, summary)
     return summary
@@ -324,7 +259,7 @@ def run_experiment(
             interrupted = _run_pool(tasks, n_jobs, emit)
     finally:
         disp.stop()
-    table, summary = _collect(out_dir, runs, config.name)
+    table, summary = collect_results(out_dir, runs, config.name)
     results_path = write_table(table, out_dir / "results", fmt)
     summary.to_csv(out_dir / "runs.csv", index=False)
     env["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -471,42 +406,6 @@ def _stop_workers(
         except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
             break
     _drain(event_q, handle)
-
-
-def _collect(
-    out_dir: Path, runs: Sequence[RunSpec], experiment: str
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Concatenate the finished runs' tables (config order) and summarise every run.
-
-    The presentation columns (``problem_label``, ``experiment``) are taken from the current
-    config, so relabelling a problem does not require re-running it.
-    """
-    tables = []
-    rows = []
-    for r in runs:
-        run_dir = out_dir / "runs" / r.run_id
-        path = find_run_table(run_dir)
-        base = {
-            "run_id": r.run_id,
-            "problem": r.problem.label,
-            "method": r.arm.method,
-            "compressor": r.arm.compressor,
-            "stepsize_spec": r.arm.stepsize,
-            "seed_index": r.seed_index,
-            "seed": r.seed,
-        }
-        if path is None:
-            status = "interrupted" if (run_dir / "checkpoint.pt").exists() else "pending"
-            rows.append({**base, "status": status})
-            continue
-        t = read_table(path)
-        t["problem_label"] = r.problem.label
-        t["experiment"] = experiment
-        tables.append(t)
-        done = read_json(run_dir / "done.json")
-        rows.append({**base, **{k: v for k, v in done.items() if k not in base}})
-    summary = pd.DataFrame(rows)
-    return concat_tables(tables), summary
 
 
 # --------------------------------------------------------------------------------------------
