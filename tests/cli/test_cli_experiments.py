@@ -99,6 +99,32 @@ def test_a_config_error_is_one_line_without_traceback(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_run_and_train_share_their_config_options(
+    command: str,
+    config: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # --profile / --set reach the config; an output path that is a file is refused before
+    # anything runs, given (--out) or the default runs/<config name>[-distributed]
+    monkeypatch.chdir(tmp_path)
+    args = [command, str(config), "--set", "run.roundz=3", "--out", "o"]
+    assert run_cli(args) == 2
+    assert "run.roundz: unknown key" in capsys.readouterr().err
+    assert run_cli([command, str(config), "--profile", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    default = Path("runs") / ("cli-small" if command == "run" else "cli-small-distributed")
+    default.parent.mkdir()
+    default.write_text("", encoding="utf-8")
+    assert run_cli([command, str(config), "--format", "csv"]) == 2
+    assert f"--out {str(default)!r} is a file; give a directory" in capsys.readouterr().err
+    assert run_cli([command, str(config), "--out", str(default)]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml", "runs"]
+
+
 def test_reproduce_prints_the_claim_table_and_writes_the_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .options import format_option, jobs_option, out_option, profile_option, set_option
+
 if TYPE_CHECKING:
     from ..experiments.reproductions import ReproductionResult
 
@@ -23,24 +25,11 @@ __all__ = ["print_claims", "reproduce_cmd"]
 @click.command("reproduce")
 @click.argument("name")
 @click.option("--quick", is_flag=True, help="the small version (≤ 2 minutes on 2 cores)")
-@click.option(
-    "--out",
-    "-o",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="output directory [default: runs/NAME or runs/NAME-quick]",
-)
-@click.option("--jobs", "-j", type=click.IntRange(min=1), help="worker processes [default: cores]")
-@click.option("--profile", help="another profile of the bundled config (e.g. tiny)")
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="override a config value, e.g. run.seeds=5 (repeatable)",
-)
-@click.option(
-    "--format", "fmt", type=click.Choice(["parquet", "csv"]), help="table format [parquet]"
-)
+@out_option("runs/NAME or runs/NAME-quick")
+@jobs_option()
+@profile_option("another profile of the bundled config (e.g. tiny)")
+@set_option(example="run.seeds=5")
+@format_option()
 @click.option("--no-progress", is_flag=True, help="no progress bar or per-run lines")
 @click.option("--strict", is_flag=True, help="exit with status 1 when a claim fails")
 def reproduce_cmd(

@@ -19,6 +19,15 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .options import (
+    format_option,
+    jobs_option,
+    load_run_config,
+    out_option,
+    profile_option,
+    set_option,
+)
+
 if TYPE_CHECKING:
     from ..experiments.grid import ProblemInfo, RunSpec
     from ..experiments.runner import ExperimentResult
@@ -28,27 +37,11 @@ __all__ = ["run_cmd"]
 
 @click.command("run")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--out",
-    "-o",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="output directory (default: runs/<config name>)",
-)
-@click.option("--jobs", "-j", type=click.IntRange(min=1), help="worker processes [default: cores]")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["parquet", "csv"]),
-    help="table format [default: parquet]",
-)
-@click.option("--profile", help="merge the config's [profiles.NAME] table (e.g. quick)")
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="override a config value, e.g. run.rounds=500 (repeatable; TOML values)",
-)
+@out_option("runs/<config name>")
+@jobs_option()
+@format_option()
+@profile_option()
+@set_option()
 @click.option("--dry-run", is_flag=True, help="validate the config and list the runs only")
 @click.option("--no-progress", is_flag=True, help="no progress bar or per-run lines")
 def run_cmd(
@@ -62,11 +55,9 @@ def run_cmd(
     no_progress: bool,
 ) -> None:
     """Run the grid of simulations described in CONFIG (a TOML file)."""
-    from ..experiments.config import load_config
     from ..experiments.grid import check_runs, expand
 
-    cfg = load_config(config, profile=profile, overrides=list(overrides))
-    out_dir = out if out is not None else Path("runs") / (cfg.name or config.stem)
+    cfg, out_dir = load_run_config(config, out, profile, overrides)
     if dry_run:
         runs, notes, infos = check_runs(cfg, expand(cfg))
         print_plan(runs, notes, infos, out_dir)

@@ -19,17 +19,14 @@ from typing import Any
 
 import click
 
+from .options import format_option, load_run_config, out_option, profile_option, set_option
+
 __all__ = ["train_cmd"]
 
 
 @click.command("train")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--out",
-    "-o",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="output directory (default: runs/<config name>-distributed)",
-)
+@out_option("runs/<config name>-distributed")
 @click.option(
     "--nproc",
     "-n",
@@ -38,20 +35,9 @@ __all__ = ["train_cmd"]
     show_default=True,
     help="local processes (ignored under torchrun, which sets the world size)",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["parquet", "csv"]),
-    help="table format [default: parquet]",
-)
-@click.option("--profile", help="merge the config's [profiles.NAME] table (e.g. quick)")
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="override a config value, e.g. run.rounds=500 (repeatable; TOML values)",
-)
+@format_option()
+@profile_option()
+@set_option()
 @click.option(
     "--timeout",
     type=click.FloatRange(min=1.0),
@@ -69,12 +55,7 @@ def train_cmd(
     timeout: float,
 ) -> None:
     """Run the runs of CONFIG (a TOML file) with their clients spread over processes."""
-    from ..experiments.config import load_config
-
-    cfg = load_config(config, profile=profile, overrides=list(overrides))
-    out_dir = out if out is not None else Path("runs") / f"{cfg.name or config.stem}-distributed"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NotADirectoryError(f"--out {str(out_dir)!r} is a file; give a directory")
+    cfg, out_dir = load_run_config(config, out, profile, overrides, suffix="-distributed")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _under_torchrun(cfg, out_dir, fmt, timeout)
         return
