@@ -395,12 +395,13 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         method, resolved from the problem's and compressor's constants), or ``"theory*m"``
         (m times the theory step). ``compressor`` defaults to ``identity``.
         """
+        method = self.for_problem(problem, stepsize)
         consts = problem if isinstance(problem, Constants) else Constants.of(problem)
-        self.check_problem(consts)
+        method.check_problem(consts)
         if compressor is None:
             compressor = "identity"
         comp = make_compressor(compressor)
-        alpha, omega = self._check_compressor(comp, consts.d)
+        alpha, omega = method._check_compressor(comp, consts.d)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         dt = dtype if dtype is not None else getattr(problem, "dtype", torch.float64)
@@ -413,7 +414,7 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
             if device is not None
             else getattr(problem, "device", torch.device("cpu"))
         )
-        weights = self.client_weights(consts).to(dtype=dt, device=dev)
+        weights = method.client_weights(consts).to(dtype=dt, device=dev)
         cfg = Config(
             constants=consts,
             compressor=comp,
@@ -429,15 +430,22 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         )
         spec = parse_stepsize(stepsize)
         if spec.theory:
-            gamma, rule = self.theory_stepsize(cfg)
+            gamma, rule = method.theory_stepsize(cfg)
             gamma *= spec.multiplier
             rule = rule + (f"*{spec.multiplier:g}" if spec.multiplier != 1.0 else "")
         else:
             gamma, rule = spec.value, "constant"
         if not math.isfinite(gamma) or gamma <= 0:
-            raise ValueError(f"{self.name}: the step size must be finite and > 0, got {gamma}")
+            raise ValueError(f"{method.name}: the step size must be finite and > 0, got {gamma}")
         cfg = dataclasses.replace(cfg, stepsize=float(gamma), stepsize_rule=rule)
-        return BoundMethod(self, cfg)
+        return BoundMethod(method, cfg)
+
+    def for_problem(
+        self, problem: ProblemLike, stepsize: float | str | StepSize
+    ) -> Method[ServerT, ClientT]:
+        """The method :meth:`bind` binds to ``problem`` with ``stepsize``: ``self`` (default), or a
+        copy holding what its theory step size reads from the problem (EF21-SGD's σ²)."""
+        return self
 
     def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
         """Return (α, ω) the method works with, or raise a ValueError saying what to use."""

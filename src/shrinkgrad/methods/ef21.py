@@ -33,10 +33,8 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from ..compressors import Compressor
 from .base import (
     METHODS,
-    BoundMethod,
     Config,
     Constants,
     GradientOracle,
@@ -185,32 +183,15 @@ class EF21(Method[EF21Server, EF21Clients]):
         return name + (f"[{','.join(params)}]" if params else "")
 
     # -- configuration -------------------------------------------------------------------------
-    def bind(
-        self,
-        problem: ProblemLike,
-        compressor: Compressor | str | None = None,
-        stepsize: float | str | StepSize = "theory",
-        seed: int = 0,
-        *,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-        wire_dtype: torch.dtype = torch.float32,
-    ) -> BoundMethod[EF21Server, EF21Clients]:
-        """:meth:`Method.bind`; EF21-SGD's theory step also reads σ² from the problem."""
-        method = self
-        if self.batch is not None and self.sigma2 is None and parse_stepsize(stepsize).theory:
-            method = copy.copy(self)
-            method._sigma2_problem = self._variance_bound(problem)
-        return Method.bind(
-            method,
-            problem,
-            compressor,
-            stepsize,
-            seed,
-            dtype=dtype,
-            device=device,
-            wire_dtype=wire_dtype,
-        )
+    def for_problem(
+        self, problem: ProblemLike, stepsize: float | str | StepSize
+    ) -> Method[EF21Server, EF21Clients]:
+        """EF21-SGD's theory step also reads σ² from the problem (:meth:`_variance_bound`)."""
+        if self.batch is None or self.sigma2 is not None or not parse_stepsize(stepsize).theory:
+            return self
+        method = copy.copy(self)
+        method._sigma2_problem = self._variance_bound(problem)
+        return method
 
     def _variance_bound(self, problem: ProblemLike) -> float | None:
         """σ² (EF21-SGD) or σ_w² (EF21-W-SGD) from ``problem.minibatch_variance_bound(b)``."""

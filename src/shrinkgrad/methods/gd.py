@@ -36,18 +36,12 @@ def dcgd_theory(cfg: Config) -> tuple[float, str]:
     return float(gamma), "stepsize_dcgd"
 
 
-@METHODS.register("gd")
-class GD(Method[XState, Group]):
-    """Gradient descent: x^{t+1} = x^t − γ ∇f(x^t), each client sending ∇f_i(x^t) in full.
+class _GradientStep(Method[XState, Group]):
+    """What GD and DCGD share: no client state, one step x^{t+1} = x^t − γ (1/n) Σ_i message_i.
 
-    The uncompressed parent of every method (the identity compressor reduces DCGD, EF, EF21 and
-    EF21-W to it). Theory step: 1/L (descent lemma; ``stepsize_dcgd`` with ω = 0).
+    Theory step: :func:`dcgd_theory` (ω = 0, i.e. 1/L, for GD). The subclasses say what a client
+    sends (:meth:`client_step`).
     """
-
-    requires = "none"
-
-    def theory_formula(self) -> str:
-        return "1/L (descent lemma)"
 
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         return dcgd_theory(cfg)
@@ -60,12 +54,6 @@ class GD(Method[XState, Group]):
     def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
         return XState(x0)
 
-    def client_step(
-        self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int
-    ) -> tuple[Group, Message]:
-        grads = oracle.grads(server.x, clients.ids)
-        return clients, cfg.message(grads, clients.ids, cfg.dense_traffic(clients.ids.numel()))
-
     def server_post(
         self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int
     ) -> XState:
@@ -73,8 +61,28 @@ class GD(Method[XState, Group]):
         return XState(server.x - cfg.stepsize * aggregate)
 
 
+@METHODS.register("gd")
+class GD(_GradientStep):
+    """Gradient descent: x^{t+1} = x^t − γ ∇f(x^t), each client sending ∇f_i(x^t) in full.
+
+    The uncompressed parent of every method (the identity compressor reduces DCGD, EF, EF21 and
+    EF21-W to it). Theory step: 1/L (descent lemma; ``stepsize_dcgd`` with ω = 0).
+    """
+
+    requires = "none"
+
+    def theory_formula(self) -> str:
+        return "1/L (descent lemma)"
+
+    def client_step(
+        self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int
+    ) -> tuple[Group, Message]:
+        grads = oracle.grads(server.x, clients.ids)
+        return clients, cfg.message(grads, clients.ids, cfg.dense_traffic(clients.ids.numel()))
+
+
 @METHODS.register("dcgd")
-class DCGD(Method[XState, Group]):
+class DCGD(_GradientStep):
     """Distributed compressed gradient descent ([K18], distributed quantized GD; methods.md §3).
 
     Client i sends Q_i^t(∇f_i(x^t)) with an unbiased compressor (a fresh keyed draw per client
@@ -88,26 +96,9 @@ class DCGD(Method[XState, Group]):
     def theory_formula(self) -> str:
         return "1/(L + 2ω L_max/n) (stepsize_dcgd)"
 
-    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
-        return dcgd_theory(cfg)
-
-    def init_clients(
-        self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
-    ) -> tuple[Group, Message]:
-        return Group(ids), Message(None, None, cfg.no_traffic(ids.numel()))
-
-    def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
-        return XState(x0)
-
     def client_step(
         self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int
     ) -> tuple[Group, Message]:
         ids = clients.ids
         q = cfg.compress(oracle.grads(server.x, ids), ids, r)
         return clients, cfg.message(q, ids, cfg.compressed_traffic(q))
-
-    def server_post(
-        self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int
-    ) -> XState:
-        assert aggregate is not None
-        return XState(server.x - cfg.stepsize * aggregate)
