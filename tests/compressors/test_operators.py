@@ -399,3 +399,102 @@ def test_list_compressors_cli_prints_every_compressor() -> None:
         assert name in result.output
     for formula in ("d/k − 1", "min(d/s², √d/s)", "1/(1 + ω_C)", "32 + d·(1 + ⌈log₂(s+1)⌉)"):
         assert formula in result.output
+
+
+# --------------------------------------------------------------------------------------------
+# fast paths of long rows: sampled Top-k, fused identity, interleaved sums of squares
+# --------------------------------------------------------------------------------------------
+def _long_rows(dtype: torch.dtype) -> torch.Tensor:
+    """Three rows of 6 chunks and a bit: ties at the k-th magnitude on chunk boundaries, one
+    chunk with more candidates than its slots, and a plain Gaussian row."""
+    d = 6 * K.CHUNK + 77
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, d)) * 0.1
+    big = rng.choice(d, 1500, replace=False)
+    x[0, big] = 5.0 * np.sign(rng.standard_normal(1500))
+    edges = np.concatenate([np.arange(c * K.CHUNK - 60, c * K.CHUNK + 60) for c in range(1, 7)])
+    edges = np.setdiff1d(edges[edges < d], big)
+    x[0, edges] = np.where(np.arange(edges.size) % 2, 2.5, -2.5)  # 2.5 is the k-th magnitude
+    x[1, 2 * K.CHUNK : 3 * K.CHUNK] = 3.0 + rng.random(K.CHUNK)  # every top entry in chunk 2
+    x[1, 3 * K.CHUNK + 5] = 3.5  # and one outside it
+    x[2] = rng.standard_normal(d)
+    return torch.from_numpy(x).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_top_k_sampled_path_across_chunks(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The threshold path (d ≥ 65536): exactly k kept, ties at the k-th magnitude on chunk
+    boundaries to the lowest indices, a chunk whose candidates overflow its slots (rescanned),
+    batched rows, 1 or 3 threads, numba equal to torch and to an independent reference."""
+    x = _long_rows(dtype)
+    k = 2000
+    assert K.topk_plan(x.shape[1], k) is not None
+    refs = [_topk_reference(row.numpy(), k) for row in x]
+    assert sum(float(abs(x[0, j])) == 2.5 for j in refs[0]) == 500  # ties split by index
+    c = make_compressor(f"top_k[k={k}]")
+    results = []
+    for mode, threads in (("numba", "1"), ("numba", "3"), ("torch", "1")):
+        monkeypatch.setattr(base, "KERNELS", mode)
+        monkeypatch.setenv("SHRINKGRAD_THREADS", threads)
+        idx, _ = c._select(x, None)
+        for r in range(3):
+            assert idx[r].tolist() == refs[r].tolist(), (mode, threads, r)
+        out = torch.full_like(x, 7.0)
+        y = c(x, out=out)
+        results.append(y)
+        assert int((y != 0).sum()) == 3 * k
+        assert torch.equal(y.gather(1, idx), x.gather(1, idx))
+    assert all(torch.equal(results[0], y) for y in results[1:])
+
+
+@pytest.mark.parametrize("spec", ["top_k[k=2000]", "identity", "qsgd[s=4]", "rand_k[k=100]"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_non_finite_anywhere_in_a_long_row_raises(spec: str, dtype: torch.dtype) -> None:
+    """The fused passes check every coordinate: the first, a chunk boundary, the last chunk's
+    last entry, inside a chunk whose Top-k candidates overflow their slots."""
+    c = make_compressor(spec)
+    keys = Keys.derive(2, client=np.arange(3))
+    d = 6 * K.CHUNK + 77
+    for pos in (0, K.CHUNK - 1, K.CHUNK, d - 1, 2 * K.CHUNK + 100):
+        for bad in (math.nan, math.inf, -math.inf):
+            x = _long_rows(dtype)
+            x[1, pos] = bad
+            with pytest.raises(ValueError, match="non-finite"):
+                c(x, keys, out=torch.empty_like(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_identity_kernel_copies_every_bit(dtype: torch.dtype) -> None:
+    x = _long_rows(dtype)
+    x[0, :3] = torch.tensor([-0.0, 1e-40, -1e-45], dtype=torch.float64).to(dtype)
+    c = make_compressor("identity")
+    y = c(x, out=torch.empty_like(x))
+    assert torch.equal(y.view(torch.uint8), x.view(torch.uint8))
+    assert torch.equal(c(x[1]).view(torch.uint8), x[1].view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 2 * K.CHUNK), (2, 5 * K.CHUNK + 3), (1, 4 * K.CHUNK)])
+def test_interleaved_sums_of_squares_equal_the_chunk_sums_bit_for_bit(
+    dtype: type, shape: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """row_stats sums four full chunks per loop (groups may span rows): each partial must be
+    exactly _sumsq_block of its chunk, for any thread count; inf/nan propagate."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(shape) * np.exp(rng.standard_normal(shape) * 4)).astype(dtype)
+    n, d = shape
+    nch = -(-d // K.CHUNK)
+    chunks = [[x[r, c * K.CHUNK : (c + 1) * K.CHUNK] for c in range(nch)] for r in range(n)]
+    want = np.array([[K._sumsq_block(xs) for xs in row] for row in chunks])
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("SHRINKGRAD_THREADS", threads)
+        part = np.empty((n, nch))
+        assert K.run(K.row_stats, x, x, 0, part) == K.OK
+        assert np.array_equal(part, want)
+    x[n - 1, K.CHUNK + 3] = np.nan
+    x[0, 2] = np.inf
+    part = np.empty((n, nch))
+    K.run(K.row_stats, x, x, 0, part)
+    assert np.isnan(part[n - 1, 1]) and (n == 1 or np.isinf(part[0, 0]))

@@ -45,6 +45,14 @@ class Identity(Compressor):
         return 32.0 * d
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        if _use_numba(x):  # one pass: copy and check finite (not a finiteness pass, then a copy)
+            res, o2, copy = _out_rows(x, out)
+            utype = np.uint32 if x.dtype == torch.float32 else np.uint64
+            xu = _rows(x).view(utype)
+            ou = o2.view(utype)
+            if K.run(K.copy_rows, xu, xu, ou) != K.OK:
+                raise non_finite_error(self.name)
+            return _emit(res, out) if copy else res
         _require_finite(x, self.name)
         if out is None:
             return x.clone()
@@ -150,15 +158,25 @@ class TopK(Compressor):
             rank, slots = plan
             tau = np.empty(n, dtype=x2.dtype)
             K.topk_thresholds(x2, rank, tau)
+            utype = np.uint32 if x2.dtype == np.float32 else np.uint64
+            xu = x2.view(utype)
+            # τ's pattern, at most that of inf (every inf/nan is a candidate, and checked) and
+            # at least 1 (zeros are never candidates: a row with fewer than k non-zeros takes
+            # the fallback of topk_select)
+            inf_bits = np.array(np.inf, dtype=x2.dtype).view(utype)
+            tb = np.clip(np.abs(tau).view(utype), 1, inf_bits)
             nch = -(-d // K.CHUNK)
-            cand = np.empty((n, nch * slots), dtype=np.int64)
+            cand = np.empty((n, nch * slots), dtype=np.uint16)
+            craw = np.empty((n, nch * slots), dtype=utype)
             counts = np.empty((n, nch), dtype=np.int64)
-            status = K.run(K.topk_candidates, x2, x2, tau, slots, cand, counts)
+            status = K.run(K.topk_candidates, xu, xu, tb, slots, cand, craw, counts)
             if status == K.OK:
-                status = K.topk_finish(x2, k, tau, slots, cand, counts, idx)
-            if status == K.OK and o2 is not None:
-                K.run(K.zero_rows, x2, x2, False, o2)
-                K.scatter_rows(x2, idx, np.ones(1, dtype=o2.dtype), o2)
+                vals = np.empty((n, k), dtype=utype)
+                starts = np.empty((n, nch + 1), dtype=np.int64)
+                status = K.topk_select(x2, xu, k, tb, slots, cand, craw, counts, idx, vals, starts)
+                if status == K.OK and o2 is not None:  # zero each chunk, write its kept entries
+                    ou = o2.view(utype)
+                    K.run(K.topk_write, ou, ou, idx, vals, starts)
         if status != K.OK:
             raise non_finite_error(self.name)
         return idx
