@@ -158,3 +158,54 @@ def test_client_groups_with_reduction_equal_full_batch(
         assert torch.equal(f.clients.ids, torch.tensor(g))
         for name in full_clients._fields[1:]:
             close(getattr(f.clients, name), getattr(full_clients, name)[torch.tensor(g)])
+
+
+# --------------------------------------------------------------------------------------------
+# the in-place path of EF21 on oracles that promise fresh gradients
+# --------------------------------------------------------------------------------------------
+def test_builtin_problem_gradients_are_fresh_tensors() -> None:
+    """``fresh_grads`` is a promise the simulator acts on (it overwrites the result): every
+    oracle of the built-in problem must return a new tensor, unchanged by scribbling on the
+    previous one."""
+    from shrinkgrad.problems import logistic_regression
+    from shrinkgrad.rng import Keys
+
+    p = logistic_regression("a1a", n_clients=6, lam=0.1)
+    assert p.fresh_grads
+    x = torch.linspace(-1, 1, p.d, dtype=torch.float64)
+    X = x.expand(p.n, -1).clone()
+    keys = Keys.derive(1, client=torch.arange(p.n))
+    for call in (
+        lambda: p.client_grads(x),
+        lambda: p.client_grads_at(X),
+        lambda: p.client_stoch_grads(x, 3, keys),
+    ):
+        first = call()
+        want = first.clone()
+        first.fill_(float("nan"))
+        again = call()
+        assert again.data_ptr() != first.data_ptr()
+        assert torch.equal(again, want)
+
+
+@pytest.mark.parametrize("spec", ["ef21", "ef21_w"])
+def test_ef21_in_place_difference_changes_nothing(spec: str) -> None:
+    """The same iterates, bit for bit, whether the oracle's result may be overwritten or not;
+    and the caller's old state is left untouched (the step stays functional)."""
+    from shrinkgrad.problems import logistic_regression
+
+    p = logistic_regression("a1a", n_clients=6, lam=0.1, split="heterogeneous_smoothness")
+    bound = make_method(spec).bind(p, "top_k[k=3]", "theory")
+    fresh, shared = ProblemOracle(p), ProblemOracle(p)
+    shared.fresh = False
+    assert fresh.fresh
+    x0 = torch.zeros(p.d, dtype=torch.float64)
+    a, _ = bound.init(x0, fresh)
+    b, _ = bound.init(x0, shared)
+    for _ in range(8):
+        before = a.clients.g.clone()
+        old = a
+        a, _ = bound.step(a, fresh)
+        b, _ = bound.step(b, shared)
+        assert torch.equal(old.clients.g, before)
+        assert torch.equal(a.server.x, b.server.x) and torch.equal(a.clients.g, b.clients.g)

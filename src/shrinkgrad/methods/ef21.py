@@ -333,7 +333,12 @@ class EF21(Method[EF21Server, EF21Clients]):
         part = self.participants(cfg, ids, r)
         if part is None or bool(part.all()):
             target = self._targets(cfg, server.x, ids, oracle, r)
-            c, g_new = ef21_update(g, target, lambda p: cfg.compress(p, ids, r))
+            # target − g into target itself when no one else holds it (an oracle promising fresh
+            # results, or the scaled copy of EF21-W): one (n, d) buffer less per round
+            owned = self.weighted or bool(getattr(oracle, "fresh", False))
+            c, g_new = ef21_update(
+                g, target, lambda p: cfg.compress(p, ids, r), scratch=target if owned else None
+            )
             return EF21Clients(ids, g_new), cfg.message(c, ids, cfg.compressed_traffic(c))
         c = torch.zeros_like(g)
         if bool(part.any()):

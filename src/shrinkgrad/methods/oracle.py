@@ -34,6 +34,8 @@ class ProblemOracle:
         self.problem = problem
         self.n = int(problem.n)
         self._all: torch.Tensor | None = None
+        #: every result is a new tensor the caller may overwrite (``Problem.fresh_grads``)
+        self.fresh = bool(getattr(problem, "fresh_grads", False))
 
     def _is_all(self, ids: torch.Tensor) -> bool:
         if ids is self._all:

@@ -54,6 +54,11 @@ class Problem(abc.ABC):
     f_lower: float | None = None
     #: number of samples of each client, int64 (n,), for sample-based problems; else None
     client_sizes: torch.Tensor | None = None
+    #: True when ``client_grads``, ``client_grads_at`` and ``client_stoch_grads`` always return
+    #: a new tensor that no one else holds, so a caller may overwrite it (the simulator then
+    #: computes EF21's ∇f_i − g_i in place, saving an (n, d) buffer per round). A subclass that
+    #: caches or returns views of its own tensors must leave this False.
+    fresh_grads: bool = False
 
     # -- oracles --------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -94,6 +94,8 @@ class LinearModelProblem(Problem):
     the regression targets, ``parts`` the clients' row indices.
     """
 
+    fresh_grads = True  # every gradient oracle allocates its (n, d) result
+
     def __init__(
         self,
         A: sp.spmatrix | np.ndarray,
