@@ -498,3 +498,38 @@ def test_interleaved_sums_of_squares_equal_the_chunk_sums_bit_for_bit(
     part = np.empty((n, nch))
     K.run(K.row_stats, x, x, 0, part)
     assert np.isnan(part[n - 1, 1]) and (n == 1 or np.isinf(part[0, 0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_top_1_kernel_on_bit_patterns_equals_the_reference(dtype: torch.dtype) -> None:
+    """top_k[k=1] on short rows compares IEEE patterns with the sign cleared: the first largest
+    magnitude wins ties (also between −v and +v), −0 and +0 are equal, subnormals order
+    correctly; the dense output keeps exactly that entry, bit for bit."""
+    rng = np.random.default_rng(7)
+    rows = [
+        rng.standard_normal(123),
+        np.array([0.0, -0.0, 0.0]),
+        np.array([-0.0, 0.0, -0.0]),
+        np.array([1e-320, -2e-320, 1e-321]) if dtype == torch.float64 else np.array([0.0]),
+        np.array([1.0e-40, -3.0e-40, 2.0e-40]),
+        np.array([2.5, -3.0, 3.0, -3.0]),
+        np.array([-7.0]),
+        np.round(rng.standard_normal(50) * 3),  # many exact ties
+    ]
+    c = make_compressor("top_k[k=1]")
+    for row in rows:
+        x = torch.from_numpy(row).to(dtype)
+        j = int(_topk_reference(x.numpy(), 1)[0])
+        want = torch.zeros_like(x)
+        want[j] = x[j]
+        y = c(x)
+        assert torch.equal(y.view(torch.uint8), want.view(torch.uint8)), row
+    batch = torch.from_numpy(rng.standard_normal((40, 123))).to(dtype)
+    y = c(batch, out=torch.full_like(batch, 9.0))
+    for r in range(40):
+        j = int(_topk_reference(batch[r].numpy(), 1)[0])
+        assert y[r].nonzero().flatten().tolist() == [j] and y[r, j] == batch[r, j]
+    for bad in (math.nan, math.inf, -math.inf):
+        batch[17, 5] = bad
+        with pytest.raises(ValueError, match="non-finite"):
+            c(batch)

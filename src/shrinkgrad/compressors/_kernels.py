@@ -56,6 +56,7 @@ __all__ = [
     "round_rows",
     "row_stats",
     "sparse_rows",
+    "top1_rows",
     "topk_candidates",
     "topk_plan",
     "topk_rows",
@@ -990,6 +991,55 @@ def topk_write(  # pragma: no cover - compiled
 TOPK_INSERT_K = 16
 
 
+@njit(cache=True)
+def _top1_row(xu: np.ndarray) -> int:  # pragma: no cover - compiled
+    """Index of the first largest |x_j| of a row given as bit patterns ``xu``, or −1 when the
+    row holds inf or nan. Two vectorizable passes instead of one branchy argmax: the largest
+    pattern with the sign cleared (magnitudes of finite floats order like it; inf and nan are
+    the patterns ≥ the exponent field), then the first entry that has it (−0 and +0 share the
+    pattern 0, so an all-zero row gives index 0)."""
+    mask, emask = _abs_mask(xu)
+    m = xu.dtype.type(0)
+    for i in range(xu.size):
+        a = xu[i] & mask
+        m = a if a > m else m
+    if m >= emask:
+        return -1
+    for i in range(xu.size):
+        if (xu[i] & mask) == m:
+            return i
+    return 0
+
+
+@njit(cache=True)
+def _zero_row(o: np.ndarray) -> None:  # pragma: no cover - compiled
+    """o = 0 (a standalone loop that LLVM vectorizes; inlined into a driver it was not)."""
+    z = o.dtype.type(0)
+    for i in range(o.size):
+        o[i] = z
+
+
+@njit(cache=True, nogil=True)
+def top1_rows(  # pragma: no cover - compiled
+    xu: np.ndarray, idx: np.ndarray, outu: np.ndarray
+) -> int:
+    """Top-1 of every row of the bit patterns ``xu`` (:func:`_top1_row`) into ``idx[:, 0]``;
+    when ``outu`` has the rows of ``xu`` also the dense result (its patterns: zeros and the kept
+    entry). NON_FINITE on inf/nan. The simulator's EF21 + top_k[k=1] path: (1000, 123)
+    float64 in 0.1 ms instead of 0.25 ms with one branchy argmax pass per row."""
+    n = xu.shape[0]
+    dense = outu.shape[0] == n
+    for r in range(n):
+        j = _top1_row(xu[r])
+        if j < 0:
+            return NON_FINITE
+        idx[r, 0] = j
+        if dense:
+            _zero_row(outu[r])
+            outu[r, j] = xu[r, j]
+    return OK
+
+
 @njit(cache=True, nogil=True)
 def topk_rows(  # pragma: no cover - compiled
     x2: np.ndarray, k: int, idx: np.ndarray, out: np.ndarray
@@ -999,7 +1049,7 @@ def topk_rows(  # pragma: no cover - compiled
     and for k > d/16); NON_FINITE on inf/nan. When ``out`` has the rows of ``x2`` it also
     receives the dense result (zeros and the kept entries); pass an empty array to skip it.
 
-    k = 1 is one pass (the first largest |x_j|). Otherwise the k-th largest magnitude τ is
+    (k = 1 has its own kernel, :func:`top1_rows`.) The k-th largest magnitude τ is
     found — for k ≤ :data:`TOPK_INSERT_K` in the finiteness pass, by insertion into a sorted
     buffer of the k largest so far (few entries get past its last one), else by quickselect on
     a copy — and one pass collects the entries ≥ τ: the kept ones are those > τ and the first
@@ -1012,25 +1062,6 @@ def topk_rows(  # pragma: no cover - compiled
     for r in range(n):
         row = x2[r]
         bad = np.uint8(0)
-        if k == 1:  # the first largest |x_j|: one pass
-            j = 0
-            best = abs(row[0])
-            for i in range(d):
-                v = row[i]
-                bad |= np.uint8((v - v) != 0)
-                av = abs(v)
-                if av > best:
-                    best = av
-                    j = i
-            if bad:
-                return NON_FINITE
-            idx[r, 0] = j
-            if dense:
-                orow = out[r]
-                for i in range(d):
-                    orow[i] = 0
-                orow[j] = row[j]
-            continue
         if k <= TOPK_INSERT_K:
             top[:] = -1.0
             for i in range(d):

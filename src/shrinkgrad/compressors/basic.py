@@ -153,7 +153,11 @@ class TopK(Compressor):
         plan = K.topk_plan(d, k)
         if plan is None:  # one selection per row
             dense = o2 if o2 is not None else np.empty((0, d), dtype=x2.dtype)
-            status = K.topk_rows(x2, k, idx, dense)
+            if k == 1:
+                utype = np.uint32 if x2.dtype == np.float32 else np.uint64
+                status = K.top1_rows(x2.view(utype), idx, dense.view(utype))
+            else:
+                status = K.topk_rows(x2, k, idx, dense)
         else:  # threshold from a sample, candidates in parallel chunks, exact selection
             rank, slots = plan
             tau = np.empty(n, dtype=x2.dtype)
