@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -120,7 +120,7 @@ def aggregate(
             {"x": grid[keep], "median": med, "lo": lo, "hi": hi, "seeds": count[keep]}
         )
         for k, v in zip(keys, group if isinstance(group, tuple) else (group,), strict=True):
-            frame.insert(0, k, v)
+            frame.insert(0, k, cast(Any, v))  # a group key: str or number
         out.append(frame)
     if not out:
         raise ValueError("nothing to plot: the results table has no finite values")

@@ -14,10 +14,17 @@ __all__ = [
     "bits_to_reach",
     "common_tolerance",
     "ef21w_ratios",
+    "label",
     "problem_constants",
     "ratio",
     "step_ratio_prediction",
 ]
+
+
+def label(index_label: object) -> Any:
+    """An index label from ``Series.idxmax()``/``idxmin()``, typed for ``DataFrame.loc`` (the
+    pandas stubs type the former as ``Hashable`` and the latter's key as a scalar)."""
+    return index_label
 
 
 def problem_constants(table: pd.DataFrame) -> dict[str, dict[str, Any]]:

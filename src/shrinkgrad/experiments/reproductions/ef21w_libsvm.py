@@ -25,6 +25,7 @@ import pandas as pd
 from ..claims import Claim, fmt, rank_correlation
 from . import REPRODUCTIONS, PlotSpec, Reproduction
 from .common import ef21w_ratios
+from .common import label as _label
 
 DEFAULTS: dict[str, Any] = {
     "baseline": "ef21",
@@ -42,7 +43,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     m = ef21w_ratios(table, params["baseline"], params["improved"], params["compressor"])
     per = {r["problem"]: round(r["ratio"], 4) for _, r in m.iterrows()}
     out: list[Claim] = []
-    top = m.loc[m["QM/AM"].idxmax()]
+    top = m.loc[_label(m["QM/AM"].idxmax())]
     out.append(
         Claim(
             f"EF21-W needs fewer bits/n than EF21 to reach ε where L_var is large "
@@ -64,7 +65,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
         )
     )
     dev = (m["ratio"] / m["predicted"] - 1).abs()
-    worst = m.loc[dev.idxmax()]
+    worst = m.loc[_label(dev.idxmax())]
     out.append(
         Claim(
             "the saving tracks (L + L_QM ξ)/(L + L_AM ξ)",

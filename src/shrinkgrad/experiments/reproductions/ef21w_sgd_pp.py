@@ -22,6 +22,7 @@ import pandas as pd
 from ..claims import Claim, fmt
 from . import REPRODUCTIONS, PlotSpec, Reproduction
 from .common import bits_to_reach, common_tolerance, problem_constants, ratio
+from .common import label as _label
 
 DEFAULTS: dict[str, Any] = {
     "pairs": [["ef21_sgd[b=1]", "ef21_w_sgd[b=1]"], ["ef21_pp[p=0.5]", "ef21_w_pp[p=0.5]"]],
@@ -64,8 +65,8 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
             out.append(Claim(f"{imp} beats {base}", "no runs of this pair", "—", None))
             continue
         lows.append(float(m["ratio"].min()))
-        hi = m.loc[m["QM/AM"].idxmax()]
-        lo = m.loc[m["QM/AM"].idxmin()]
+        hi = m.loc[_label(m["QM/AM"].idxmax())]
+        lo = m.loc[_label(m["QM/AM"].idxmin())]
         out.append(
             Claim(
                 f"{imp} needs fewer bits/n than {base} to reach ε where L_var is large "

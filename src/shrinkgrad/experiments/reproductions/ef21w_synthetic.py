@@ -23,6 +23,7 @@ import pandas as pd
 from ..claims import Claim, fmt
 from . import REPRODUCTIONS, PlotSpec, Reproduction
 from .common import ef21w_ratios
+from .common import label as _label
 
 DEFAULTS: dict[str, Any] = {
     "baseline": "ef21",
@@ -53,7 +54,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
         )
     ]
     dev = (m["ratio"] / m["predicted"] - 1).abs()
-    worst = m.loc[dev.idxmax()]
+    worst = m.loc[_label(dev.idxmax())]
     out.append(
         Claim(
             "it tracks (L + L_QM ξ)/(L + L_AM ξ)",

@@ -147,7 +147,7 @@ def execute(
                     means = res.mean_staleness()
                     fast = [float(v) for w, v in means.items() if w != slow]
                     t = res.table.copy()
-                    extra = {
+                    extra: dict[str, Any] = {
                         "run_id": run_id,
                         "experiment": config.name,
                         "problem_spec": case.spec,

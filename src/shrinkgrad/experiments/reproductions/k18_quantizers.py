@@ -198,7 +198,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
         )
         judged = {k: v for k, v in optima.items() if k.split("/")[1] in params["optimum_families"]}
         others = {k: v for k, v in optima.items() if k not in judged}
-        bits = {
+        bits_to_eps = {
             f"{p}/{f}": dict(zip(g["compressor"], g["bits"], strict=True)) for (p, f), g in groups
         }
         out.append(
@@ -207,7 +207,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
                 ", ".join(f"{k}: min at {c}" for k, (c, _) in judged.items()) or "no such family",
                 "the minimum is neither the most compressed level nor identity",
                 all(inner for _, inner in judged.values()) if judged else None,
-                {"bits_to_eps": {k: bits[k] for k in judged}},
+                {"bits_to_eps": {k: bits_to_eps[k] for k in judged}},
             )
         )
         if others:
@@ -217,7 +217,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
                     ", ".join(f"{k}: min at {c}" for k, (c, _) in others.items()),
                     "no verdict: ≈ linear in k at the DCGD theory step",
                     None,
-                    {"bits_to_eps": {k: bits[k] for k in others}},
+                    {"bits_to_eps": {k: bits_to_eps[k] for k in others}},
                 )
             )
     f = floors(table, params)
@@ -293,7 +293,7 @@ def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> 
             y = g["floor"] / g["g0"]
             label = str(prob)
             if prob == params["zero_problem"]:
-                y, label = g["final"] / g["g0"], f"{prob} (final value)"
+                y, label = g["final"] / g["g0"], f"{label} (final value)"
             ax.loglog(g["gamma_omega"], y, "o", label=label)
     ax.set_xlabel("γω", fontsize=8)
     ax.set_ylabel("floor of ‖∇f‖² ÷ ‖∇f(x⁰)‖²", fontsize=8)
