@@ -8,34 +8,43 @@ bit counts, as a vectorised simulator, a CLI and torch.distributed training.
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .compressors import COMPRESSORS, Compressor, make_compressor
-from .methods import METHODS, Method, make_method
-from .registry import Registry, SpecError, parse_spec
-from .rng import Keys, KeyStream
-
 if TYPE_CHECKING:
+    from .compressors import COMPRESSORS, Compressor, make_compressor
     from .distributed.ps import PSConfig, PSResult, run_ps
+    from .methods import METHODS, Method, make_method
     from .problems import PROBLEMS, Problem, make_problem
-    from .sim import SimResult, simulate
+    from .registry import Registry, SpecError, parse_spec
+    from .rng import Keys, KeyStream
+    from .sim.simulate import SimResult, simulate
+
+#: public name -> the submodule that defines it. Everything is imported on first use, so that
+#: ``import shrinkgrad`` (and ``shrinkgrad --help``) does not pay for torch, pandas, scipy and
+#: numba until a name that needs them is touched.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("COMPRESSORS", "Compressor", "make_compressor"), "compressors"),
+    **dict.fromkeys(("METHODS", "Method", "make_method"), "methods"),
+    **dict.fromkeys(("PROBLEMS", "Problem", "make_problem"), "problems"),
+    **dict.fromkeys(("Registry", "SpecError", "parse_spec"), "registry"),
+    **dict.fromkeys(("Keys", "KeyStream"), "rng"),
+    **dict.fromkeys(("SimResult", "simulate"), "sim"),
+    **dict.fromkeys(("PSConfig", "PSResult", "run_ps"), "distributed.ps"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    # the simulator pulls in pandas and the problems package: imported on first use only
-    if name in ("simulate", "SimResult"):
-        from . import sim
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shrinkgrad' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return getattr(sim, name)
-    if name in ("PROBLEMS", "Problem", "make_problem"):  # scipy/numba: imported on first use
-        from . import problems
 
-        return getattr(problems, name)
-    if name in ("PSConfig", "PSResult", "run_ps"):  # the parameter server: torch.distributed
-        from .distributed import ps
-
-        return getattr(ps, name)
-    raise AttributeError(f"module 'shrinkgrad' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __version__ = "0.1.0"
