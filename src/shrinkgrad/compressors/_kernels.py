@@ -1013,7 +1013,9 @@ def _top1_row(xu: np.ndarray) -> int:  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _zero_row(o: np.ndarray) -> None:  # pragma: no cover - compiled
-    """o = 0 (a standalone loop that LLVM vectorizes; inlined into a driver it was not)."""
+    """o = 0 for a short row (a standalone loop that LLVM vectorizes; inlined into a driver it
+    was not). :func:`_zero_block`'s four streams pay off on long chunks only: on the rows of a
+    (1000, 123) batch they made :func:`top1_rows` 1.8× slower."""
     z = o.dtype.type(0)
     for i in range(o.size):
         o[i] = z
