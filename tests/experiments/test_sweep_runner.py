@@ -145,7 +145,7 @@ def test_ctrl_c_checkpoints_and_the_same_command_resumes(tmp_path: Path) -> None
         """
         problem = "logistic_regression[dataset=a1a,n_clients=8]"
         [run]
-        rounds = 3000
+        rounds = 4000
         log_every = 50
         checkpoint_every = 50
         [grid]
@@ -161,11 +161,13 @@ def test_ctrl_c_checkpoints_and_the_same_command_resumes(tmp_path: Path) -> None
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
+    # interrupt as soon as the first checkpoint exists (round 50 of 4000: a run takes seconds,
+    # so it is certainly still running; waiting for both runs' checkpoints raced with the first
+    # run finishing once the simulator got faster)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(list(out.glob("runs/*/checkpoint.pt"))) < 2:
-        time.sleep(0.2)
+    while time.monotonic() < deadline and not list(out.glob("runs/*/checkpoint.pt")):
+        time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()[0]
-    time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output
@@ -185,7 +187,7 @@ def test_ctrl_c_checkpoints_and_the_same_command_resumes(tmp_path: Path) -> None
     problem = make_problem(ref_problem)
     for run in expand(cfg):
         ref = simulate(
-            problem, run.arm.method, run.arm.compressor, "theory", 3000, run.seed, log_every=50
+            problem, run.arm.method, run.arm.compressor, "theory", 4000, run.seed, log_every=50
         )
         got = table[table["run_id"] == run.run_id][list(ref.table.columns)]
         pd.testing.assert_frame_equal(no_time(got), no_time(ref.table), check_exact=True)
