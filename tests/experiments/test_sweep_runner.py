@@ -158,12 +158,18 @@ def test_ctrl_c_checkpoints_and_the_same_command_resumes(tmp_path: Path) -> None
     exe = str(Path(sys.executable).with_name("shrinkgrad"))
     cmd = [exe, "run", str(config), "--out", str(out), "-j", "2"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # SIGINT back to its default in the child: a suite started from a background job of a
+    # non-interactive shell inherits SIGINT ignored, and Python then installs no handler
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # interrupt as soon as the first checkpoint exists (round 50 of 4000: a run takes seconds,
-    # so it is certainly still running; waiting for both runs' checkpoints raced with the first
-    # run finishing once the simulator got faster)
+    # so it is certainly still running)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not list(out.glob("runs/*/checkpoint.pt")):
         time.sleep(0.05)
