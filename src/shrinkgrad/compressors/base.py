@@ -42,7 +42,7 @@ from ..registry import Registry
 from ..rng import Keys
 from ._wire import BitReader, BitWriter
 
-__all__ = ["COMPRESSORS", "Collective", "Compressor", "Kind", "make_compressor"]
+__all__ = ["COMPRESSORS", "Collective", "Compressor", "Kind", "Sparsifier", "make_compressor"]
 
 #: Which implementation runs on CPU tensors: "auto" and "numba" (the numba kernels) or "torch"
 #: (always the reference path). The environment variable ``SHRINKGRAD_KERNELS`` sets the
@@ -348,6 +348,38 @@ class Compressor(abc.ABC):
             raise ValueError(
                 f"{self.name} compresses vectors along the last axis; got shape {tuple(x.shape)}"
             )
+
+
+class Sparsifier(Compressor):
+    """A fixed-size sparsifier (Top-k, rand-k): each message is k chosen coordinates.
+
+    Subclasses define :meth:`_select` (the indices and the values sent) and ``_k(d)``; the wire
+    format is shared: k indices of ⌈log₂ d⌉ bits, then the k values (rand-k with a shared seed
+    overrides the index part, which the receiver redraws).
+    """
+
+    def _k(self, d: int) -> int:
+        raise NotImplementedError
+
+    def sparse_k(self, d: int) -> int:
+        return self._k(d)
+
+    def _encode_indices(self, w: BitWriter, idx: torch.Tensor, d: int) -> None:
+        w.add(idx, _log2ceil(d))
+
+    def _decode_indices(self, r: BitReader, d: int, keys: Keys | None) -> torch.Tensor:
+        return r.read(self._k(d), _log2ceil(d))
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        idx, vals = self._select(x, keys)
+        self._encode_indices(w, idx, x.shape[-1])
+        w.add_float(vals)
+
+    def _decode_pairs(
+        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self._decode_indices(r, d, keys).reshape(-1)
+        return idx, r.read_float(idx.numel(), dtype)
 
 
 def _log2ceil(d: int) -> int:

@@ -11,6 +11,7 @@ from ._wire import BitReader, BitWriter, float_width
 from .base import (
     COMPRESSORS,
     Compressor,
+    Sparsifier,
     _check_positive_int,
     _emit,
     _log2ceil,
@@ -89,7 +90,7 @@ def topk_indices_torch(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @COMPRESSORS.register("top_k")
-class TopK(Compressor):
+class TopK(Sparsifier):
     """Top-k ([EF21] Def. 1 example): keep the k entries of largest |x_j|, zero the rest.
 
     Contractive with α = k/d ([EF21] Lemma 1: the dropped d − k entries are the smallest, so
@@ -129,9 +130,6 @@ class TopK(Compressor):
 
     def paper_bits(self, d: int) -> float:
         return 32.0 * self._k(d)
-
-    def sparse_k(self, d: int) -> int:
-        return self._k(d)
 
     def index_bits(self, d: int) -> int:
         return self._k(d) * _log2ceil(d)
@@ -197,20 +195,3 @@ class TopK(Compressor):
         idx = self._indices(x)
         res = torch.zeros_like(x) if out is None else out.zero_()
         return res.scatter_(-1, idx, x.gather(-1, idx))
-
-    def _encode_indices(self, w: BitWriter, idx: torch.Tensor, d: int) -> None:
-        w.add(idx, _log2ceil(d))
-
-    def _decode_indices(self, r: BitReader, d: int, keys: Keys | None) -> torch.Tensor:
-        return r.read(self._k(d), _log2ceil(d))
-
-    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
-        idx, vals = self._select(x, keys)
-        self._encode_indices(w, idx, x.shape[-1])
-        w.add_float(vals)
-
-    def _decode_pairs(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self._decode_indices(r, d, keys)
-        return idx, r.read_float(idx.numel(), dtype)

@@ -31,6 +31,7 @@ from ._wire import BitReader, BitWriter, float_width
 from .base import (
     COMPRESSORS,
     Compressor,
+    Sparsifier,
     _check_positive_int,
     _emit,
     _keys_rows,
@@ -92,7 +93,7 @@ def randk_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
     return (y + rot) % d
 
 
-class _RandKBase(Compressor):
+class _RandKBase(Sparsifier):
     collective = "allgather"
     positively_homogeneous = True
     sparse_message = True
@@ -119,9 +120,6 @@ class _RandKBase(Compressor):
 
     def paper_bits(self, d: int) -> float:
         return 32.0 * self._k(d)
-
-    def sparse_k(self, d: int) -> int:
-        return self._k(d)
 
     def index_bits(self, d: int) -> int:
         return 0 if self.shared_seed else self._k(d) * _log2ceil(d)
@@ -178,25 +176,14 @@ class _RandKBase(Compressor):
         return res.scatter_(-1, idx, vals)
 
     def _encode_indices(self, w: BitWriter, idx: torch.Tensor, d: int) -> None:
-        if not self.shared_seed:
-            w.add(idx, _log2ceil(d))
+        if not self.shared_seed:  # with a shared seed the receiver redraws the indices
+            super()._encode_indices(w, idx, d)
 
     def _decode_indices(self, r: BitReader, d: int, keys: Keys | None) -> torch.Tensor:
         if self.shared_seed:
             assert keys is not None
             return self._idx(keys.to(r.device), d, r.fast)
-        return r.read(self._k(d), _log2ceil(d))
-
-    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
-        idx, vals = self._select(x, keys)
-        self._encode_indices(w, idx, x.shape[-1])
-        w.add_float(vals)
-
-    def _decode_pairs(
-        self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self._decode_indices(r, d, keys).reshape(-1)
-        return idx, r.read_float(idx.numel(), dtype)
+        return super()._decode_indices(r, d, keys)
 
 
 def _overflow_error(name: str, dtype: torch.dtype) -> ValueError:

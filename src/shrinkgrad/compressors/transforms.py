@@ -40,7 +40,7 @@ import torch
 
 from ..rng import Keys
 from ._wire import BitReader, BitWriter
-from .base import COMPRESSORS, Compressor, Kind
+from .base import COMPRESSORS, Compressor, Kind, Sparsifier
 
 __all__ = ["Compose", "Scaled"]
 
@@ -326,8 +326,8 @@ class Compose(Compressor):
 
 
 def _sparsifier_k(c: Compressor) -> int | None:
-    """k of a fixed-size sparsifier (one with ``_select`` and index wire helpers), else None."""
+    """k of a fixed-size sparsifier (a :class:`Sparsifier`, possibly scaled), else None."""
     if isinstance(c, Scaled):
         c = c.exact if c.exact is not None else c.inner
     k = getattr(c, "k", None)
-    return k if hasattr(c, "_encode_indices") and isinstance(k, int) else None
+    return k if isinstance(c, Sparsifier) and isinstance(k, int) else None
