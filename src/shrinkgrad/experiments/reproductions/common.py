@@ -79,6 +79,7 @@ def ef21w_ratios(table: pd.DataFrame, base: str, imp: str, comp: str) -> pd.Data
 
     ε is the largest final ‖∇f‖² of any run of the two methods (:func:`common_tolerance`), so
     every run reaches it; bits are on the papers' axis (``bits_up_paper``), median over seeds.
+    Problems without runs of the pair have no ε and no row.
     """
     consts = problem_constants(table)
     sub = table[table["method"].isin([base, imp]) & (table["compressor"] == comp)]
@@ -86,13 +87,15 @@ def ef21w_ratios(table: pd.DataFrame, base: str, imp: str, comp: str) -> pd.Data
     bits = bits_to_reach(sub, eps)
     rows = []
     for label, c in consts.items():
+        if label not in eps:
+            continue
         b0, b1 = bits.get((label, base), math.nan), bits.get((label, imp), math.nan)
         rows.append(
             {
                 "problem": label,
                 "L_var": float(c["L_var"]),
                 "QM/AM": float(c["L_QM"]) / float(c["L_AM"]),
-                "eps": eps.get(label, math.nan),
+                "eps": eps[label],
                 "bits_base": b0,
                 "bits_improved": b1,
                 "ratio": ratio(b0, b1),

@@ -13,7 +13,6 @@ overall the weighted methods are never worse (R ≥ 1 − ``slack``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ import pandas as pd
 
 from ..claims import Claim, fmt
 from . import REPRODUCTIONS, PlotSpec, Reproduction
-from .common import bits_to_reach, common_tolerance, problem_constants, ratio
+from .common import ef21w_ratios
 from .common import label as _label
 
 DEFAULTS: dict[str, Any] = {
@@ -32,35 +31,12 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def variant_ratios(table: pd.DataFrame, base: str, imp: str, comp: str) -> pd.DataFrame:
-    """Per dataset: L_QM/L_AM, ε, bits/n of both methods to ε and their ratio."""
-    consts = problem_constants(table)
-    sub = table[table["method"].isin([base, imp]) & (table["compressor"] == comp)]
-    eps = common_tolerance(sub)
-    bits = bits_to_reach(sub, eps)
-    rows = []
-    for label, c in consts.items():
-        if label not in eps:
-            continue
-        b0, b1 = bits.get((label, base), math.nan), bits.get((label, imp), math.nan)
-        rows.append(
-            {
-                "problem": label,
-                "QM/AM": float(c["L_QM"]) / float(c["L_AM"]),
-                "L_var": float(c["L_var"]),
-                "eps": eps[label],
-                "ratio": ratio(b0, b1),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
 def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     out: list[Claim] = []
     lows: list[float] = []
     pairs: Sequence[Sequence[str]] = params["pairs"]
     for base, imp in pairs:
-        m = variant_ratios(table, base, imp, params["compressor"])
+        m = ef21w_ratios(table, base, imp, params["compressor"])
         if m.empty:
             out.append(Claim(f"{imp} beats {base}", "no runs of this pair", "—", None))
             continue
