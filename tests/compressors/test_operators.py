@@ -236,7 +236,7 @@ def test_scaled_needs_an_unbiased_compressor() -> None:
 @pytest.mark.parametrize(
     "spec,pattern",
     [
-        ("top_k[k=0]", r"top_k needs k \(the number of kept coordinates\) in >= 1, got 0"),
+        ("top_k[k=0]", r"top_k needs k \(the number of kept coordinates\) >= 1, got 0"),
         ("rand_k[k=-2]", r"rand_k needs k .* got -2"),
         ("qsgd[s=0]", r"qsgd needs s \(the number of levels\) in \[1, 16777216\], got 0"),
         ("natural_dithering[s=99]", r"s \(the number of levels\) in \[1, 62\]"),

@@ -455,11 +455,11 @@ def _require_finite(x: torch.Tensor, name: str) -> None:
 
 def _check_positive_int(value: int, what: str, name: str, upper: int | None = None) -> int:
     """Validate an integer parameter, naming it and its allowed range."""
-    rng = f"[1, {upper}]" if upper is not None else ">= 1"
+    rng = f"in [1, {upper}]" if upper is not None else ">= 1"
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} needs an integer {what}, got {value!r}")
     if value < 1 or (upper is not None and value > upper):
-        raise ValueError(f"{name} needs {what} in {rng}, got {value}")
+        raise ValueError(f"{name} needs {what} {rng}, got {value}")
     return int(value)
 
 
