@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from ..rng_numba import fill_words
-from ._kernels import CHUNK, OK, _tie_up, natural_chunk
+from ._kernels import CHUNK, OK, _tie_up, natural_chunk, round_level
 from ._wire import pack_bits, unpack_bits
 
 __all__ = [
@@ -57,18 +57,9 @@ _U1 = np.uint32(1)
 def _round_code_block(  # pragma: no cover - compiled
     xs: np.ndarray, byts: np.ndarray, sc: float, fs: float, codes: np.ndarray, flags: np.ndarray
 ) -> None:
-    dt = xs.dtype.type
-    f256 = dt(256.0)
     for i in range(xs.size):
-        xv = xs[i]
-        rr = abs(xv) / sc
-        fl = np.floor(rr)
-        ti = np.int32((rr - fl) * f256)
-        bi = np.int32(byts[i])
-        flags[i] = np.uint8(bi == ti)
-        lev = fl + dt(bi < ti)
-        lev = lev if lev < fs else fs
-        codes[i] = (np.uint32(lev) << _U1) | np.uint32(np.signbit(xv))
+        lev, flags[i] = round_level(xs, i, byts, sc, fs)
+        codes[i] = (np.uint32(lev) << _U1) | np.uint32(np.signbit(xs[i]))
 
 
 @njit(cache=True, nogil=True)

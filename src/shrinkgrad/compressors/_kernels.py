@@ -296,22 +296,31 @@ def _words_block(  # pragma: no cover - compiled
 
 # The hot loops live in separate (not inlined) functions: inside the parallel drivers numba
 # does not vectorize them (measured 2-5x slower), as standalone functions LLVM does.
+@njit(cache=True, inline="always")
+def round_level(  # pragma: no cover - compiled
+    xs: np.ndarray, i: int, byts: np.ndarray, sc: float, fs: float
+) -> tuple[float, np.uint8]:
+    """The unbiased rounding of |x_i|/sc to a level in {0, …, fs} with the 8-bit draw
+    ``byts[i]``: ⌊r⌋ + 1 with probability ≈ frac(r) (256 steps), and the flag of a tie (draw =
+    the fraction's 8 bits), which :func:`_tie_up` resolves with more random bits. Shared by the
+    dense kernel and the wire encoder (``_codec``), so both draw the same levels; inlined into
+    their loops, which LLVM then vectorizes as before."""
+    dt = xs.dtype.type
+    rr = abs(xs[i]) / sc
+    fl = np.floor(rr)
+    ti = np.int32((rr - fl) * dt(256.0))
+    bi = np.int32(byts[i])
+    lev = fl + dt(bi < ti)
+    return (lev if lev < fs else fs), np.uint8(bi == ti)
+
+
 @njit(cache=True)
 def _round_block(  # pragma: no cover - compiled
     xs: np.ndarray, byts: np.ndarray, sc: float, fs: float, os: np.ndarray, flags: np.ndarray
 ) -> None:
-    dt = xs.dtype.type
-    f256 = dt(256.0)
     for i in range(xs.size):
-        xv = xs[i]
-        rr = abs(xv) / sc
-        fl = np.floor(rr)
-        ti = np.int32((rr - fl) * f256)
-        bi = np.int32(byts[i])
-        flags[i] = np.uint8(bi == ti)
-        lev = fl + dt(bi < ti)
-        lev = lev if lev < fs else fs
-        os[i] = np.copysign(sc * lev, xv)
+        lev, flags[i] = round_level(xs, i, byts, sc, fs)
+        os[i] = np.copysign(sc * lev, xs[i])
 
 
 @njit(cache=True)
