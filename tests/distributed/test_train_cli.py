@@ -37,7 +37,7 @@ def _write_config(tmp_path: Path) -> Path:
     return path
 
 
-def _compare(dist_dir: Path, sim_dir: Path) -> None:
+def _compare(dist_dir: Path, sim_dir: Path, world_size: int = 3) -> None:
     got = pd.read_parquet(dist_dir / "results.parquet")
     want = pd.read_parquet(sim_dir / "results.parquet")
     assert list(got.columns) == list(want.columns)
@@ -48,7 +48,7 @@ def _compare(dist_dir: Path, sim_dir: Path) -> None:
         assert ((got[c] - want[c]).abs() <= 1e-10 * want[c].abs()).all()
     got_runs = pd.read_csv(dist_dir / "runs.csv")
     assert got_runs["run_id"].tolist() == pd.read_csv(sim_dir / "runs.csv")["run_id"].tolist()
-    assert (got_runs["world_size"] == 3).all()
+    assert (got_runs["world_size"] == world_size).all()
 
 
 def test_train_writes_the_tables_of_shrinkgrad_run(tmp_path: Path) -> None:
