@@ -1,0 +1,72 @@
+"""``examples/ddp_mlp.py``, the example a practitioner copies: it trains, logs what it sends,
+and its shrinkgrad lines do what the hook promises."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from shrinkgrad import make_compressor
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_mlp.py"
+HIDDEN = 32
+WORLD = 2
+STEPS = 6
+
+
+def _example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ddp_mlp", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _train(mod: ModuleType, *extra: str) -> dict[str, Any]:
+    from shrinkgrad.distributed import spawn
+
+    argv = ["--hidden", str(HIDDEN), "--steps", str(STEPS), "--log-every", "3", *extra]
+    return spawn(mod.train, WORLD, (mod.parse_args(argv),), timeout=150.0)[0]
+
+
+def test_identity_hook_trains_like_ddp_without_a_hook() -> None:
+    mod = _example()
+    plain = _train(mod, "--hook", "none")
+    hooked = _train(
+        mod, "--hook", "shrinkgrad", "--compressor", "identity", "--ratio", "0",
+        "--error-feedback", "none", "--no-client-momentum",
+    )  # fmt: skip
+    for a, b in zip(plain["history"], hooked["history"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
+    assert plain["final_train_loss"] == pytest.approx(hooked["final_train_loss"], rel=1e-5)
+
+
+def test_logged_bytes_follow_the_bits_formula() -> None:
+    """Top-k 1% + EF21: one dense warm-up step, then per rank ⌈bits(d)/8⌉ bytes for each weight
+    matrix of ≥ 1024 entries and 4 bytes per entry of the small tensors."""
+    mod = _example()
+    res = _train(mod, "--hook", "shrinkgrad", "--compressor", "top_k", "--ratio", "0.01")
+    shapes = [(HIDDEN, 123), (HIDDEN,), (HIDDEN, HIDDEN), (HIDDEN,), (1, HIDDEN), (1,)]
+    numel = [math.prod(s) for s in shapes]
+    per_step = 0
+    for d in numel:
+        if d >= 1024:
+            k = math.ceil(0.01 * d)
+            per_step += math.ceil(make_compressor(f"top_k[k={k}]").bits(d) / 8)
+        else:
+            per_step += 4 * d
+    dense = 4 * sum(numel)
+    for row in res["history"]:
+        step = row["step"]
+        assert row["dense_bytes"] == dense * step * WORLD
+        assert row["bytes_sent"] == WORLD * (dense + (step - 1) * per_step)
+    # it learns: below the loss of predicting 1/2 everywhere
+    assert math.isfinite(res["final_train_loss"]) and res["final_train_loss"] < math.log(2)
