@@ -60,8 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--client-momentum",
-        action="store_true",
-        help="shrinkgrad: momentum on the ranks before compression (EF21-SGDM), same dynamics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="shrinkgrad: the momentum on the ranks, before compression (with EF21: EF21-SGDM), "
+        "instead of in the optimizer; the same dynamics for an exact compressor",
     )
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
