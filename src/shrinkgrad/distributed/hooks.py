@@ -48,12 +48,21 @@ The collective follows the compressor
 
 Uncompressed small tensors travel in the same collective (raw values). The hook never blocks
 inside a future callback (that deadlocks gloo with two buckets in flight).
+
+Loss scaling (``scaler=``, e.g. ``torch.amp.GradScaler``)
+--------------------------------------------------------
+The hook compresses x_i / S (S = ``scaler.get_scale()``), so the memory holds true gradients, and
+returns the aggregate times S. A rank whose bucket is not finite sends NaN (all-reduce paths) or
+sets the flag byte that ends its all-gather block; every rank then returns the bucket as NaN (the
+scaler skips the step) and, when the next iteration starts, restores its memory and iteration
+from the copy taken at the start of the skipped one. Without a scaler non-finite input raises.
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations at runtime
 # (``bucket: dist.GradBucket``, return exactly ``torch.futures.Future[torch.Tensor]``), and string
 # annotations fail that check.
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal, cast
@@ -159,10 +168,21 @@ class CompressionState:
     skip_communication:
         benchmarks only: do all the local work but no collective (every rank pretends all
         ranks sent what it sent), to separate compression from communication time.
+    scaler:
+        the ``torch.amp.GradScaler`` (anything with ``get_scale()``) that scales the loss of
+        this training loop. The hook then divides each bucket by the scale before compressing
+        (the error-feedback memory holds true gradients, whatever the scale does) and multiplies
+        the aggregate back for the scaler's ``unscale_``. A non-finite gradient on any rank no
+        longer raises: every rank gets that bucket as NaN, so that ``scaler.step`` skips the
+        step, and at the next iteration the hook's memory and ``iteration`` are put back to
+        before the skipped one (counted in ``overflows``), as if it had not happened. Costs one
+        finiteness pass over the bucket and its result, a copy of the memory per iteration, and
+        one flag byte per all-gathered message. Without a scaler a non-finite gradient raises.
 
     Counters (this rank): ``iteration`` (completed iterations), ``bytes_sent`` (bytes handed to
     collectives as this rank's own message, all iterations), ``last_step_bytes`` (the same, last
-    completed iteration), ``dense_bytes`` (what DDP's dense all-reduce would have handed over).
+    completed iteration), ``dense_bytes`` (what DDP's dense all-reduce would have handed over),
+    ``overflows`` (iterations skipped for a non-finite gradient, with a ``scaler``).
     """
 
     def __init__(
@@ -178,6 +198,7 @@ class CompressionState:
         min_numel: int = 1024,
         process_group: dist.ProcessGroup | None = None,
         skip_communication: bool = False,
+        scaler: Any | None = None,
     ) -> None:
         if error_feedback not in _MODES:
             raise ValueError(
@@ -206,6 +227,12 @@ class CompressionState:
             or not 0.0 < float(ratio) <= 1.0
         ):
             raise ValueError(f"ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got {ratio!r}")
+        if scaler is not None and not callable(getattr(scaler, "get_scale", None)):
+            raise TypeError(
+                "scaler must be a torch.amp.GradScaler (an object with get_scale()), got "
+                f"{type(scaler).__name__}"
+            )
+        self.scaler = scaler
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
@@ -224,7 +251,14 @@ class CompressionState:
         self.bytes_sent = 0
         self.dense_bytes = 0
         self.last_step_bytes = 0
+        self.overflows = 0
         self._step_bytes = 0
+        # iteration bookkeeping: inside an iteration (between its first and last bucket), and
+        # with a scaler the memory and iteration at its start, put back if it overflowed
+        self._open = False
+        self._overflowed = False
+        self._backup: dict[int, dict[str, torch.Tensor]] = {}
+        self._backup_iteration = 0
         # bucket plans by index, canonical ids of parameters, error-feedback memory by id
         self._plans: dict[int, _Plan] = {}
         self._uids: dict[int, tuple[int, torch.Tensor]] = {}
@@ -393,7 +427,8 @@ class CompressionState:
         if mode == "allgather":
             for u in dense + compressed:  # raw values first: they stay aligned
                 u.soff, pos = pos, pos + u.nbytes
-            send = torch.empty(pos, dtype=torch.uint8, device=buf.device)
+            flag = 1 if self.scaler is not None else 0  # the overflow flag (see _gather)
+            send = torch.empty(pos + flag, dtype=torch.uint8, device=buf.device)
         else:
             for u in units:
                 u.soff, pos = pos, pos + u.nbytes // esize
@@ -430,6 +465,7 @@ class CompressionState:
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this rank's trajectory exactly (save one per rank)."""
+        self._settle()
         return {
             "format": STATE_FORMAT,
             "config": self._config(),
@@ -437,6 +473,7 @@ class CompressionState:
             "bytes_sent": self.bytes_sent,
             "dense_bytes": self.dense_bytes,
             "last_step_bytes": self.last_step_bytes,
+            "overflows": self.overflows,
             "memory": {
                 uid: {k: t.detach().cpu().clone() for k, t in mem.items()}
                 for uid, mem in sorted(self._memory.items())
@@ -474,6 +511,8 @@ class CompressionState:
         self.bytes_sent = int(state["bytes_sent"])
         self.dense_bytes = int(state["dense_bytes"])
         self.last_step_bytes = int(state["last_step_bytes"])
+        self.overflows = int(state.get("overflows", 0))
+        self._open = self._overflowed = False
         self._memory = {
             int(uid): {k: t.clone() for k, t in mem.items()} for uid, mem in state["memory"].items()
         }
@@ -513,6 +552,68 @@ class CompressionState:
             self.last_step_bytes = self._step_bytes
             self._step_bytes = 0
             self.iteration += 1
+            self._open = False
+
+    # -- overflows (with a scaler) --------------------------------------------------------------
+    def _begin(self, buf: torch.Tensor) -> tuple[float, bool]:
+        """At every bucket: (the loss scale, whether this rank's bucket is not finite), and the
+        bucket divided by the scale. The first bucket of an iteration first settles the previous
+        one and saves the memory. Without a scaler: (1.0, False) and nothing else."""
+        if not self._open:
+            self._settle()
+            self._open = True
+            if self.scaler is not None:
+                self._snapshot()
+        if self.scaler is None:
+            return 1.0, False
+        scale = float(self.scaler.get_scale())
+        if not bool(torch.isfinite(buf).all()):
+            return scale, True
+        if scale != 1.0:
+            buf.div_(scale)
+        return scale, False
+
+    def _snapshot(self) -> None:
+        self._backup_iteration = self.iteration
+        backup: dict[int, dict[str, torch.Tensor]] = {}
+        for uid, mem in self._memory.items():
+            old = self._backup.get(uid, {})
+            saved = backup[uid] = {}
+            for name, t in mem.items():
+                b = old.get(name)
+                if b is None or b.shape != t.shape or b.dtype != t.dtype or b.device != t.device:
+                    b = torch.empty_like(t)
+                saved[name] = b.copy_(t)
+        self._backup = backup
+
+    def _settle(self) -> None:
+        """After an iteration in which some bucket overflowed: the memory and the iteration as
+        they were before it (state created during it is dropped)."""
+        if not self._overflowed:
+            return
+        for uid in list(self._memory):
+            mem, saved = self._memory[uid], self._backup.get(uid, {})
+            for name in list(mem):
+                if name in saved:
+                    mem[name].copy_(saved[name])
+                else:
+                    del mem[name]
+            if not mem:
+                del self._memory[uid]
+        self.iteration = self._backup_iteration
+        self.overflows += 1
+        self._overflowed = False
+
+    def _finish_scaled(self, scale: float, fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        """The aggregate times the loss scale, or NaN everywhere (and the iteration marked for
+        undoing) when it is not finite: some rank overflowed, or the sum did."""
+        out = fut.value()
+        if not bool(torch.isfinite(out).all()):
+            out.fill_(float("nan"))
+            self._overflowed = True
+        elif scale != 1.0:
+            out.mul_(scale)
+        return out
 
 
 def _done(value: list[torch.Tensor]) -> torch.futures.Future[list[torch.Tensor]]:
@@ -544,14 +645,17 @@ def compression_hook(
     """
     buf = bucket.buffer()
     dense_bytes = buf.numel() * buf.element_size()
-    if state.momentum > 0.0:
+    scale, bad = state._begin(buf)
+    if state.momentum > 0.0 and not bad:
         _momentum(state, state._plan(bucket), buf)
     if state.iteration < state.warmup_steps:
-        fut = _warmup(state, bucket, buf)
+        fut = _warmup(state, bucket, buf)  # a non-finite bucket makes every rank's sum non-finite
     else:
         plan = state._plan(bucket)
         path = _gather if plan.mode == "allgather" else _reduce
-        fut = path(state, plan, buf)
+        fut = path(state, plan, buf, bad)
+    if state.scaler is not None:
+        fut = fut.then(functools.partial(state._finish_scaled, scale))
     state._end_bucket(bucket, dense_bytes)
     return fut
 
@@ -624,15 +728,18 @@ def _client(
 
 
 def _reduce(
-    state: CompressionState, plan: _Plan, buf: torch.Tensor
+    state: CompressionState, plan: _Plan, buf: torch.Tensor, bad: bool = False
 ) -> torch.futures.Future[torch.Tensor]:
-    """Summable messages: one all-reduce of w_i c_i (dense results, or shared-index values)."""
+    """Summable messages: one all-reduce of w_i c_i (dense results, or shared-index values).
+    A rank whose bucket is not finite (``bad``, with a scaler) sends NaN instead."""
     n, rank, it = state.world_size, state.rank, state.iteration
     send, esize = plan.send, buf.element_size()
     ef21 = state.error_feedback in ("ef21", "ef21_w")
     w_self = float(state.weights[rank])
     values = plan.mode == "values"
-    for u in plan.units:
+    if bad:
+        send.fill_(float("nan"))
+    for u in plan.units if not bad else ():
         x = buf[u.offset : u.offset + u.numel]
         seg = send[u.soff : u.soff + u.nbytes // esize]
         C = u.compressor
@@ -654,6 +761,8 @@ def _reduce(
 
     def finish(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         total = _result(f, "all-reduce", rank)
+        if state.scaler is not None and not bool(torch.isfinite(total).all()):
+            return buf.fill_(float("nan"))  # some rank overflowed: nothing to decode
         for u in plan.units:
             seg = total[u.soff : u.soff + u.nbytes // esize]
             out = buf[u.offset : u.offset + u.numel]
@@ -721,22 +830,27 @@ def _payload_encoder(
 
 
 def _gather(
-    state: CompressionState, plan: _Plan, buf: torch.Tensor
+    state: CompressionState, plan: _Plan, buf: torch.Tensor, bad: bool = False
 ) -> torch.futures.Future[torch.Tensor]:
     """Packed payloads: one all-gather of every rank's byte buffer, decoded in rank order.
 
     Layout of a rank's buffer: the raw values of the uncompressed tensors, then (variable-size
     compressors only) one int32 size per compressed tensor, then the payloads; variable-size
-    buffers are zero-padded to the largest one, whose size is all-gathered first.
+    buffers are zero-padded to the largest one, whose size is all-gathered first. With a scaler
+    every buffer ends with one more byte, 1 when the rank's bucket was not finite (``bad``: it
+    sends nothing else, and no rank decodes anything).
     """
-    n, rank, it = state.world_size, state.rank, state.iteration
+    rank, it = state.rank, state.iteration
+    flag = 1 if state.scaler is not None else 0
+    variable = any(u.compressor is not None and u.compressor.variable_size for u in plan.compressed)
+    if bad:
+        return _gather_overflow(state, plan, buf, variable)
     dense_part = sum(u.nbytes for u in plan.dense)
     payloads: list[torch.Tensor] = []
     need = state.error_feedback != "none"
     for u in plan.dense:
         x = buf[u.offset : u.offset + u.numel]
         plan.send[u.soff : u.soff + u.nbytes].view(buf.dtype).copy_(x)
-    variable = any(u.compressor is not None and u.compressor.variable_size for u in plan.compressed)
     for u in plan.compressed:
         C = u.compressor
         assert C is not None
@@ -756,7 +870,7 @@ def _gather(
     if variable:
         header = torch.tensor([p.numel() for p in payloads], dtype=torch.int32)
         size = dense_part + header.numel() * 4 + sum(p.numel() for p in payloads)
-        block = _max_size(state, size)
+        block = _max_size(state, size + flag)
         if plan.send.numel() < block:
             grown = torch.zeros(block, dtype=torch.uint8, device=buf.device)
             grown[:dense_part].copy_(plan.send[:dense_part])
@@ -771,6 +885,35 @@ def _gather(
     else:  # the payloads are already in place
         send = plan.send
         block = send.numel()
+    if flag:
+        send[block - 1] = 0
+    return _exchange(state, plan, buf, send, block, variable, it)
+
+
+def _gather_overflow(
+    state: CompressionState, plan: _Plan, buf: torch.Tensor, variable: bool
+) -> torch.futures.Future[torch.Tensor]:
+    """The all-gather of a rank whose bucket is not finite: zeros and the flag byte set."""
+    block = _max_size(state, 1) if variable else plan.send.numel()
+    if plan.send.numel() < block:
+        plan.send = torch.zeros(block, dtype=torch.uint8, device=buf.device)
+    send = plan.send[:block]
+    send.zero_()
+    send[block - 1] = 1
+    return _exchange(state, plan, buf, send, block, variable, state.iteration)
+
+
+def _exchange(
+    state: CompressionState,
+    plan: _Plan,
+    buf: torch.Tensor,
+    send: torch.Tensor,
+    block: int,
+    variable: bool,
+    it: int,
+) -> torch.futures.Future[torch.Tensor]:
+    """All-gather ``send`` (``block`` bytes per rank) and decode the ranks' messages into buf."""
+    n, rank = state.world_size, state.rank
     if plan.recv is None or plan.recv.numel() < n * block:
         plan.recv = torch.empty(n * block, dtype=torch.uint8, device=buf.device)
     recv = plan.recv[: n * block]
@@ -778,6 +921,8 @@ def _gather(
 
     def finish(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         _result(f, "all-gather", rank)  # raises a clear error if the collective failed
+        if state.scaler is not None and bool(recv.view(n, block)[:, block - 1].any()):
+            return buf.fill_(float("nan"))  # some rank overflowed: nothing to decode
         return _combine(state, plan, buf, recv, block, variable, it)
 
     return fut.then(finish)
