@@ -10,9 +10,12 @@ or, on one machine without torchrun (forked gloo processes on 127.0.0.1)::
     python examples/ddp_mlp.py --nproc 4 --hook shrinkgrad --compressor top_k --ratio 0.01
 
 ``--hook none`` is DDP's dense all-reduce and ``--hook fp16`` torch's fp16_compress_hook, for
-comparison. Every ``--log-every`` steps rank 0 prints the training loss (the average of the
-ranks' minibatch losses), the test loss and accuracy, and the bytes the ranks handed to the
-collectives so far (all ranks together) next to what dense float32 all-reduces would have sent.
+comparison. ``--amp`` trains in float16 mixed precision (autocast + ``torch.amp.GradScaler``,
+which the shrinkgrad state is given so that overflowing steps are skipped on every rank).
+
+Every ``--log-every`` steps rank 0 prints the training loss (the average of the ranks' minibatch
+losses), the test loss and accuracy, and the bytes the ranks handed to the collectives so far
+(all ranks together) next to what dense float32 all-reduces would have sent.
 
 The data: the dataset's rows are split once into train and test (``--test-fraction``, seeded);
 rank r trains on the train rows r, r + W, r + 2W, ... with its own minibatch order. The only
@@ -65,6 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="shrinkgrad: the momentum on the ranks, before compression (with EF21: EF21-SGDM), "
         "instead of in the optimizer; the same dynamics for an exact compressor",
     )
+    p.add_argument(
+        "--amp",
+        action="store_true",
+        help="float16 autocast with torch.amp.GradScaler (passed to the shrinkgrad state)",
+    )
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=100)
@@ -109,6 +117,8 @@ def train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
     Xtr, ytr, Xte, yte = load_split(args.dataset, args.test_fraction, args.seed)
     Xr, yr = Xtr[rank::world], ytr[rank::world]
     model = DDP(make_model(Xtr.shape[1], args.hidden, args.seed))
+    device = Xr.device.type
+    scaler = torch.amp.GradScaler(device, enabled=args.amp)
     state = None
     if args.hook == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -120,6 +130,7 @@ def train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
             error_feedback=args.error_feedback,
             seed=args.seed,
             momentum=args.momentum if args.client_momentum else 0.0,
+            scaler=scaler if args.amp else None,
         )
         model.register_comm_hook(state, compression_hook)
     if state is not None and state.momentum > 0:
@@ -141,9 +152,12 @@ def train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
         idx = order[pos : pos + args.batch]
         pos += args.batch
         opt.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(model(Xr[idx]).squeeze(1), yr[idx])
-        loss.backward()
-        opt.step()
+        with torch.autocast(device, dtype=torch.float16, enabled=args.amp):
+            logits = model(Xr[idx]).squeeze(1)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), yr[idx])
+        scaler.scale(loss).backward()  # with amp off: loss.backward()
+        scaler.step(opt)  # skips the step when a gradient overflowed
+        scaler.update()
         running += torch.tensor([loss.item(), 1.0])
         if step % args.log_every == 0 or step == args.steps:
             sent = state.bytes_sent if state is not None else dense_bytes * step
@@ -171,7 +185,12 @@ def train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
     full_loss, full_acc = evaluate(model.module, Xtr, ytr)
-    return {"history": history, "final_train_loss": full_loss, "final_train_acc": full_acc}
+    return {
+        "history": history,
+        "final_train_loss": full_loss,
+        "final_train_acc": full_acc,
+        "overflows": state.overflows if state is not None else 0,
+    }
 
 
 def _forked(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:

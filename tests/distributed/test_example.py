@@ -70,3 +70,16 @@ def test_logged_bytes_follow_the_bits_formula() -> None:
         assert row["bytes_sent"] == WORLD * (dense + (step - 1) * per_step)
     # it learns: below the loss of predicting 1/2 everywhere
     assert math.isfinite(res["final_train_loss"]) and res["final_train_loss"] < math.log(2)
+
+
+def test_mixed_precision_with_the_grad_scaler_trains_like_float32() -> None:
+    """--amp: float16 autocast and torch.amp.GradScaler handed to the state. Had the hook not
+    multiplied the aggregate back by the scale, the steps would be 65536 times too small."""
+    mod = _example()
+    args = ("--hook", "shrinkgrad", "--compressor", "top_k", "--ratio", "0.01")
+    fp32 = _train(mod, *args)
+    amp = _train(mod, *args, "--amp")
+    start = math.log(2)  # about where the untrained model starts
+    assert fp32["final_train_loss"] < start - 0.05
+    assert abs(amp["final_train_loss"] - fp32["final_train_loss"]) < 0.01
+    assert amp["overflows"] == 0
