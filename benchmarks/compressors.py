@@ -132,6 +132,37 @@ def bench(d: int, repeat: int, only: str | None, cold: bool) -> None:
             return c(x, keys, out=buf)
 
         measure(name, run)
+    if not only or "rand_k" in f"rand_k[k={k}]":
+        rand_k_floor(pool, k, measure)
+
+
+def rand_k_floor(pool: Pool, k: int, measure: Callable[[str, Callable[[], object]], None]) -> None:
+    """Reference rows: what any rand_k with a dense output must at least do, without drawing
+    indices and without checking anything: zero the output, and read k scattered values of x
+    (presorted indices, torch's index_select). Their sum in one call bounds rand_k's ratio from
+    above; on the 2-core development VM it is about 1.0× a cold memcpy, so rand_k ≥ 1× is out of
+    reach for a dense output there (docs/compressors.md, "Why rand-k stays below a memcpy")."""
+    d = pool.xs[0].numel()
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randperm(d, generator=gen)[:k].sort().values
+    vals = torch.empty(k)
+
+    def zero() -> object:
+        _, buf = pool.next()
+        return buf.zero_()
+
+    def gather() -> object:
+        x, _ = pool.next()
+        return torch.index_select(x, 0, idx, out=vals)
+
+    def both() -> object:
+        x, buf = pool.next()
+        buf.zero_()
+        return torch.index_select(x, 0, idx, out=vals)
+
+    measure("floor of rand_k: out.zero_()", zero)
+    measure("floor of rand_k: read k values (sorted)", gather)
+    measure("floor of rand_k: both (no draw, no check)", both)
 
 
 def bench_wire(d: int, repeat: int, only: str | None) -> None:
