@@ -27,8 +27,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
 bench: $(STAMP)
