@@ -307,6 +307,7 @@ def task(steps: int, seeds: int) -> dict[str, Any]:
 
     losses: dict[str, list[float]] = {key: [] for key, _, _ in TASK_CONFIGS}
     accuracy: dict[str, list[float]] = {key: [] for key, _, _ in TASK_CONFIGS}
+    test_loss: dict[str, list[float]] = {key: [] for key, _, _ in TASK_CONFIGS}
     for seed in range(seeds):
         for key, _, extra in TASK_CONFIGS:
             argv = ["--steps", str(steps), "--log-every", str(steps), "--seed", str(seed)]
@@ -314,14 +315,26 @@ def task(steps: int, seeds: int) -> dict[str, Any]:
             res = spawn(mod.train, WORLD, (args,), timeout=3600.0, pg_timeout=120.0)
             losses[key].append(res[0]["final_train_loss"])
             accuracy[key].append(res[0]["history"][-1]["test_acc"])
+            test_loss[key].append(res[0]["history"][-1]["test_loss"])
             print(f"[task] seed {seed} {key}: {losses[key][-1]:.4f}", file=sys.stderr, flush=True)
-    return {"steps": steps, "seeds": seeds, "final_train_loss": losses, "test_acc": accuracy}
+    return {
+        "steps": steps,
+        "seeds": seeds,
+        "final_train_loss": losses,
+        "test_loss": test_loss,
+        "test_acc": accuracy,
+    }
+
+
+def _mean_se(v: list[float]) -> str:
+    se = statistics.stdev(v) / len(v) ** 0.5 if len(v) > 1 else 0.0
+    return f"{statistics.mean(v):+.4f} ± {se:.4f}"
 
 
 def task_report(res: dict[str, Any]) -> str:
     """Mean ± standard deviation of the final training loss over seeds, the paired difference
-    to fp16 (mean ± standard error; how many seeds end at or below fp16) and the mean final
-    test accuracy."""
+    to fp16 (mean ± standard error; how many seeds end at or below fp16), and the same paired
+    difference of the final test loss, and the mean final test accuracy."""
     losses = res["final_train_loss"]
     n = res["seeds"]
     base = losses["fp16"]
@@ -329,8 +342,9 @@ def task_report(res: dict[str, Any]) -> str:
         f"example task (examples/ddp_mlp.py, a9a, {WORLD} ranks, {res['steps']} steps, seeds "
         f"0..{n - 1}): final training loss",
         "",
-        "| configuration | mean ± sd | − fp16 (paired, mean ± s.e.) | seeds ≤ fp16 | test acc. |",
-        "|---|---|---|---|---|",
+        "| configuration | mean ± sd | − fp16 (paired, mean ± s.e.) | seeds ≤ fp16 "
+        "| test loss − fp16 | test acc. |",
+        "|---|---|---|---|---|---|",
     ]
     for key, label, _ in TASK_CONFIGS:
         v = losses[key]
@@ -338,12 +352,15 @@ def task_report(res: dict[str, Any]) -> str:
         row = f"| {label} | {statistics.mean(v):.4f} ± {sd:.4f} |"
         acc = f" {100 * statistics.mean(res['test_acc'][key]):.2f} % |"
         if key == "fp16":
-            lines.append(row + " | |" + acc)
+            tl = statistics.mean(res["test_loss"][key])
+            lines.append(row + f" | | {tl:.4f} (its mean) |" + acc)
             continue
         diff = [a - b for a, b in zip(v, base, strict=True)]
-        se = statistics.stdev(diff) / n**0.5 if n > 1 else 0.0
         wins = sum(a <= b for a, b in zip(v, base, strict=True))
-        lines.append(row + f" {statistics.mean(diff):+.4f} ± {se:.4f} | {wins}/{n} |" + acc)
+        tdiff = [
+            a - b for a, b in zip(res["test_loss"][key], res["test_loss"]["fp16"], strict=True)
+        ]
+        lines.append(row + f" {_mean_se(diff)} | {wins}/{n} | {_mean_se(tdiff)} |" + acc)
     return "\n".join(lines)
 
 
