@@ -182,7 +182,8 @@ class CompressionState:
     Counters (this rank): ``iteration`` (completed iterations), ``bytes_sent`` (bytes handed to
     collectives as this rank's own message, all iterations), ``last_step_bytes`` (the same, last
     completed iteration), ``dense_bytes`` (what DDP's dense all-reduce would have handed over),
-    ``overflows`` (iterations skipped for a non-finite gradient, with a ``scaler``).
+    ``overflows`` (iterations skipped for a non-finite gradient, with a ``scaler``; a skipped
+    iteration is undone, and counted, when the next one starts or at :meth:`state_dict`).
     """
 
     def __init__(
