@@ -257,3 +257,77 @@ def test_cli_runs_and_writes_every_result(
         main(["ps", "--workers", "3", "--tau-max", "1"])
     assert exc.value.code == 2
     assert "tau_max must be an integer >= 2" in capsys.readouterr().err
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------
+def test_sigint_to_the_server_ends_the_run_with_what_it_has(two: object) -> None:
+    """The server's SIGINT handler stops the loop after the update in progress: the workers get
+    STOP and exit normally, and the result holds every update made (status interrupted)."""
+    import signal
+    import threading
+
+    cfg = _base(2, method="iag", stepsize="theory", tau_max=4, updates=10**9, log_every=50)
+
+    def interrupt(pids: dict[str, int]) -> None:
+        threading.Timer(3.0, os.kill, (pids["server"], signal.SIGINT)).start()
+
+    res = run_ps(cfg, problem=two, on_start=interrupt)  # type: ignore[arg-type]
+    assert res.status == "interrupted" and "Ctrl-C" in res.message
+    assert res.exit_codes == {"server": 0, "worker0": 0, "worker1": 0}
+    assert res.updates > 0 and len(res.staleness) == res.updates
+    assert int(res.table["round"].iloc[-1]) == res.updates  # the final snapshot is kept
+
+
+def _children(pid: int) -> list[int]:
+    path = f"/proc/{pid}/task/{pid}/children"
+    try:
+        with open(path, encoding="ascii") as fh:
+            return [int(c) for c in fh.read().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("target", ["group", "launcher"])
+def test_ctrl_c_saves_the_run_and_exits_130(tmp_path: object, target: str) -> None:
+    """``shrinkgrad ps --out DIR`` interrupted like a terminal Ctrl-C (SIGINT to the whole
+    process group) or by a SIGINT to the launcher alone (it forwards it to the server): the
+    results are written, with status interrupted, and the exit status is 130."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = Path(str(tmp_path)) / "ps"
+    exe = str(Path(sys.executable).with_name("shrinkgrad"))
+    cmd = [exe, "ps", "--problem", A1A, "--workers", "2", "--compressor", "qsgd[s=4]"]
+    cmd += ["--tau-max", "4", "--updates", str(10**9), "--out", str(out), "--no-plot"]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # SIGINT back to its default (a suite started in the background inherits it ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_children(proc.pid)) == 3, "the server and workers did not start"
+        time.sleep(3.0)  # the update loop is running
+        if target == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted: stopping the workers" in stderr
+    assert "status: interrupted" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["updates"] > 0
+    assert (out / "table.csv").exists() and (out / "staleness.csv").exists()

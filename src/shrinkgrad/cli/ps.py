@@ -134,3 +134,5 @@ def ps_cmd(
             click.echo(line)
     if result.status == "workers_lost":
         raise SystemExit(1)
+    if result.status == "interrupted":
+        raise SystemExit(130)  # what an interrupted command returns, after saving

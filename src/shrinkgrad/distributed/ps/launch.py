@@ -24,6 +24,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -92,8 +93,18 @@ def _warm_up(problem: Problem, plan: Plan) -> None:
 
 
 def _server_rank(config: PSConfig, problem: Problem, plan: Plan) -> PSResult:
-    log = run_server(config, plan, problem.x0())
+    """The server's run. SIGINT (Ctrl-C) from here on only asks the loop to stop: it then stops
+    the workers and returns what it has (status ``interrupted``); the handler stays, so that a
+    second signal cannot cut the result short."""
+    interrupt = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: interrupt.set())
+    log = run_server(config, plan, problem.x0(), interrupt)
     return build_result(log, config, plan, problem)
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the server, which stops them with its STOP message."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _child(
@@ -107,6 +118,8 @@ def _child(
 ) -> None:
     worker_setup(1)
     _die_with_parent()
+    if rank > 0:
+        _ignore_sigint()
     code = 1
     try:
         if rank > 0:  # build the client's data before the rendezvous: the clock starts after it
@@ -155,7 +168,9 @@ def run_ps(
 
     Raises ValueError/TypeError for configuration mistakes (before any process starts) and
     :class:`PSServerLost` when the server dies; workers that die are part of the result
-    (``events``, ``exit_codes``).
+    (``events``, ``exit_codes``). A first Ctrl-C (KeyboardInterrupt here, SIGINT in the server)
+    stops the run after the update in progress and returns it with status ``interrupted``; a
+    second one aborts without a result.
     """
     problem, plan = prepare(config, problem)
     world = config.workers + 1
@@ -180,9 +195,27 @@ def run_ps(
         if on_start is not None:
             on_start({names[r]: int(p.pid) for r, p in enumerate(procs)})
         server = procs[0]
+        deadline: float | None = None  # after a Ctrl-C: how long the server may take to report
         while outcome is None:
-            ready = wait([recv_end, server.sentinel])
-            if recv_end in ready or recv_end.poll():
+            try:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                ready = wait([recv_end, server.sentinel], timeout=left)
+            except KeyboardInterrupt:
+                if deadline is not None:
+                    raise  # the second Ctrl-C: abort
+                print(
+                    "interrupted: stopping the workers and saving the updates so far "
+                    "(Ctrl-C again to abort)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(server.pid, signal.SIGINT)  # it may not have got the terminal's
+                deadline = time.monotonic() + 2.0 * config.timeout + 5.0
+                continue
+            if not ready:  # the interrupted server did not report in time
+                outcome = ("died",)
+            elif recv_end in ready or recv_end.poll():
                 try:
                     outcome = pickle.loads(recv_end.recv_bytes())
                 except (EOFError, OSError):
@@ -231,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"processes (one server + the workers), not {world}"
         )
     rank, world = init_from_env(timeout=config.timeout)
+    if rank > 0:
+        _ignore_sigint()
     code = 1
     try:
         if rank == 0:

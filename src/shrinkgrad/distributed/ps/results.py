@@ -55,7 +55,8 @@ _EVENT_COLUMNS = ("time_s", "update", "worker", "event", "detail")
 class PSResult:
     """The outcome of a parameter-server run (see the module docstring for the tables).
 
-    ``status``: ``completed`` (all updates), ``time_limit``, ``diverged`` or ``workers_lost``;
+    ``status``: ``completed`` (all updates), ``time_limit``, ``diverged``, ``workers_lost`` or
+    ``interrupted`` (Ctrl-C: the updates up to then);
     ``tau_bound``: the [K18] delay the step size was derived for (None when nothing bounds it);
     ``wall_s``: the server's update-loop time; ``exit_codes``: every process's exit status
     (filled by the launcher: 0 normal, 3 a worker that lost its server, negative a signal).

@@ -216,9 +216,16 @@ class _Server:
     held by a worker that dies, is not counted).
     """
 
-    def __init__(self, config: PSConfig, plan: Plan, x0: torch.Tensor) -> None:
+    def __init__(
+        self,
+        config: PSConfig,
+        plan: Plan,
+        x0: torch.Tensor,
+        interrupt: threading.Event | None = None,
+    ) -> None:
         self.config = config
         self.plan = plan
+        self.interrupt = interrupt
         self.cfg = plan.cfg
         W = config.workers
         self.n = W
@@ -328,6 +335,11 @@ class _Server:
     def stop(self, status: str, message: str) -> None:
         if self.status is None:
             self.status, self.message = status, message
+
+    def poll_interrupt(self) -> None:
+        """Stop (status ``interrupted``) once the launcher's Ctrl-C has set ``interrupt``."""
+        if self.interrupt is not None and self.interrupt.is_set():
+            self.stop("interrupted", f"interrupted (Ctrl-C) after {self.t} updates")
 
     def decode(self, a: Arrival) -> torch.Tensor:
         C = self.cfg.compressor
@@ -439,7 +451,7 @@ class _Server:
         return max(nxt, 0.01)
 
     def wait_event(self) -> None:
-        wait = self.check_silence()
+        wait = min(self.check_silence(), 0.5)  # 0.5 s: how soon a Ctrl-C is noticed when idle
         if self.config.max_time is not None:
             wait = min(wait, max(self.config.max_time - self.now(), 0.0) + 0.01)
         try:
@@ -457,6 +469,9 @@ class _Server:
 
     def run_async(self) -> None:
         while self.status is None:
+            self.poll_interrupt()
+            if self.status is not None:
+                return
             if not self.init_missing:
                 w = self.gate.next(self.t)
                 if w is not None:
@@ -474,6 +489,7 @@ class _Server:
                 self.send(w, MODEL)
             start = time.perf_counter()
             while self.status is None and set(self.live) - set(self.held):
+                self.poll_interrupt()
                 try:
                     ev = self.events.get(timeout=0.5)
                 except queue.Empty:
@@ -549,6 +565,11 @@ class _Server:
             th.join(max(deadline - time.perf_counter(), 0.0))
 
 
-def run_server(config: PSConfig, plan: Plan, x0: torch.Tensor) -> ServerLog:
-    """Run the server loop in this process (rank 0 of an initialised process group)."""
-    return _Server(config, plan, x0).run()
+def run_server(
+    config: PSConfig, plan: Plan, x0: torch.Tensor, interrupt: threading.Event | None = None
+) -> ServerLog:
+    """Run the server loop in this process (rank 0 of an initialised process group).
+
+    ``interrupt``: when it is set (by a SIGINT handler), the loop stops after the update in
+    progress with status ``interrupted``, stops the workers and returns what it has."""
+    return _Server(config, plan, x0, interrupt).run()
