@@ -214,7 +214,7 @@ def run_ps(
                 deadline = time.monotonic() + 2.0 * config.timeout + 5.0
                 continue
             if not ready:  # the interrupted server did not report in time
-                outcome = ("died",)
+                outcome = ("late", 2.0 * config.timeout + 5.0)
             elif recv_end in ready or recv_end.poll():
                 try:
                     outcome = pickle.loads(recv_end.recv_bytes())
@@ -243,6 +243,10 @@ def run_ps(
         return result
     if outcome[0] == "error":
         raise PSServerLost(f"the server failed: {outcome[1]}", codes, elapsed)
+    if outcome[0] == "late":
+        raise PSServerLost(
+            f"the interrupted server did not report within {outcome[1]:g} s", codes, elapsed
+        )
     raise PSServerLost("the server process died before reporting a result", codes, elapsed)
 
 

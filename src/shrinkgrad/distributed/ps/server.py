@@ -337,7 +337,7 @@ class _Server:
             self.status, self.message = status, message
 
     def poll_interrupt(self) -> None:
-        """Stop (status ``interrupted``) once the launcher's Ctrl-C has set ``interrupt``."""
+        """Stop (status ``interrupted``) once a SIGINT (Ctrl-C) has set ``interrupt``."""
         if self.interrupt is not None and self.interrupt.is_set():
             self.stop("interrupted", f"interrupted (Ctrl-C) after {self.t} updates")
 
