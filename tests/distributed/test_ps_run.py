@@ -331,3 +331,20 @@ def test_ctrl_c_saves_the_run_and_exits_130(tmp_path: object, target: str) -> No
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["updates"] > 0
     assert (out / "table.csv").exists() and (out / "staleness.csv").exists()
+
+
+def test_the_server_reports_progress_on_stderr(
+    two: object, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``progress_every``: lines 'ps: t/total updates ...' from the server process, t growing."""
+    import re
+
+    cfg = _base(2, method="iag", stepsize="theory", tau_max=4, updates=3000, delay=0.0005)
+    res = run_ps(cfg, problem=two, progress_every=0.2)  # type: ignore[arg-type]
+    assert res.status == "completed"
+    err = capfd.readouterr().err
+    seen = [int(m) for m in re.findall(r"^ps: (\d+)/3000 updates \(", err, flags=re.M)]
+    assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] <= 3000
+    assert "2/2 workers" in err
+    quiet = run_ps(cfg, problem=two)  # type: ignore[arg-type]
+    assert quiet.status == "completed" and "ps: " not in capfd.readouterr().err

@@ -103,18 +103,23 @@ def _summary_lines(s: dict[str, Any], out: str | None) -> list[str]:
 @click.option("--set", "sets", multiple=True, help="override a config key: ps.tau_max=6.")
 @click.option("--out", type=click.Path(file_okay=False), help="directory for the results.")
 @click.option("--no-plot", is_flag=True, help="skip staleness.png.")
+@click.option(
+    "--no-progress", is_flag=True, help="no progress lines (shown on a terminal, every 5 s)."
+)
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON.")
 def ps_cmd(
     config: str | None,
     sets: tuple[str, ...],
     out: str | None,
     no_plot: bool,
+    no_progress: bool,
     as_json: bool,
     speeds: str | None,
     **flags: Any,
 ) -> None:
     """Run an asynchronous parameter server: W workers push compressed, stale gradients."""
     from ..distributed.ps import load_ps_config, run_ps
+    from ..distributed.ps.launch import PROGRESS_EVERY
 
     overrides: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
     if speeds is not None:
@@ -123,7 +128,8 @@ def ps_cmd(
         key, value = _set_value(item)
         overrides[key] = value
     cfg = load_ps_config(config, overrides=overrides)
-    result = run_ps(cfg)
+    show = not no_progress and sys.stderr.isatty()
+    result = run_ps(cfg, progress_every=PROGRESS_EVERY if show else None)
     summary = result.summary()
     if out:
         result.save(out, plot=not no_plot)

@@ -41,7 +41,10 @@ from .results import PSResult, build_result
 from .server import Plan, plan_run, run_server
 from .worker import EXIT_FAILED, client_oracle, run_worker
 
-__all__ = ["PSServerLost", "main", "prepare", "run_ps"]
+__all__ = ["PROGRESS_EVERY", "PSServerLost", "main", "prepare", "run_ps"]
+
+#: seconds between the server's progress lines on a terminal
+PROGRESS_EVERY = 5.0
 
 
 class PSServerLost(RuntimeError):
@@ -92,13 +95,15 @@ def _warm_up(problem: Problem, plan: Plan) -> None:
     C.decode(C.encode(g, keys), problem.d, plan.cfg.wire_dtype, keys)
 
 
-def _server_rank(config: PSConfig, problem: Problem, plan: Plan) -> PSResult:
+def _server_rank(
+    config: PSConfig, problem: Problem, plan: Plan, progress_every: float | None = None
+) -> PSResult:
     """The server's run. SIGINT (Ctrl-C) from here on only asks the loop to stop: it then stops
     the workers and returns what it has (status ``interrupted``); the handler stays, so that a
     second signal cannot cut the result short."""
     interrupt = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: interrupt.set())
-    log = run_server(config, plan, problem.x0(), interrupt)
+    log = run_server(config, plan, problem.x0(), interrupt, progress_every)
     return build_result(log, config, plan, problem)
 
 
@@ -115,6 +120,7 @@ def _child(
     problem: Problem,
     plan: Plan,
     conn: Connection | None,
+    progress_every: float | None = None,
 ) -> None:
     worker_setup(1)
     _die_with_parent()
@@ -127,7 +133,7 @@ def _child(
         init_process_group(rank, world, port=port, timeout=config.timeout)
         if rank == 0:
             assert conn is not None
-            result = _server_rank(config, problem, plan)
+            result = _server_rank(config, problem, plan, progress_every)
             # plain pickle: torch's multiprocessing pickler would share tensors through file
             # descriptors that die with this process
             conn.send_bytes(pickle.dumps(("ok", result)))
@@ -159,12 +165,14 @@ def run_ps(
     *,
     problem: Problem | None = None,
     on_start: Callable[[dict[str, int]], None] | None = None,
+    progress_every: float | None = None,
 ) -> PSResult:
     """Run a parameter server with ``config.workers`` workers on this machine; return the result.
 
     ``problem`` (optional) is the already built full problem (it must match ``config.problem``).
     ``on_start`` is called with the processes' pids (``{"server": pid, "worker0": pid, ...}``)
-    once they are started (tests use it to kill processes from outside).
+    once they are started (tests use it to kill processes from outside). ``progress_every``:
+    the server prints a progress line on stderr at most every that many seconds.
 
     Raises ValueError/TypeError for configuration mistakes (before any process starts) and
     :class:`PSServerLost` when the server dies; workers that die are part of the result
@@ -185,7 +193,16 @@ def run_ps(
         for rank in range(world):
             p = ctx.Process(
                 target=_child,
-                args=(rank, world, port, config, problem, plan, send_end if rank == 0 else None),
+                args=(
+                    rank,
+                    world,
+                    port,
+                    config,
+                    problem,
+                    plan,
+                    send_end if rank == 0 else None,
+                    progress_every,
+                ),
                 name=f"shrinkgrad-ps-{names[rank]}",
                 daemon=True,
             )
@@ -274,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if rank == 0:
             problem, plan = prepare(config)
-            result = _server_rank(config, problem, plan)
+            every = PROGRESS_EVERY if sys.stderr.isatty() else None
+            result = _server_rank(config, problem, plan, every)
             paths = result.save(args.out)
             where = paths["table"].parent
             print(f"status {result.status}: {result.updates} updates; results in {where}")

@@ -33,6 +33,7 @@ import math
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -222,10 +223,14 @@ class _Server:
         plan: Plan,
         x0: torch.Tensor,
         interrupt: threading.Event | None = None,
+        progress_every: float | None = None,
     ) -> None:
         self.config = config
         self.plan = plan
         self.interrupt = interrupt
+        self.progress_every = progress_every
+        self.progress_at = 0.0  # self.now() of the last progress line
+        self.max_staleness = 0
         self.cfg = plan.cfg
         W = config.workers
         self.n = W
@@ -336,6 +341,19 @@ class _Server:
         if self.status is None:
             self.status, self.message = status, message
 
+    def show_progress(self) -> None:
+        """One line on stderr: updates (of the total), rate, staleness so far, live workers."""
+        self.progress_at = now = self.now()
+        total = self.config.updates
+        stale = self.max_staleness
+        print(
+            f"ps: {self.t}/{total} updates ({100.0 * self.t / total:.1f} %), "
+            f"{self.t / max(now, 1e-9):.0f}/s, max staleness {stale}, "
+            f"{len(self.live)}/{self.n} workers, {now:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def poll_interrupt(self) -> None:
         """Stop (status ``interrupted``) once a SIGINT (Ctrl-C) has set ``interrupt``."""
         if self.interrupt is not None and self.interrupt.is_set():
@@ -365,6 +383,7 @@ class _Server:
             )
 
     def record(self, a: Arrival, delay: int) -> None:
+        self.max_staleness = max(self.max_staleness, self.t - 1 - a.version)
         self.rows.append(
             {
                 "update": self.t,
@@ -383,6 +402,8 @@ class _Server:
             return
         if self.t % self.config.log_every == 0:
             self.snapshot()
+        if self.progress_every is not None and self.now() - self.progress_at >= self.progress_every:
+            self.show_progress()
         if self.config.kill_server_after is not None and self.t >= self.config.kill_server_after:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die without any cleanup
         if self.t >= self.config.updates:
@@ -566,10 +587,15 @@ class _Server:
 
 
 def run_server(
-    config: PSConfig, plan: Plan, x0: torch.Tensor, interrupt: threading.Event | None = None
+    config: PSConfig,
+    plan: Plan,
+    x0: torch.Tensor,
+    interrupt: threading.Event | None = None,
+    progress_every: float | None = None,
 ) -> ServerLog:
     """Run the server loop in this process (rank 0 of an initialised process group).
 
     ``interrupt``: when it is set (by a SIGINT handler), the loop stops after the update in
-    progress with status ``interrupted``, stops the workers and returns what it has."""
-    return _Server(config, plan, x0, interrupt).run()
+    progress with status ``interrupted``, stops the workers and returns what it has.
+    ``progress_every``: print a progress line on stderr at most every that many seconds."""
+    return _Server(config, plan, x0, interrupt, progress_every).run()
