@@ -102,3 +102,27 @@ def test_config_mistakes_are_one_line_errors(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "has no parameter 'kk'" in err
     assert not (tmp_path / "x").exists()
+
+
+def _train_with_progress(rank: int, world: int, cfg_path: Path, out: Path) -> list[str]:
+    from shrinkgrad.distributed.train import train_config
+    from shrinkgrad.experiments.config import load_config
+
+    lines: list[str] = []
+    train_config(load_config(cfg_path), out, progress=lines.append, progress_every=0.0)
+    return lines
+
+
+def test_progress_lines_come_from_rank_0_at_logged_rounds(tmp_path: Path) -> None:
+    from shrinkgrad.distributed import spawn
+
+    cfg = _write_config(tmp_path)
+    by_rank = spawn(_train_with_progress, 2, (cfg, tmp_path / "dist"))
+    assert by_rank[1] == []
+    from shrinkgrad.distributed.train import plan
+    from shrinkgrad.experiments.config import load_config
+
+    runs, _, _ = plan(load_config(cfg))
+    assert len(runs) == 2
+    want = [f"{run.run_id} {run.label}: round {r}/12" for run in runs for r in (4, 8, 12)]
+    assert by_rank[0] == want

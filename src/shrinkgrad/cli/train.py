@@ -14,6 +14,7 @@ started (forked); under torchrun (``RANK``/``WORLD_SIZE`` set) this process is o
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,9 @@ __all__ = ["train_cmd"]
     show_default=True,
     help="seconds a collective may wait for a peer before the run fails",
 )
+@click.option(
+    "--no-progress", is_flag=True, help="no progress lines (shown on a terminal, every 5 s)"
+)
 def train_cmd(
     config: Path,
     out: Path | None,
@@ -53,11 +57,13 @@ def train_cmd(
     profile: str | None,
     overrides: tuple[str, ...],
     timeout: float,
+    no_progress: bool,
 ) -> None:
     """Run the runs of CONFIG (a TOML file) with their clients spread over processes."""
     cfg, out_dir = load_run_config(config, out, profile, overrides, suffix="-distributed")
+    show = not no_progress and sys.stderr.isatty()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        _under_torchrun(cfg, out_dir, fmt, timeout)
+        _under_torchrun(cfg, out_dir, fmt, timeout, show)
         return
     from ..distributed.launch import WorkerError, preload, spawn
     from ..distributed.train import plan
@@ -71,7 +77,7 @@ def train_cmd(
         spawn(
             _rank_main,
             nproc,
-            (cfg, out_dir, fmt, problems),
+            (cfg, out_dir, fmt, problems, show),
             timeout=365 * 24 * 3600.0,
             pg_timeout=timeout,
         )
@@ -84,18 +90,29 @@ def train_cmd(
     click.echo(f"{len(runs)} runs on {nproc} processes → {out_dir / 'results'}.{fmt or 'parquet'}")
 
 
+def _progress_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _rank_main(
-    rank: int, world: int, cfg: Any, out_dir: Path, fmt: Any, problems: dict[str, Any]
+    rank: int,
+    world: int,
+    cfg: Any,
+    out_dir: Path,
+    fmt: Any,
+    problems: dict[str, Any],
+    show: bool,
 ) -> None:
     from ..distributed.train import train_config
 
     def log(line: str) -> None:
         print(line, flush=True)
 
-    train_config(cfg, out_dir, fmt=fmt, problems=problems, log=log)
+    progress = _progress_line if show else None
+    train_config(cfg, out_dir, fmt=fmt, problems=problems, log=log, progress=progress)
 
 
-def _under_torchrun(cfg: Any, out_dir: Path, fmt: Any, timeout: float) -> None:
+def _under_torchrun(cfg: Any, out_dir: Path, fmt: Any, timeout: float, show: bool) -> None:
     import torch.distributed as dist
 
     from ..distributed.launch import init_from_env, worker_setup
@@ -104,7 +121,8 @@ def _under_torchrun(cfg: Any, out_dir: Path, fmt: Any, timeout: float) -> None:
     worker_setup(int(os.environ.get("SHRINKGRAD_THREADS", "1")))
     rank, world = init_from_env(timeout=timeout)
     try:
-        train_config(cfg, out_dir, fmt=fmt, log=lambda line: click.echo(line))
+        progress = _progress_line if show else None
+        train_config(cfg, out_dir, fmt=fmt, log=lambda line: click.echo(line), progress=progress)
         if rank == 0:
             click.echo(f"{world} processes → {out_dir / 'results'}.{fmt or 'parquet'}")
     finally:

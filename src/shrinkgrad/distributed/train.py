@@ -11,6 +11,7 @@ again; an interrupted run resumes from its ranks' checkpoints (``runs/<id>/check
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,10 @@ from ..experiments.grid import ProblemInfo, RunSpec, build_problem, check_runs, 
 from ..experiments.results import Format, default_format, find_run_table, write_json, write_table
 from .runner import run_distributed
 
-__all__ = ["plan", "train_config"]
+__all__ = ["PROGRESS_EVERY", "plan", "train_config"]
+
+#: seconds between progress lines within a run
+PROGRESS_EVERY = 5.0
 
 
 def plan(
@@ -52,12 +56,15 @@ def train_config(
     fmt: Format | None = None,
     problems: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None,
+    progress_every: float = PROGRESS_EVERY,
 ) -> pd.DataFrame | None:
     """Run every run of ``config`` on the ranks of the default process group into ``out``.
 
     Call on every rank. Returns the results table on rank 0 (None elsewhere). ``problems``
     (spec → built problem) avoids rebuilding problems already built in this process; ``log``
-    receives one line per run on rank 0.
+    receives one line per run on rank 0, ``progress`` one line (``run-id label: round r/R``)
+    at most every ``progress_every`` seconds within a run, on rank 0.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     out_dir = Path(out)
@@ -76,7 +83,10 @@ def train_config(
     for run in runs:
         if run.run_id not in todo:
             continue
-        summary = _one_run(run, out_dir, infos[run.problem.spec], config.name, fmt, cache, world)
+        tick = _ticker(run, progress, progress_every) if rank == 0 and progress else None
+        summary = _one_run(
+            run, out_dir, infos[run.problem.spec], config.name, fmt, cache, world, tick
+        )
         if rank == 0 and log is not None:
             log(
                 f"{run.run_id} {run.label}: {summary['status']} after {summary['rounds']} rounds, "
@@ -100,8 +110,10 @@ def _one_run(
     fmt: Format,
     cache: dict[str, Any],
     world: int,
+    tick: Callable[[int, Any], None] | None = None,
 ) -> dict[str, Any]:
-    """One run on every rank (the same columns and files as the simulator's sweep runner)."""
+    """One run on every rank (the same columns and files as the simulator's sweep runner);
+    ``tick(round, state)`` is called after every round (progress)."""
     rank = dist.get_rank()
     run_dir = out_dir / "runs" / run.run_id
     if rank == 0:
@@ -111,7 +123,9 @@ def _one_run(
     dist.barrier()
     prepared = prepare_run(run, cache.get(run.problem.spec))
     cache[run.problem.spec] = prepared.problem
-    result, wall = prepared.execute(run_distributed, checkpoint=run_dir / "checkpoint.pt")
+    result, wall = prepared.execute(
+        run_distributed, checkpoint=run_dir / "checkpoint.pt", callback=tick
+    )
     table, summary = finish_run(prepared, result, wall, info, experiment, world_size=world)
     dist.barrier()  # every rank saved its final checkpoint
     if rank == 0:
@@ -119,3 +133,17 @@ def _one_run(
     for p in run_dir.glob(f"checkpoint.pt.rank{rank}-of-*"):
         p.unlink(missing_ok=True)
     return summary
+
+
+def _ticker(run: RunSpec, show: Callable[[str], None], every: float) -> Callable[[int, Any], None]:
+    """A round callback that shows ``run-id label: round r/R`` at most every ``every`` s."""
+    last = [time.perf_counter()]
+    total = run.settings.rounds
+
+    def tick(r: int, state: Any) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= every:
+            last[0] = now
+            show(f"{run.run_id} {run.label}: round {r}/{total}")
+
+    return tick
