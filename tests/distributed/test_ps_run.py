@@ -269,7 +269,7 @@ def test_sigint_to_the_server_ends_the_run_with_what_it_has(two: object) -> None
     cfg = _base(2, method="iag", stepsize="theory", tau_max=4, updates=10**9, log_every=50)
 
     def interrupt(pids: dict[str, int]) -> None:
-        threading.Timer(3.0, os.kill, (pids["server"], signal.SIGINT)).start()
+        threading.Timer(5.0, os.kill, (pids["server"], signal.SIGINT)).start()
 
     res = run_ps(cfg, problem=two, on_start=interrupt)  # type: ignore[arg-type]
     assert res.status == "interrupted" and "Ctrl-C" in res.message
@@ -315,7 +315,7 @@ def test_ctrl_c_saves_the_run_and_exits_130(tmp_path: object, target: str) -> No
         while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(_children(proc.pid)) == 3, "the server and workers did not start"
-        time.sleep(3.0)  # the update loop is running
+        time.sleep(5.0)  # the update loop is running (~1 s after the fork, unloaded)
         if target == "group":
             os.killpg(proc.pid, signal.SIGINT)
         else:

@@ -95,14 +95,23 @@ def _warm_up(problem: Problem, plan: Plan) -> None:
     C.decode(C.encode(g, keys), problem.d, plan.cfg.wire_dtype, keys)
 
 
-def _server_rank(
-    config: PSConfig, problem: Problem, plan: Plan, progress_every: float | None = None
-) -> PSResult:
-    """The server's run. SIGINT (Ctrl-C) from here on only asks the loop to stop: it then stops
-    the workers and returns what it has (status ``interrupted``); the handler stays, so that a
-    second signal cannot cut the result short."""
+def _catch_sigint() -> threading.Event:
+    """The server's SIGINT (Ctrl-C) handler, installed before anything else: it only sets the
+    returned event, which the update loop polls; the run then stops the workers and returns
+    what it has (status ``interrupted``, no updates if it had not started). The handler stays,
+    so that a second signal cannot cut the result short."""
     interrupt = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: interrupt.set())
+    return interrupt
+
+
+def _server_rank(
+    config: PSConfig,
+    problem: Problem,
+    plan: Plan,
+    progress_every: float | None = None,
+    interrupt: threading.Event | None = None,
+) -> PSResult:
     log = run_server(config, plan, problem.x0(), interrupt, progress_every)
     return build_result(log, config, plan, problem)
 
@@ -124,6 +133,7 @@ def _child(
 ) -> None:
     worker_setup(1)
     _die_with_parent()
+    interrupt = _catch_sigint() if rank == 0 else None
     if rank > 0:
         _ignore_sigint()
     code = 1
@@ -133,7 +143,7 @@ def _child(
         init_process_group(rank, world, port=port, timeout=config.timeout)
         if rank == 0:
             assert conn is not None
-            result = _server_rank(config, problem, plan, progress_every)
+            result = _server_rank(config, problem, plan, progress_every, interrupt)
             # plain pickle: torch's multiprocessing pickler would share tensors through file
             # descriptors that die with this process
             conn.send_bytes(pickle.dumps(("ok", result)))
@@ -285,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"processes (one server + the workers), not {world}"
         )
     rank, world = init_from_env(timeout=config.timeout)
+    interrupt = _catch_sigint() if rank == 0 else None
     if rank > 0:
         _ignore_sigint()
     code = 1
@@ -292,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank == 0:
             problem, plan = prepare(config)
             every = PROGRESS_EVERY if sys.stderr.isatty() else None
-            result = _server_rank(config, problem, plan, every)
+            result = _server_rank(config, problem, plan, every, interrupt)
             paths = result.save(args.out)
             where = paths["table"].parent
             print(f"status {result.status}: {result.updates} updates; results in {where}")
