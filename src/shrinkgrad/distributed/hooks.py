@@ -428,8 +428,7 @@ class CompressionState:
         if mode == "allgather":
             for u in dense + compressed:  # raw values first: they stay aligned
                 u.soff, pos = pos, pos + u.nbytes
-            flag = 1 if self.scaler is not None else 0  # the overflow flag (see _gather)
-            send = torch.empty(pos + flag, dtype=torch.uint8, device=buf.device)
+            send = torch.empty(pos + self._flag_bytes, dtype=torch.uint8, device=buf.device)
         else:
             for u in units:
                 u.soff, pos = pos, pos + u.nbytes // esize
@@ -556,6 +555,11 @@ class CompressionState:
             self._open = False
 
     # -- overflows (with a scaler) --------------------------------------------------------------
+    @property
+    def _flag_bytes(self) -> int:
+        """Bytes of the overflow flag that ends every all-gathered block (1 with a scaler)."""
+        return 1 if self.scaler is not None else 0
+
     def _begin(self, buf: torch.Tensor) -> tuple[float, bool]:
         """At every bucket: (the loss scale, whether this rank's bucket is not finite), and the
         bucket divided by the scale. The first bucket of an iteration first settles the previous
@@ -732,7 +736,8 @@ def _reduce(
     state: CompressionState, plan: _Plan, buf: torch.Tensor, bad: bool = False
 ) -> torch.futures.Future[torch.Tensor]:
     """Summable messages: one all-reduce of w_i c_i (dense results, or shared-index values).
-    A rank whose bucket is not finite (``bad``, with a scaler) sends NaN instead."""
+    A rank whose bucket is not finite (``bad``, with a scaler) sends NaN instead: the sums, and
+    so the result, are then NaN on every rank (:meth:`CompressionState._finish_scaled`)."""
     n, rank, it = state.world_size, state.rank, state.iteration
     send, esize = plan.send, buf.element_size()
     ef21 = state.error_feedback in ("ef21", "ef21_w")
@@ -762,8 +767,6 @@ def _reduce(
 
     def finish(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         total = _result(f, "all-reduce", rank)
-        if state.scaler is not None and not bool(torch.isfinite(total).all()):
-            return buf.fill_(float("nan"))  # some rank overflowed: nothing to decode
         for u in plan.units:
             seg = total[u.soff : u.soff + u.nbytes // esize]
             out = buf[u.offset : u.offset + u.numel]
@@ -842,7 +845,7 @@ def _gather(
     sends nothing else, and no rank decodes anything).
     """
     rank, it = state.rank, state.iteration
-    flag = 1 if state.scaler is not None else 0
+    flag = state._flag_bytes
     variable = any(u.compressor is not None and u.compressor.variable_size for u in plan.compressed)
     if bad:
         return _gather_overflow(state, plan, buf, variable)
