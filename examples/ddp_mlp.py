@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from shrinkgrad.distributed import (
     CompressionState,
+    WorkerError,
     compression_hook,
     init_from_env,
     spawn,
@@ -200,13 +201,18 @@ def _forked(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.nproc:
-        results = spawn(_forked, args.nproc, (args,), timeout=24 * 3600.0, pg_timeout=120.0)
+        try:
+            results = spawn(_forked, args.nproc, (args,), timeout=24 * 3600.0, pg_timeout=120.0)
+        except WorkerError as e:  # e.g. a compressor that the error feedback cannot use
+            raise SystemExit(f"error: {e}") from None
         out = results[0]
     else:
         worker_setup(int(os.environ.get("OMP_NUM_THREADS", "1")))
         rank, world = init_from_env(timeout=120.0)
         try:
             out = train(rank, world, args)
+        except (ValueError, TypeError) as e:  # a configuration mistake: one line per rank
+            raise SystemExit(f"error (rank {rank}): {e}") from None
         finally:
             dist.destroy_process_group()
         if rank != 0:

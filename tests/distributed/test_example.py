@@ -83,3 +83,14 @@ def test_mixed_precision_with_the_grad_scaler_trains_like_float32() -> None:
     assert fp32["final_train_loss"] < start - 0.05
     assert abs(amp["final_train_loss"] - fp32["final_train_loss"]) < 0.01
     assert amp["overflows"] == 0
+
+
+def test_a_configuration_mistake_is_one_message_not_a_traceback() -> None:
+    mod = _example()
+    argv = ["--nproc", "2", "--hidden", str(HIDDEN), "--steps", "2"]
+    argv += ["--hook", "shrinkgrad", "--compressor", "rand_k", "--ratio", "0.01"]  # EF21 default
+    with pytest.raises(SystemExit) as info:
+        mod.main(argv)
+    text = str(info.value.code)
+    assert text.startswith("error: ") and "needs a contractive compressor" in text
+    assert "scaled(rand_k" in text  # and says what to use instead
