@@ -322,3 +322,47 @@ def test_package_root_exports() -> None:
 
     assert shrinkgrad.make_method("ef21").name == "ef21"
     assert callable(shrinkgrad.simulate) and shrinkgrad.SimResult.__name__ == "SimResult"
+
+
+# --------------------------------------------------------------------------------------------
+# unknown constants (design.md principle 14) and runtimes (principle 13)
+# --------------------------------------------------------------------------------------------
+def test_unknown_constants_allow_numeric_steps_and_refuse_theory(lsq: LeastSquares) -> None:
+    unknown = Constants(lsq.n, lsq.d)  # a network: no L, no L_i
+    assert not unknown.known
+    for spec in ("gd", "dcgd", "ef", "ef21", "iag", "delayed_dcgd[tau=2]"):
+        C = "top_k[k=1]" if spec in ("ef", "ef21") else None
+        b = make_method(spec).bind(unknown, C, 0.05)
+        assert b.cfg.stepsize == 0.05 and b.cfg.stepsize_rule == "constant"
+        # the same trajectory as with the known constants: numeric steps never read them
+        oracle = ProblemOracle(lsq)
+        state, _ = b.init(lsq.x0(), oracle)
+        for _ in range(5):
+            state, _ = b.step(state, oracle)
+        _, states = run(spec, lsq, C, 0.05, 5)
+        assert torch.equal(state.x, trajectory(states)[-1])
+        with pytest.raises(ValueError, match=r"L is not known for this problem; pass a number"):
+            make_method(spec).bind(unknown, C, "theory*2")
+    with pytest.raises(ValueError, match=r"ef21_w weighs the clients.*estimate them"):
+        make_method("ef21_w").bind(unknown, "top_k[k=1]", 0.05)
+
+
+def test_a_theory_step_from_estimated_constants_says_so(lsq: LeastSquares) -> None:
+    exact = make_method("ef21").bind(lsq, "top_k[k=1]", "theory")
+    est = Constants(lsq.n, lsq.d, lsq.L, lsq.L_i, estimated=True)
+    b = make_method("ef21").bind(est, "top_k[k=1]", "theory*2")
+    assert b.cfg.stepsize == 2 * exact.cfg.stepsize
+    assert b.cfg.stepsize_rule == exact.cfg.stepsize_rule + "*2(estimated L)"
+
+
+def test_runtimes_every_method_runs_in_the_simulator_and_says_why_not_elsewhere() -> None:
+    from shrinkgrad.methods.base import RUNTIMES
+
+    for name in METHODS.names():
+        m = make_method(name)
+        assert m.unsupported("simulator") is None and m.unsupported("runner") is None
+        for rt in RUNTIMES:
+            reason = m.unsupported(rt)
+            assert reason is None or (reason.strip() and "\n" not in reason)
+    with pytest.raises(ValueError, match="unknown runtime"):
+        make_method("gd").unsupported("gpu")  # type: ignore[arg-type]

@@ -45,6 +45,7 @@ from .stepsize import StepSize, parse_stepsize
 
 __all__ = [
     "METHODS",
+    "RUNTIMES",
     "BoundMethod",
     "Config",
     "Constants",
@@ -57,9 +58,12 @@ __all__ = [
     "NonFiniteError",
     "ProblemLike",
     "Reduce",
+    "Runtime",
     "State",
     "Traffic",
+    "UnknownConstantError",
     "make_method",
+    "methods_for",
     "weighted_sum",
 ]
 
@@ -68,12 +72,23 @@ Init = Literal["full", "compressed", "zero"]
 #: which compressors a method accepts
 Requirement = Literal["none", "unbiased", "contractive"]
 
+#: where a method can run (docs/architecture.md, "runtimes"): the vectorised simulator, the
+#: multi-process runner (:mod:`shrinkgrad.distributed.runner`), a DDP communication hook (one
+#: client per rank, one tensor at a time) and the asynchronous parameter server
+Runtime = Literal["simulator", "runner", "hook", "ps"]
+RUNTIMES: tuple[Runtime, ...] = ("simulator", "runner", "hook", "ps")
+
 #: ``reduce(values (m, d), weights (m,)) -> (d,)``: Σ_j weights[j] · values[j] over all clients
 Reduce = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class NonFiniteError(ValueError):
     """A method produced non-finite values (it diverged): raised instead of computing with NaN."""
+
+
+class UnknownConstantError(ValueError):
+    """A step-size rule (or EF21-W's weights) needs a smoothness constant the problem does not
+    know (a neural network): design.md principle 14, unknown constants are a state."""
 
 
 def weighted_sum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -156,9 +171,26 @@ class ProblemLike(Protocol):
 
     n: int
     d: int
-    L: float
-    L_i: torch.Tensor
-    mu: float | None
+
+    @property
+    def L(self) -> float | None:
+        """Smoothness constant of f; None when unknown (a neural network)."""
+        ...
+
+    @property
+    def L_i(self) -> torch.Tensor | None:
+        """The clients' smoothness constants (n,); None when unknown."""
+        ...
+
+    @property
+    def mu(self) -> float | None: ...
+
+
+#: the message of every rule that needs an unknown constant
+UNKNOWN_L = (
+    "L is not known for this problem; pass a number or estimate it "
+    "(shrinkgrad.problems.estimate_smoothness)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,14 +198,20 @@ class Constants:
     """The constants of f = (1/n) Σ f_i that step-size rules use (methods.md §1).
 
     A distributed runner whose ranks only hold part of the data builds this from the global
-    constants; a :class:`~shrinkgrad.problems.Problem` carries them itself.
+    constants; a :class:`~shrinkgrad.problems.Problem` carries them itself. ``L`` and ``L_i``
+    may be ``None`` (unknown, as for a neural network: design.md principle 14): numeric step
+    sizes then work for every method, and whatever needs them (``stepsize="theory"``, EF21-W's
+    weights) raises :class:`UnknownConstantError` saying so. ``estimated`` marks constants that
+    are estimates (``shrinkgrad.problems.estimate_smoothness``), not bounds; a theory step
+    computed from them records ``(estimated L)`` in its rule.
     """
 
     n: int
     d: int
-    L: float
-    L_i: torch.Tensor
+    L: float | None = None
+    L_i: torch.Tensor | None = None
     mu: float | None = None
+    estimated: bool = False
 
     def __post_init__(self) -> None:
         n, d = self.n, self.d
@@ -181,39 +219,61 @@ class Constants:
             raise TypeError(f"the number of clients n must be an integer >= 1, got {n!r}")
         if isinstance(d, bool) or not isinstance(d, int) or d < 1:
             raise TypeError(f"the dimension d must be an integer >= 1, got {d!r}")
-        L = float(self.L)
-        if not math.isfinite(L) or L <= 0:
-            raise ValueError(f"the smoothness constant L must be finite and > 0, got {L}")
-        L_i = torch.as_tensor(self.L_i, dtype=torch.float64).reshape(-1).cpu()
-        if L_i.numel() != n:
-            raise ValueError(f"L_i must have one entry per client (n={n}), got {L_i.numel()}")
-        if not bool(torch.isfinite(L_i).all()) or bool((L_i <= 0).any()):
-            raise ValueError("the clients' smoothness constants L_i must be finite and > 0")
-        object.__setattr__(self, "L", L)
-        object.__setattr__(self, "L_i", L_i)
+        if self.L is not None:
+            L = float(self.L)
+            if not math.isfinite(L) or L <= 0:
+                raise ValueError(f"the smoothness constant L must be finite and > 0, got {L}")
+            object.__setattr__(self, "L", L)
+        if self.L_i is not None:
+            L_i = torch.as_tensor(self.L_i, dtype=torch.float64).reshape(-1).cpu()
+            if L_i.numel() != n:
+                raise ValueError(f"L_i must have one entry per client (n={n}), got {L_i.numel()}")
+            if not bool(torch.isfinite(L_i).all()) or bool((L_i <= 0).any()):
+                raise ValueError("the clients' smoothness constants L_i must be finite and > 0")
+            object.__setattr__(self, "L_i", L_i)
         if self.mu is not None:
             object.__setattr__(self, "mu", float(self.mu))
+        object.__setattr__(self, "estimated", bool(self.estimated))
 
     @classmethod
     def of(cls, problem: ProblemLike) -> Constants:
-        """Read (and validate) the constants of ``problem``."""
+        """Read (and validate) the constants of ``problem`` (``None`` where it knows none)."""
         try:
-            return cls(problem.n, problem.d, problem.L, problem.L_i, getattr(problem, "mu", None))
+            n, d = problem.n, problem.d
         except AttributeError as e:
             raise TypeError(
                 f"{type(problem).__name__} is not a problem: it lacks {e.name!r} (a problem has "
-                "n, d, L, L_i and optionally mu)"
+                "n, d, and when known L, L_i and mu)"
             ) from None
+        return cls(
+            n,
+            d,
+            getattr(problem, "L", None),
+            getattr(problem, "L_i", None),
+            getattr(problem, "mu", None),
+            bool(getattr(problem, "constants_estimated", False)),
+        )
+
+    @property
+    def known(self) -> bool:
+        """True when L and every L_i are known (the theory step sizes need both)."""
+        return self.L is not None and self.L_i is not None
+
+    def smoothness(self) -> tuple[float, torch.Tensor]:
+        """(L, L_i), or :class:`UnknownConstantError` when the problem does not know them."""
+        if self.L is None or self.L_i is None:
+            raise UnknownConstantError(UNKNOWN_L)
+        return self.L, self.L_i
 
     @property
     def L_AM(self) -> float:
         """(1/n) Σ L_i."""
-        return float(self.L_i.mean())
+        return float(self.smoothness()[1].mean())
 
     @property
     def L_QM(self) -> float:
         """√((1/n) Σ L_i²)."""
-        return math.sqrt(float((self.L_i**2).mean()))
+        return math.sqrt(float((self.smoothness()[1] ** 2).mean()))
 
 
 class GradientOracle(Protocol):
@@ -430,9 +490,13 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         )
         spec = parse_stepsize(stepsize)
         if spec.theory:
+            if not consts.known:
+                raise UnknownConstantError(f"{method.name}: {UNKNOWN_L}")
             gamma, rule = method.theory_stepsize(cfg)
             gamma *= spec.multiplier
             rule = rule + (f"*{spec.multiplier:g}" if spec.multiplier != 1.0 else "")
+            if consts.estimated:
+                rule += "(estimated L)"
         else:
             gamma, rule = spec.value, "constant"
         if not math.isfinite(gamma) or gamma <= 0:
@@ -483,6 +547,32 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
 
     def check_problem(self, consts: Constants) -> None:
         """Raise a ValueError when the method's parameters do not fit the problem."""
+
+    # -- runtimes (design.md principle 13) ------------------------------------------------------
+    def unsupported(self, runtime: Runtime) -> str | None:
+        """None when this method runs in ``runtime``; otherwise why not, in one line.
+
+        Every method runs in the simulator and the multi-process runner (both drive
+        ``init``/``step`` over groups of clients). A DDP hook (one client per rank, the gradient
+        from backward, one tensor at a time) and the asynchronous parameter server (one arriving
+        message per update, computed at a stale model) need a method to say that its rules fit:
+        subclasses that do override this.
+        """
+        if runtime in ("simulator", "runner"):
+            return None
+        if runtime == "hook":
+            return f"{self.name} has no per-tensor rule for a DDP communication hook"
+        if runtime == "ps":
+            return f"{self.name} does not run on an asynchronous parameter server"
+        raise ValueError(f"unknown runtime {runtime!r}; the runtimes are {', '.join(RUNTIMES)}")
+
+    def check_runtime(self, runtime: Runtime) -> None:
+        """Raise a ValueError when this method cannot run in ``runtime``, naming those that can."""
+        reason = self.unsupported(runtime)
+        if reason is not None:
+            raise ValueError(
+                f"{reason}; the methods that run there: {', '.join(methods_for(runtime))}"
+            )
 
     def client_weights(self, consts: Constants) -> torch.Tensor:
         """Reduction weight of every client: 1/n (the average), overridden by EF21-W (w_i)."""
@@ -602,3 +692,16 @@ Method.__registry__ = METHODS
 def make_method(spec: str | Method[Any, Any]) -> Method[Any, Any]:
     """Build a method from its name, e.g. ``make_method("ef21_pp[p=0.5]")``."""
     return METHODS.make(spec)
+
+
+def methods_for(runtime: Runtime) -> list[str]:
+    """The registered method names whose default configuration runs in ``runtime``."""
+    out = []
+    for name in METHODS.names():
+        try:
+            method = METHODS.make(name)
+        except (TypeError, ValueError):  # a method that needs parameters to be built
+            continue
+        if method.unsupported(runtime) is None:
+            out.append(name)
+    return out

@@ -39,7 +39,8 @@ def delayed_theory(cfg: Config, tau: int) -> tuple[float, str]:
     g_dcgd, rule = dcgd_theory(cfg)
     if tau == 0:
         return g_dcgd, rule
-    g_delay = STRICT_FACTOR * float(theory_function("stepsize_delayed")(cfg.constants.L, tau))
+    L = cfg.constants.smoothness()[0]
+    g_delay = STRICT_FACTOR * float(theory_function("stepsize_delayed")(L, tau))
     return min(g_dcgd, g_delay), f"min(stepsize_dcgd,{STRICT_FACTOR}*stepsize_delayed[tau={tau}])"
 
 

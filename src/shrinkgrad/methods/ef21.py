@@ -42,6 +42,7 @@ from .base import (
     Message,
     Method,
     ProblemLike,
+    UnknownConstantError,
 )
 from .rules import ef21_update
 from .stepsize import StepSize, parse_stepsize, theory_function
@@ -222,6 +223,12 @@ class EF21(Method[EF21Server, EF21Clients]):
     def client_weights(self, consts: Constants) -> torch.Tensor:
         if not self.weighted:
             return super().client_weights(consts)
+        if consts.L_i is None:
+            raise UnknownConstantError(
+                f"{self.name} weighs the clients by their smoothness constants (w_i = L_i / Σ L_j, "
+                "[EFR] Alg. 2), which this problem does not know; estimate them "
+                "(shrinkgrad.problems.estimate_smoothness) or use ef21"
+            )
         w: torch.Tensor = theory_function("ef21w_weights")(consts.L_i)
         return w.to(torch.float64)
 
@@ -240,6 +247,7 @@ class EF21(Method[EF21Server, EF21Clients]):
 
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         c = cfg.constants
+        L = c.smoothness()[0]
         am = self.weighted or self.rule == "reloaded"  # the L_AM rules of [EFR]
         Lm = c.L_AM if am else c.L_QM
         w = "w" if am else ""
@@ -257,11 +265,11 @@ class EF21(Method[EF21Server, EF21Clients]):
                     "not known; drop pl=true or use a problem with mu"
                 )
             name = f"stepsize_ef21{w}_pl"
-            return float(theory_function(name)(c.L, Lm, cfg.alpha, c.mu)), name
+            return float(theory_function(name)(L, Lm, cfg.alpha, c.mu)), name
         if self.partial:
             name = f"stepsize_ef21{w}_pp"
             p = _per_client(self.p, c.n, "p")
-            return float(theory_function(name)(c.L, Lm, cfg.alpha, p)), name
+            return float(theory_function(name)(L, Lm, cfg.alpha, p)), name
         if self.batch is not None:
             name = f"stepsize_ef21{w}_sgd"
             sigma2 = self.sigma2 if self.sigma2 is not None else self._sigma2_problem
@@ -271,10 +279,10 @@ class EF21(Method[EF21Server, EF21Clients]):
                     "variance, and the problem gives none (no minibatch_variance_bound); pass "
                     f"sigma2=... (sigma2=0 gives the deterministic EF21 step) or a number"
                 )
-            gamma = theory_function(name)(c.L, Lm, cfg.alpha, sigma2=sigma2)
+            gamma = theory_function(name)(L, Lm, cfg.alpha, sigma2=sigma2)
             return float(gamma), f"{name}[sigma2={sigma2:.4g}]"
         name = "stepsize_ef21_reloaded" if am else "stepsize_ef21"
-        return float(theory_function(name)(c.L, Lm, cfg.alpha)), name
+        return float(theory_function(name)(L, Lm, cfg.alpha)), name
 
     # -- the parts ----------------------------------------------------------------------------
     def _scale(self, cfg: Config, ids: torch.Tensor) -> torch.Tensor | None:

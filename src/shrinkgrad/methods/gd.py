@@ -31,8 +31,9 @@ class Group(NamedTuple):
 def dcgd_theory(cfg: Config) -> tuple[float, str]:
     """γ = 1/(L + 2ω L_max/n) (:func:`shrinkgrad.theory.stepsize_dcgd`; 1/L for ω = 0)."""
     c = cfg.constants
+    L, L_i = c.smoothness()
     omega = 0.0 if cfg.omega is None else cfg.omega
-    gamma = theory_function("stepsize_dcgd")(c.L, float(c.L_i.max()), omega, c.n)
+    gamma = theory_function("stepsize_dcgd")(L, float(L_i.max()), omega, c.n)
     return float(gamma), "stepsize_dcgd"
 
 
