@@ -179,38 +179,43 @@ class _Parser:
         self.i += 1
         return tok
 
+    def at(self, text: str) -> bool:
+        """Whether the next token is ``text``."""
+        tok = self.peek()
+        return tok is not None and tok[1] == text
+
+    def items(self, close: str, item: Callable[[], T], after: Callable[[list[T]], str]) -> list[T]:
+        """Comma-separated ``item()`` s up to the closing bracket (the opening one is taken);
+        ``after(items)`` names what a stray token follows (empty: the plain error)."""
+        out: list[T] = []
+        if not self.at(close):
+            out.append(item())
+            while self.at(","):
+                self.take(",")
+                out.append(item())
+        self._close(close, after(out))
+        return out
+
     def spec(self) -> Spec:
         _, name, _ = self.take(kind="name")
         params: list[tuple[str, Any]] = []
         args: list[Spec] = []
-        tok = self.peek()
-        if tok is not None and tok[1] == "[":
+        seen: set[str] = set()
+
+        def param() -> tuple[str, Any]:
+            _, key, _ = self.take(kind="name")
+            if key in seen:
+                raise SpecError(f"cannot parse {self.text!r}: parameter {key!r} given twice")
+            seen.add(key)
+            self.take("=")
+            return key, self.value()
+
+        if self.at("["):
             self.take("[")
-            if self.peek() is not None and self.peek()[1] != "]":  # type: ignore[index]
-                while True:
-                    _, key, _ = self.take(kind="name")
-                    if any(k == key for k, _ in params):
-                        raise SpecError(
-                            f"cannot parse {self.text!r}: parameter {key!r} given twice"
-                        )
-                    self.take("=")
-                    params.append((key, self.value()))
-                    if self.peek() is not None and self.peek()[1] == ",":  # type: ignore[index]
-                        self.take(",")
-                        continue
-                    break
-            self._close("]", f"the value of {params[-1][0]!r}" if params else "")
-        tok = self.peek()
-        if tok is not None and tok[1] == "(":
+            params = self.items("]", param, lambda ps: f"the value of {ps[-1][0]!r}" if ps else "")
+        if self.at("("):
             self.take("(")
-            if self.peek() is not None and self.peek()[1] != ")":  # type: ignore[index]
-                while True:
-                    args.append(self.spec())
-                    if self.peek() is not None and self.peek()[1] == ",":  # type: ignore[index]
-                        self.take(",")
-                        continue
-                    break
-            self.take(")")
+            args = self.items(")", self.spec, lambda _: "")
         return Spec(name, tuple(params), tuple(args))
 
     def _close(self, bracket: str, after: str) -> None:
@@ -230,16 +235,7 @@ class _Parser:
         kind, text, _ = tok
         if kind == "punct" and text == "[":
             self.take("[")
-            items: list[Any] = []
-            if self.peek() is not None and self.peek()[1] != "]":  # type: ignore[index]
-                while True:
-                    items.append(self.value())
-                    if self.peek() is not None and self.peek()[1] == ",":  # type: ignore[index]
-                        self.take(",")
-                        continue
-                    break
-            self._close("]", "a list item")
-            return tuple(items)
+            return tuple(self.items("]", self.value, lambda _: "a list item"))
         if kind in ("path", "qty"):
             self.i += 1
             return text

@@ -175,7 +175,6 @@ class Network(abc.ABC):
     def collective(self, c: Collective, p: int) -> Cost:
         """The time of collective ``c`` among ``p`` ranks."""
 
-    @abc.abstractmethod
     def round(
         self,
         up: Sequence[float] | np.ndarray,
@@ -191,6 +190,22 @@ class Network(abc.ABC):
         anything); ``summable`` says the messages can be all-reduced (rings only);
         ``compute`` is the measured compute time (used when the spec gives none).
         """
+        u, d = _traffic(up, down)
+        act = _active(u, d, active)
+        if not act.any():
+            return RoundCost()
+        return self._round(u, d, act, self.compute_times(u.size, compute), summable)
+
+    @abc.abstractmethod
+    def _round(
+        self,
+        up: np.ndarray,
+        down: np.ndarray,
+        active: np.ndarray,
+        compute: np.ndarray,
+        summable: bool,
+    ) -> RoundCost:
+        """:meth:`round` of checked per-client bytes, flags and compute times (some active)."""
 
     def step(
         self,
@@ -323,27 +338,20 @@ class Star(Network):
     def links(self, n: int) -> Links:
         return Links(self.up.values(n), self.down.values(n), self.latency.values(n))
 
-    def round(
+    def _round(
         self,
-        up: Sequence[float] | np.ndarray,
-        down: Sequence[float] | np.ndarray | None = None,
-        *,
-        compute: float | Sequence[float] | np.ndarray | None = None,
-        active: Sequence[bool] | np.ndarray | None = None,
-        summable: bool = False,
+        up: np.ndarray,
+        down: np.ndarray,
+        active: np.ndarray,
+        compute: np.ndarray,
+        summable: bool,
     ) -> RoundCost:
-        u, d = _traffic(up, down)
-        n = u.size
-        links = self.links(n)
-        act = _active(u, d, active)
-        if not act.any():
-            return RoundCost()
-        c = self.compute_times(n, compute)
-        t_down, t_up = _seconds(d, links.down), _seconds(u, links.up)
-        lat = links.latency * ((d > 0).astype(float) + (u > 0).astype(float))
-        total = np.where(act, c + t_down + t_up + lat, -np.inf)
+        links = self.links(up.size)
+        t_down, t_up = _seconds(down, links.down), _seconds(up, links.up)
+        lat = links.latency * ((down > 0).astype(float) + (up > 0).astype(float))
+        total = np.where(active, compute + t_down + t_up + lat, -np.inf)
         i = int(np.argmax(total))
-        return RoundCost(float(c[i]), float(t_down[i] + t_up[i]), float(lat[i]), i)
+        return RoundCost(float(compute[i]), float(t_down[i] + t_up[i]), float(lat[i]), i)
 
     def collective(self, c: Collective, p: int) -> Cost:
         if p == 1 or c.nbytes == 0:
@@ -386,26 +394,18 @@ class Ring(Network):
             return ring_allreduce(c.nbytes, p, bw, lat)
         return ring_allgather(c.nbytes, p, bw, lat)
 
-    def round(
+    def _round(
         self,
-        up: Sequence[float] | np.ndarray,
-        down: Sequence[float] | np.ndarray | None = None,
-        *,
-        compute: float | Sequence[float] | np.ndarray | None = None,
-        active: Sequence[bool] | np.ndarray | None = None,
-        summable: bool = False,
+        up: np.ndarray,
+        down: np.ndarray,
+        active: np.ndarray,
+        compute: np.ndarray,
+        summable: bool,
     ) -> RoundCost:
-        u, d = _traffic(up, down)
-        n = u.size
-        act = _active(u, d, active)
-        if not act.any():
-            return RoundCost()
-        idx = np.flatnonzero(act)
-        c = float(np.max(self.compute_times(n, compute)[idx]))
-        p = int(idx.size)
+        idx = np.flatnonzero(active)
         # the active ranks form the ring: their links (a spec's list is indexed by client)
-        links = self.links(n)
+        links = self.links(up.size)
         bw, lat = slowest(links.up[idx], links.latency[idx])
-        block = float(np.max(u[idx]))
-        comm = (ring_allreduce if summable else ring_allgather)(block, p, bw, lat)
-        return RoundCost(c, comm.transfer_s, comm.latency_s)
+        block = float(np.max(up[idx]))
+        comm = (ring_allreduce if summable else ring_allgather)(block, int(idx.size), bw, lat)
+        return RoundCost(float(np.max(compute[idx])), comm.transfer_s, comm.latency_s)

@@ -95,7 +95,7 @@ def readable_log_ticks(axis: Any, bottom: float, top: float) -> None:
     decades = math.log10(top / bottom)
     if decades >= 3:
         return
-    subs = np.arange(1.0, 10.0) if decades < 1 else np.array([1.0, 2.0, 5.0])
+    subs = [float(k) for k in range(1, 10)] if decades < 1 else [1.0, 2.0, 5.0]
     axis.set_major_locator(LogLocator(base=10.0, subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
     axis.set_minor_formatter(NullFormatter())
