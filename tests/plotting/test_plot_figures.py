@@ -153,6 +153,24 @@ def test_facet_errors_and_none() -> None:
     assert len([ax for ax in fig.axes if ax.get_visible()]) == 1
 
 
+def test_curves_never_mix_problems_when_the_panels_are_not_the_problems() -> None:
+    def value(method: str, comp: str, seed: int, r: int, p: str) -> float:
+        return (10.0 if p == "dataset=b" else 1.0) * 0.5**r
+
+    t = make_table(MANY[:2] + MANY[6:8], problems=("dataset=a", "dataset=b"), value=value)
+    fig, _ = plot_results(t, "rounds", "grad_norm_sq", facet="method")
+    for ax in fig.axes:
+        lines = [ln for ln in ax.get_lines() if ln.get_label()[:1] != "_"]
+        assert len(lines) == 4  # 2 problems × 2 compressors, each its own curve
+        for ln in lines:
+            problem = ln.get_label().split(" · ")[0]
+            assert problem in ("dataset=a", "dataset=b")
+            scale = 10.0 if problem == "dataset=b" else 1.0
+            np.testing.assert_allclose(ln.get_ydata(), scale * 0.5 ** np.arange(8))
+    fig, _ = plot_results(t, "rounds", "grad_norm_sq", facet="none")
+    assert len([ln for ln in fig.axes[0].get_lines() if ln.get_label()[:1] != "_"]) == 8
+
+
 def test_held_out_metrics(tmp_path: Path) -> None:
     def extra(method: str, comp: str, seed: int, r: int, p: str) -> dict[str, float]:
         return {"test_loss": 0.7 * 0.9**r, "test_accuracy": 0.5 + 0.05 * r}

@@ -69,13 +69,25 @@ def _facet(table: pd.DataFrame, facet: str | None) -> str | None:
     return facet
 
 
-def _curve_keys(facet: str | None) -> list[str]:
-    """The columns that tell the curves of one panel apart (the facet is not one of them)."""
-    return [k for k in CURVE_KEYS if k != facet]
+def _curve_keys(table: pd.DataFrame, facet: str | None) -> list[str]:
+    """The columns that tell the curves of one panel apart: :data:`CURVE_KEYS` but the facet,
+    and the problem when the panels are not the problems (curves never mix problems)."""
+    keys = [k for k in CURVE_KEYS if k != facet]
+    if (
+        facet != DEFAULT_FACET
+        and DEFAULT_FACET in table.columns
+        and table[DEFAULT_FACET].nunique(dropna=False) > 1
+    ):
+        keys.insert(0, DEFAULT_FACET)
+    return keys
 
 
 def _run_column(table: pd.DataFrame) -> str:
-    return "seed_index" if "seed_index" in table.columns else "seed"
+    """The column that tells one run (seed) of a curve from another."""
+    for col in ("run_id", "seed_index"):
+        if col in table.columns:
+            return col
+    return "seed"
 
 
 def aggregate(
@@ -102,7 +114,7 @@ def aggregate(
     if not (0 <= lo_q <= 0.5 <= hi_q <= 1):
         raise ValueError(f"quantiles must satisfy 0 ≤ lo ≤ 0.5 ≤ hi ≤ 1, got {quantiles}")
     panel = _facet(table, facet)
-    keys = ([panel] if panel else []) + _curve_keys(panel)
+    keys = ([panel] if panel else []) + _curve_keys(table, panel)
     missing = [k for k in keys if k not in table.columns]
     if missing:
         raise ValueError(f"the results table lacks the column(s) {', '.join(missing)}")
@@ -177,7 +189,7 @@ def _interp(grid: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
 def curve_label(row: pd.Series | dict[str, Any], rule: str | None = None) -> str:
     """The legend entry of a curve: canonical specs, and the step-size rule when given."""
-    parts = [str(row[k]) for k in ("method", "compressor") if k in row]
+    parts = [str(row[k]) for k in (DEFAULT_FACET, "method", "compressor") if k in row]
     if "stepsize_spec" in row:
         parts.append(f"γ={row['stepsize_spec']}")
     text = " · ".join(parts)
@@ -250,7 +262,7 @@ def plot_results(
     ycol = _column(y, Y_AXES, table, "y")
     log_y = axis_of(ycol).log if logy is None else bool(logy)
     panel_col = _facet(table, facet)
-    curve_keys = _curve_keys(panel_col)
+    curve_keys = _curve_keys(table, panel_col)
     panels = list(dict.fromkeys(agg[panel_col])) if panel_col else [None]
     curve_ids = list(dict.fromkeys(map(tuple, agg[curve_keys].to_numpy().tolist())))
     methods = [dict(zip(curve_keys, c, strict=True)).get("method", "") for c in curve_ids]
