@@ -106,6 +106,11 @@ def test_cli_prints_the_breakdown_and_json(capsys: pytest.CaptureFixture[str]) -
         (["--network", "star[up=10mbat]"], "error: star parameter 'up': cannot read '10mbat'"),
         (["--network", "strr[up=1mbit]"], "error: unknown network 'strr'"),
         (["--network", "star[up=1mbit]", "--compute", "soon"], "error: --compute: cannot read"),
+        (
+            ["--network", "star[up=[1mbit,2mbit]]"],
+            "error: star parameter 'up': a list of 2 values for 5 clients; give one value per "
+            "client (5 values) or a single value",
+        ),
     ],
 )
 def test_cli_mistakes_are_one_line(
@@ -119,13 +124,13 @@ def test_cli_mistakes_are_one_line(
 def test_cli_mistake_without_traceback_in_a_fresh_process() -> None:
     exe = str(Path(sys.executable).with_name("shrinkgrad"))
     res = subprocess.run(
-        [exe, "estimate", "--problem", PROBLEM, "--network", "star[up=[1mbit,2mbit]]"],
+        [exe, "estimate", "--problem", PROBLEM, "--network", "star[up=-1mbit]"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip() == (
-        "error: star parameter 'up': a list of 2 values for 5 clients; give one value per "
-        "client (5 values) or a single value"
+        "error: star parameter 'up' must be > 0, got '-1mbit'; give a bandwidth such as 10mbit, "
+        "1gbit, 100kbit/s, 50Mbps, 12.5MB/s (bytes), inf, or a number of bit/s"
     )

@@ -75,16 +75,20 @@ def estimate_cmd(
     as_json: bool,
 ) -> None:
     """Predicted time to ε of a method on one or more networks (theory rounds × round cost)."""
-    from ..methods import make_method
     from ..network import make_network
-    from ..network.estimate import estimate, measure_rounds
     from ..network.units import parse_duration
-    from ..problems import make_problem
 
-    nets = [make_network(n) for n in networks]  # spec mistakes first, before any work
+    nets = [make_network(n) for n in networks]  # spec mistakes first, before any heavy import
     if compute is not None:
         parse_duration(compute, "--compute")
+    from ..methods import make_method
+    from ..network.estimate import estimate, measure_rounds
+    from ..problems import make_problem
+
     prob = make_problem(problem)
+    for net in nets:  # per-client lists of the wrong length, before any simulation
+        net.links(prob.n)
+        net.compute_times(prob.n)
     bound = make_method(method).bind(prob, compressor, stepsize, seed)
     measured = measure_rounds(bound, prob, measure)
     results = [
