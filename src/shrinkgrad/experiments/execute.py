@@ -1,8 +1,8 @@
 """One run of a sweep, whichever runtime runs it: ``shrinkgrad run`` (the simulator, in worker
 processes) and ``shrinkgrad train`` (torch.distributed ranks) share everything here.
 
-* :func:`prepare_run` builds the run's problem and resolves its step size (and the rule of a
-  sweep-resolved one) and its absolute stopping tolerance (``run.tol_rel`` × ‖∇f(x⁰)‖²);
+* :func:`prepare_run` builds the run's problem and its absolute stopping tolerance
+  (``run.tol_rel`` × ‖∇f(x⁰)‖²); the step-size spec goes to the runtime as written;
   :meth:`PreparedRun.execute` calls :func:`~shrinkgrad.sim.simulate` or
   :func:`~shrinkgrad.distributed.run_distributed` with them;
 * :func:`finish_run` turns the result into the run's table (the simulator's columns plus the
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .config import resolve_stepsize
 from .grid import ProblemInfo, RunSpec, build_problem
 from .results import (
     Format,
@@ -46,12 +45,13 @@ class PreparedRun:
 
     run: RunSpec
     problem: Any
-    #: what the simulator takes: a number, ``"theory"`` or ``"theory*m"``
-    stepsize: float | str
-    #: the rule of a step size the sweep resolved (``"stepsize_ef21*4 of ef21"``, ``"1/L"``);
-    #: ``""`` when the simulator names it
-    rule: str
     tol: float | None
+
+    @property
+    def stepsize(self) -> str:
+        """The step-size spec as written in the config; ``Method.bind`` resolves it (the one
+        grammar of :mod:`shrinkgrad.methods.stepsize`) and the run records its rule."""
+        return self.run.arm.stepsize
 
     def arguments(self) -> dict[str, Any]:
         """The arguments of ``simulate`` / ``run_distributed`` for this run, except the
@@ -88,16 +88,15 @@ class PreparedRun:
 
 
 def prepare_run(run: RunSpec, problem: Any = None) -> PreparedRun:
-    """Resolve ``run``'s step size and tolerance on ``problem`` (built from the spec if None)."""
+    """Build ``run``'s problem (unless given) and make its tolerance absolute."""
     s = run.settings
     if problem is None:
         problem = build_problem(run.problem.spec, s.dtype)
-    step, rule = resolve_stepsize(run.arm.stepsize, run.arm.method, run.arm.compressor, problem)
     tol = s.tol
     if s.tol_rel is not None:
         g0 = problem.grad(problem.x0())
         tol = s.tol_rel * float(g0 @ g0)
-    return PreparedRun(run, problem, step, rule, tol)
+    return PreparedRun(run, problem, tol)
 
 
 def finish_run(
@@ -109,10 +108,8 @@ def finish_run(
     **extra: Any,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The run's table and summary; ``extra`` entries are appended to the summary."""
-    run, rule = prepared.run, prepared.rule
+    run = prepared.run
     table = result.table.copy()
-    if rule:
-        table["stepsize_rule"] = rule
     columns = {
         "run_id": run.run_id,
         "experiment": experiment,
@@ -133,7 +130,7 @@ def finish_run(
         "compressor": run.arm.compressor,
         "stepsize_spec": run.arm.stepsize,
         "stepsize": result.stepsize,
-        "stepsize_rule": rule or result.stepsize_rule,
+        "stepsize_rule": result.stepsize_rule,
         "seed_index": run.seed_index,
         "seed": run.seed,
         "status": result.status,
