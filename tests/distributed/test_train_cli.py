@@ -105,7 +105,7 @@ def test_config_mistakes_are_one_line_errors(
 
 
 def _train_with_progress(rank: int, world: int, cfg_path: Path, out: Path) -> list[str]:
-    from shrinkgrad.distributed.train import train_config
+    from shrinkgrad.experiments.distributed_sweep import train_config
     from shrinkgrad.experiments.config import load_config
 
     lines: list[str] = []
@@ -119,7 +119,7 @@ def test_progress_lines_come_from_rank_0_at_logged_rounds(tmp_path: Path) -> Non
     cfg = _write_config(tmp_path)
     by_rank = spawn(_train_with_progress, 2, (cfg, tmp_path / "dist"))
     assert by_rank[1] == []
-    from shrinkgrad.distributed.train import plan
+    from shrinkgrad.experiments.distributed_sweep import plan
     from shrinkgrad.experiments.config import load_config
 
     runs, _, _ = plan(load_config(cfg))

@@ -66,7 +66,7 @@ def train_cmd(
         _under_torchrun(cfg, out_dir, fmt, timeout, show)
         return
     from ..distributed.launch import WorkerError, preload, spawn
-    from ..distributed.train import plan
+    from ..experiments.distributed_sweep import plan
 
     problems: dict[str, Any] = {}
     runs, notes, _ = plan(cfg, problems)  # checks everything (and loads the data) before forking
@@ -103,7 +103,7 @@ def _rank_main(
     problems: dict[str, Any],
     show: bool,
 ) -> None:
-    from ..distributed.train import train_config
+    from ..experiments.distributed_sweep import train_config
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -116,7 +116,7 @@ def _under_torchrun(cfg: Any, out_dir: Path, fmt: Any, timeout: float, show: boo
     import torch.distributed as dist
 
     from ..distributed.launch import init_from_env, worker_setup
-    from ..distributed.train import train_config
+    from ..experiments.distributed_sweep import train_config
 
     worker_setup(int(os.environ.get("SHRINKGRAD_THREADS", "1")))
     rank, world = init_from_env(timeout=timeout)

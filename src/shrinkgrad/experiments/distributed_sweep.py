@@ -1,4 +1,7 @@
-"""A TOML experiment config run with torch.distributed: ``shrinkgrad train`` and torchrun.
+"""A sweep on torch.distributed ranks: ``shrinkgrad train`` and torchrun.
+
+This is the experiments side of the multi-process runner: imports go one way, experiments →
+distributed (:func:`~shrinkgrad.distributed.runner.run_distributed`), never back.
 
 :func:`train_config` is what every rank runs: each run of the config (the grid of
 :mod:`shrinkgrad.experiments`, same run ids) goes through :func:`~shrinkgrad.distributed.runner.
@@ -19,11 +22,11 @@ from typing import Any
 import pandas as pd
 import torch.distributed as dist
 
-from ..experiments.config import ExperimentConfig, dump_config
-from ..experiments.execute import collect_results, finish_run, prepare_run, write_run
-from ..experiments.grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
-from ..experiments.results import Format, default_format, find_run_table, write_json, write_table
-from .runner import run_distributed
+from ..distributed.runner import run_distributed
+from .config import ExperimentConfig, dump_config
+from .execute import collect_results, finish_run, prepare_run, write_run
+from .grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
+from .results import Format, default_format, find_run_table, write_json, write_table
 
 __all__ = ["PROGRESS_EVERY", "plan", "train_config"]
 
