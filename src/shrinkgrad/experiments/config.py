@@ -394,6 +394,7 @@ def _build(doc: dict[str, Any], source: str, profile: str | None) -> ExperimentC
     name = doc.get("name", "")
     if not isinstance(name, str):
         raise ConfigError(source, "name", f"must be a string, got {_show(name)}")
+    _check_name(name, source)
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(source, "description", f"must be a string, got {_show(description)}")
@@ -430,6 +431,32 @@ def _build(doc: dict[str, Any], source: str, profile: str | None) -> ExperimentC
         data={},
         profile=profile,
     )
+
+
+#: longest experiment name: one directory name (255 bytes on common file systems) with room for
+#: the ``-distributed`` / ``-quick`` suffixes of the default output directories
+NAME_BYTES = 200
+
+
+def _check_name(name: str, source: str) -> None:
+    """The name is the default output directory ``runs/<name>``: one directory name."""
+    bad = [c for c in ("/", "\\", "\0") if c in name]
+    if bad or name in (".", ".."):
+        what = f"contains {bad[0]!r}" if bad else f"is {name!r}"
+        raise ConfigError(
+            source,
+            "name",
+            f"{_show(name)} {what}; the name is the default output directory runs/<name>, one "
+            "directory name: use letters, digits, spaces and - _ . (or give --out)",
+        )
+    if len(name.encode("utf-8")) > NAME_BYTES:
+        raise ConfigError(
+            source,
+            "name",
+            f"is {len(name.encode('utf-8'))} bytes long; the name is the default output directory "
+            f"runs/<name>, and file systems hold at most 255 bytes per name: keep it <= "
+            f"{NAME_BYTES} bytes",
+        )
 
 
 # -- problems --------------------------------------------------------------------------------
