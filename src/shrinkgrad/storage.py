@@ -38,6 +38,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
+    "is_file",
     "probe_writable",
     "remove_stale_temporaries",
 ]
@@ -57,7 +58,7 @@ _HINTS = {
     errno.EEXIST: "a part of the path exists and is not a directory: choose another --out",
 }
 #: size of the probe file of :func:`probe_writable`
-PROBE_BYTES = 1 << 20
+PROBE_BYTES = 1 << 16
 #: the suffix of temporary files (``.<name>.<pid>.<random>.tmp``)
 _TMP_SUFFIX = ".tmp"
 
@@ -153,7 +154,7 @@ def probe_writable(directory: str | os.PathLike[str], size: int = PROBE_BYTES) -
     """
     d = Path(directory)
     try:
-        if d.exists() and not d.is_dir():
+        if is_file(d):
             raise StorageError(f"--out {os.fspath(d)!r} is a file; give a directory", errno.ENOTDIR)
         d.mkdir(parents=True, exist_ok=True)
     except StorageError:
@@ -172,6 +173,16 @@ def probe_writable(directory: str | os.PathLike[str], size: int = PROBE_BYTES) -
         with contextlib.suppress(OSError):
             probe.unlink()
     return d
+
+
+def is_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` exists and is not a directory; a path the file system cannot even look
+    up (a name too long) is a :class:`StorageError` naming it."""
+    p = Path(path)
+    try:
+        return p.exists() and not p.is_dir()
+    except OSError as e:
+        raise StorageError.of(p, e, "use") from None
 
 
 def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
@@ -209,6 +220,7 @@ class DirectoryLock:
         except ImportError:  # pragma: no cover - Windows
             return
         try:
+            self.directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise StorageError.of(self.path, e, "create the lock file") from None

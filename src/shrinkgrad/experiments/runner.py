@@ -28,8 +28,14 @@ from typing import Any
 
 import pandas as pd
 
-from ..storage import DirectoryLock, StorageError, atomic_write, probe_writable
-from ..storage import remove_stale_temporaries
+from ..storage import (
+    DirectoryLock,
+    StorageError,
+    atomic_write,
+    is_file,
+    probe_writable,
+    remove_stale_temporaries,
+)
 from .config import ExperimentConfig, dump_config
 from .execute import RunTask, collect_results, run_state
 from .executors import Executor, default_jobs, make_executor
@@ -134,7 +140,7 @@ def run_experiment(
     from .display import make_display
 
     out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
+    if is_file(out_dir):
         raise NotADirectoryError(f"--out {str(out_dir)!r} is a file; give a directory")
     fmt = fmt or default_format()
     runs = expand(config)
@@ -167,6 +173,8 @@ def _sweep(
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     states = {r.run_id: run_state(out_dir / "runs" / r.run_id) for r in runs}
     todo = [r for r in runs if states[r.run_id] != "finished"]
+    cache: dict[str, Any] = {}
+    collect_results(out_dir, runs, config.name, cache)  # reads (checks) every finished run now
     env = environment(config, execu.workers(len(todo) or 1), command)
     env["executor"] = execu.describe()
     env["started"] = started
@@ -177,7 +185,6 @@ def _sweep(
     failed: list[RunFailure] = []
     ran: set[str] = set()
     resumed: set[str] = set()
-    cache: dict[str, Any] = {}
     last_flush = [time.monotonic()]
 
     def flush() -> tuple[pd.DataFrame, pd.DataFrame, Path]:
