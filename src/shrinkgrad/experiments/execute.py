@@ -270,7 +270,12 @@ def _problem(spec: str, dtype: str) -> Any:
     return build_problem(spec, dtype)
 
 
-def execute_run(task: RunTask, emit: Emit, progress_every: float = 0.25) -> dict[str, Any]:
+def execute_run(
+    task: RunTask,
+    emit: Emit,
+    progress_every: float = 0.25,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     """Run ``task`` with the simulator into its directory (resuming its checkpoint) and return
     its summary.
 
@@ -278,7 +283,8 @@ def execute_run(task: RunTask, emit: Emit, progress_every: float = 0.25) -> dict
     died after writing it) returns its summary without running again. Writes ``run.json``, then
     (through the simulator) ``checkpoint.pt``; when the run ends ``table.<fmt>`` and ``done.json``
     (each atomically), and removes the checkpoint. A KeyboardInterrupt leaves the checkpoint and
-    propagates.
+    propagates; ``should_stop()`` returning True at a logged round is one (a worker asked to stop
+    stops at a safe point, not in the middle of a library call).
     """
     from ..sim import simulate
 
@@ -299,6 +305,8 @@ def execute_run(task: RunTask, emit: Emit, progress_every: float = 0.25) -> dict
     last = [0.0]
 
     def callback(r: int, _state: Any) -> bool:
+        if should_stop is not None and should_stop():
+            raise KeyboardInterrupt
         now = time.monotonic()
         if now - last[0] >= progress_every:
             last[0] = now

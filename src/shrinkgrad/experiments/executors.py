@@ -146,7 +146,18 @@ def _worker_main(tasks: Connection, events: Connection, alive: Connection) -> No
     pin_threads()  # again: a forkserver started by someone else may not have preloaded us
     threading.Thread(target=_watch_parent, args=(alive,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the parent's job
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # terminate = Ctrl-C: checkpoint
+    stop = threading.Event()
+    busy = [False]
+
+    def on_term(signum: int, frame: Any) -> None:
+        """SIGTERM = stop: at the run's next logged round (it saves its checkpoint), or now when
+        idle; never an exception in the middle of numba or torch code."""
+        if busy[0]:
+            stop.set()
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
 
     def emit(kind: str, run_id: str, payload: dict[str, Any]) -> None:
         if kind == "start":
@@ -165,7 +176,8 @@ def _worker_main(tasks: Connection, events: Connection, alive: Connection) -> No
             if task is None:
                 break
             try:
-                execute_run(task, emit)
+                busy[0] = True
+                execute_run(task, emit, should_stop=stop.is_set)
             except KeyboardInterrupt:
                 emit("interrupted", task.run.run_id, {})
                 break
@@ -174,6 +186,10 @@ def _worker_main(tasks: Connection, events: Connection, alive: Connection) -> No
                 break
             except Exception as e:  # report and go on with the next run
                 emit("failed", task.run.run_id, _failure(e))
+            finally:
+                busy[0] = False
+            if stop.is_set():
+                break
     except KeyboardInterrupt:
         pass
     finally:
@@ -202,8 +218,10 @@ def _sigint_ignored() -> Iterator[None]:
 
 
 def _start_forkserver(ctx: Any) -> None:
-    """Start the forkserver with SIGINT ignored: a Ctrl-C while it imports torch would print its
-    traceback, and the workers it forks inherit the disposition (they ignore the terminal)."""
+    """Start the forkserver with SIGINT ignored: it imports torch for seconds, and a Ctrl-C then
+    would print its traceback; the workers it forks inherit the disposition (they ignore the
+    terminal). Only the fork and exec happen in the ignoring window (milliseconds): this process
+    still sees a Ctrl-C while the forkserver starts."""
     if ctx.get_start_method() != "forkserver":  # pragma: no cover - Windows
         return
     from multiprocessing import forkserver
@@ -222,8 +240,11 @@ class _Worker:
         self.process = ctx.Process(
             target=_worker_main, args=(task_r, event_w, alive_r), daemon=True
         )
-        with _sigint_ignored():  # spawn: the child starts with SIGINT ignored
-            self.process.start()
+        if ctx.get_start_method() == "forkserver":
+            self.process.start()  # forked by the forkserver: SIGINT ignored already
+        else:  # pragma: no cover - Windows
+            with _sigint_ignored():
+                self.process.start()
         for end in (task_r, event_w, alive_r):
             end.close()
         self.current: RunTask | None = None
