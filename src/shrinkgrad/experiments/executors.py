@@ -83,13 +83,17 @@ def make_executor(spec: str | Executor | None = None, jobs: int | None = None) -
     """Build an executor from its spec (``"local"``, ``"dask[address=tcp://host:8786]"``).
 
     ``jobs`` is the default of ``local``'s ``jobs`` and of a dask ``LocalCluster``'s
-    ``workers``. An address may be written unquoted (it is quoted here for the spec parser).
+    ``workers``. An address may be written unquoted (values with ``:`` or ``/`` are quoted here
+    for the spec parser).
     """
     if spec is None:
         spec = "local"
     if not isinstance(spec, str):
         return spec
-    text = re.sub(r"(address\s*=\s*)([^,\]'\"]+)", lambda m: f"{m.group(1)}'{m.group(2)}'", spec)
+    # values with ':' or '/' (addresses) are quoted for the spec parser
+    text = re.sub(
+        r"(\w+\s*=\s*)([^,\]'\"]*[:/][^,\]'\"]*)", lambda m: f"{m.group(1)}'{m.group(2)}'", spec
+    )
     overrides: dict[str, Any] = {}
     name = text.split("[", 1)[0].strip()
     if jobs is not None and name in EXECUTORS:
