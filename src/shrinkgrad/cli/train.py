@@ -65,7 +65,8 @@ def train_cmd(
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _under_torchrun(cfg, out_dir, fmt, timeout, show)
         return
-    from ..distributed.launch import WorkerError, preload, spawn
+    from ..distributed.launch import WorkerError, spawn
+    from ..experiments.executors import default_jobs
     from ..experiments.distributed_sweep import check_world, plan
     from ..storage import DirectoryLock, probe_writable
 
@@ -76,7 +77,15 @@ def train_cmd(
     command = ["shrinkgrad", *sys.argv[1:]]
     for note in notes:
         click.echo(f"note: {note}", err=True)
-    preload()
+    cores = default_jobs()
+    if nproc > cores:
+        click.echo(
+            f"note: --nproc {nproc} on {cores} cores: every round's all-reduce waits until the OS "
+            f"has scheduled all {nproc} processes (measured: 4 ranks on 2 cores ~15x slower "
+            f"per round than the simulator, docs/distributed.md); --nproc {cores} is faster here",
+            err=True,
+        )
+    # (no launch.preload(): it imports torch._dynamo for DDP, which the method runner never uses)
     with DirectoryLock(out_dir, " ".join(command)):
         try:
             spawn(
