@@ -51,12 +51,15 @@ def main() -> None:
         rows.append(("run -j 1", wall, float(runs["wall_s"].sum())))
         for w in (1, 2, 4):
             out = f"{tmp}/train{w}"
-            wall = _timed([exe, "train", str(cfg), "--out", out, "--nproc", str(w), "--no-progress"])
+            wall = _timed(
+                [exe, "train", str(cfg), "--out", out, "--nproc", str(w), "--no-progress"]
+            )
             runs = pd.read_csv(f"{out}/runs.csv")
             rows.append((f"train --nproc {w}", wall, float(runs["wall_s"].sum())))
         base = rows[0][2] / (2 * args.rounds)
         print(f"2 runs x {args.rounds} rounds, a1a, 8 clients (noisy, shared machine)")
-        print(f"{'command':18} {'wall s':>8} {'start-up s':>11} {'rounds s':>9} {'ms/round':>9} {'x run':>6}")
+        head = ("command", "wall s", "start-up s", "rounds s", "ms/round", "x run")
+        print("{:18} {:>8} {:>11} {:>9} {:>9} {:>6}".format(*head))
         for name, wall, rounds_s in rows:
             per = rounds_s / (2 * args.rounds)
             print(

@@ -275,4 +275,6 @@ def _read_holder(fd: int) -> str:
     if not isinstance(info, dict) or "pid" not in info:
         return ""
     command = f": {info['command']}" if info.get("command") else ""
-    return f" (pid {info['pid']} on {info.get('host', '?')}, since {info.get('since', '?')}{command})"
+    return (
+        f" (pid {info['pid']} on {info.get('host', '?')}, since {info.get('since', '?')}{command})"
+    )

@@ -105,8 +105,8 @@ def test_config_mistakes_are_one_line_errors(
 
 
 def _train_with_progress(rank: int, world: int, cfg_path: Path, out: Path) -> list[str]:
-    from shrinkgrad.experiments.distributed_sweep import train_config
     from shrinkgrad.experiments.config import load_config
+    from shrinkgrad.experiments.distributed_sweep import train_config
 
     lines: list[str] = []
     train_config(load_config(cfg_path), out, progress=lines.append, progress_every=0.0)
@@ -119,8 +119,8 @@ def test_progress_lines_come_from_rank_0_at_logged_rounds(tmp_path: Path) -> Non
     cfg = _write_config(tmp_path)
     by_rank = spawn(_train_with_progress, 2, (cfg, tmp_path / "dist"))
     assert by_rank[1] == []
-    from shrinkgrad.experiments.distributed_sweep import plan
     from shrinkgrad.experiments.config import load_config
+    from shrinkgrad.experiments.distributed_sweep import plan
 
     runs, _, _ = plan(load_config(cfg))
     assert len(runs) == 2
@@ -155,7 +155,7 @@ def test_a_resume_on_another_nproc_is_refused_and_env_json_is_written(
     main(["train", str(cfg), "--nproc", "2", "--out", str(out)])
     env = json.loads((out / "env.json").read_text())
     assert env["world_size"] == 2 and env["runs"] == {"total": 2, "already_finished": 0, "ran": 2}
-    assert "torch.distributed (gloo, 2 ranks)" == env["executor"] and "git_commit" in env
+    assert env["executor"] == "torch.distributed (gloo, 2 ranks)" and "git_commit" in env
     # an interrupted 3-process run: a 2-process resume is refused, naming the directory
     run = expand(load_config(cfg))[0]
     run_dir = out / "runs" / run.run_id

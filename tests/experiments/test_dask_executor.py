@@ -65,7 +65,7 @@ def test_the_executor_spec_uses_the_registry_grammar() -> None:
         make_executor("dask[address=somewhere]")
     with pytest.raises(ValueError, match="has no parameter 'adress'"):
         make_executor("dask[adress=tcp://h:1]")
-    with pytest.raises(ValueError, match="unknown executor 'dusk'.*dask, local"):
+    with pytest.raises(ValueError, match=r"unknown executor 'dusk'.*dask, local"):
         make_executor("dusk")
 
 

@@ -320,12 +320,12 @@ def test_the_config_step_sizes_are_the_one_grammar_of_bind() -> None:
     assert got.stepsize_rule == "stepsize_ef21*2 of ef21"
     cfg = make_method("gd").bind(p, "identity", "0.5/L_max").cfg
     assert (cfg.stepsize, cfg.stepsize_rule) == (0.5 / p.L_max, "0.5/L_max")
-    with pytest.raises(ValueError, match="L_min.*L, L_AM, L_QM, L_max"):
+    with pytest.raises(ValueError, match=r"L_min.*L, L_AM, L_QM, L_max"):
         make_method("gd").bind(p, "identity", "1/L_min")
     # the config keeps the canonical spelling (it is part of the run ids)
     cfg2 = loads_config(
         'problem = "logistic_regression[dataset=a1a,n_clients=3]"\n'
-        "[grid]\nmethods = [\"ef\"]\ncompressors = [\"top_k[k=1]\"]\n"
+        '[grid]\nmethods = ["ef"]\ncompressors = ["top_k[k=1]"]\n'
         'stepsizes = ["theory( ef21 ) * 2", "1 / L", "0.10"]\n'
     )
     assert [a.stepsize for a in cfg2.arms] == ["theory(ef21)*2", "1/L", "0.10"]

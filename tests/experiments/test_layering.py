@@ -1,4 +1,4 @@
-"""Imports flow one way (design.md): experiments may use distributed, distributed never experiments."""
+"""Imports flow one way (design.md): experiments may use distributed, never the reverse."""
 
 from __future__ import annotations
 

@@ -134,8 +134,12 @@ def test_seeds_of_a_deterministic_arm_are_noted_as_identical(tmp_path: Path) -> 
     assert len(dup) == 1 and dup[0].startswith("ef21 · top_k[k=1]") and "3 seeds" in dup[0]
     # the note says what the tables show: the random arm's seeds differ, the other's do not
     t = res.table.drop(columns=["seed", "seed_index", "run_id", "time_s"])
-    ef21 = [g.reset_index(drop=True) for _, g in t[t["method"] == "ef21"].groupby(res.table["seed"])]
-    dcgd = [g.reset_index(drop=True) for _, g in t[t["method"] == "dcgd"].groupby(res.table["seed"])]
+    ef21 = [
+        g.reset_index(drop=True) for _, g in t[t["method"] == "ef21"].groupby(res.table["seed"])
+    ]
+    dcgd = [
+        g.reset_index(drop=True) for _, g in t[t["method"] == "dcgd"].groupby(res.table["seed"])
+    ]
     assert all(g.equals(ef21[0]) for g in ef21) and not dcgd[1].equals(dcgd[0])
 
 
@@ -149,11 +153,17 @@ def test_a_second_sweep_on_a_locked_directory_is_refused_in_one_line(
     config.write_text(CHECKPOINTED, encoding="utf-8")
     out = tmp_path / "out"
     with DirectoryLock(out, "shrinkgrad run other.toml"):
-        with pytest.raises(DirectoryBusy, match=rf"in use by another shrinkgrad process \(pid {os.getpid()}"):
+        with pytest.raises(
+            DirectoryBusy, match=rf"in use by another shrinkgrad process \(pid {os.getpid()}"
+        ):
             run_experiment(loads_config(CHECKPOINTED), out, jobs=1, progress=False)
         assert run_cli(["run", str(config), "--out", str(out), "-j", "1"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith(f"error: {out} is in use") and "other.toml" in err[0]
+        assert (
+            len(err) == 1
+            and err[0].startswith(f"error: {out} is in use")
+            and "other.toml" in err[0]
+        )
         assert not (out / "runs").exists()
     # released: the sweep runs
     assert run_cli(["run", str(config), "--out", str(out), "-j", "1", "--no-progress"]) == 0

@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> Any:
         _exit_interrupted("aborted")
     except KeyboardInterrupt:
         _exit_interrupted("interrupted")
+    except click.exceptions.UsageError as e:  # one line, like every other user mistake
+        where = e.ctx.command_path if e.ctx is not None else "shrinkgrad"
+        click.echo(f"error: {e.format_message()} (see '{where} --help')", err=True)
+        sys.exit(e.exit_code)
     except click.exceptions.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

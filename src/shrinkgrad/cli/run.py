@@ -5,7 +5,7 @@ Example::
     shrinkgrad run sweep.toml --out runs/sweep --jobs 2
     shrinkgrad run sweep.toml --out runs/sweep --set run.rounds=5000 --set 'run.seeds=5'
     shrinkgrad run sweep.toml --dry-run          # validate and list the runs, run nothing
-    shrinkgrad run sweep.toml --executor dask    # a dask LocalCluster (pip install shrinkgrad[dask])
+    shrinkgrad run sweep.toml --executor dask    # a dask LocalCluster (shrinkgrad[dask])
     shrinkgrad run sweep.toml --executor "dask[address=tcp://host:8786]"   # an existing cluster
 
 Writes DIR/results.parquet (every run's table), DIR/runs.csv (one row per run),
@@ -66,9 +66,8 @@ def run_cmd(
     no_progress: bool,
 ) -> None:
     """Run the grid of simulations described in CONFIG (a TOML file)."""
-    from ..experiments.grid import check_runs, expand
-
     from ..experiments.executors import make_executor
+    from ..experiments.grid import check_runs, expand
 
     cfg, out_dir = load_run_config(config, out, profile, overrides)
     execu = make_executor(executor, jobs)  # a bad --executor is an error before anything runs

@@ -66,8 +66,8 @@ def train_cmd(
         _under_torchrun(cfg, out_dir, fmt, timeout, show)
         return
     from ..distributed.launch import WorkerError, spawn
-    from ..experiments.executors import default_jobs
     from ..experiments.distributed_sweep import check_world, plan
+    from ..experiments.executors import default_jobs
     from ..storage import DirectoryLock, probe_writable
 
     problems: dict[str, Any] = {}

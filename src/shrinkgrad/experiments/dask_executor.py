@@ -72,7 +72,10 @@ def _dask_run(task: RunTask, topic: str) -> tuple[str, dict[str, Any]]:
     except StorageError:
         raise
     except Exception as e:
-        return "failed", {"message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        return "failed", {
+            "message": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc(),
+        }
 
 
 class DaskExecutor:
@@ -141,7 +144,9 @@ class DaskExecutor:
         topic = f"shrinkgrad-{uuid.uuid4().hex}"
         client.subscribe_topic(topic, lambda event: events.put(event[1]))
         futures = {
-            client.submit(_dask_run, t, topic, key=f"shrinkgrad-{t.run.run_id}-{topic}", pure=False): t
+            client.submit(
+                _dask_run, t, topic, key=f"shrinkgrad-{t.run.run_id}-{topic}", pure=False
+            ): t
             for t in tasks
         }
         started: dict[str, int] = {}

@@ -24,10 +24,10 @@ import pandas as pd
 import torch.distributed as dist
 
 from ..distributed.runner import run_distributed
+from ..storage import DirectoryLock, atomic_write, atomic_write_text, probe_writable
 from .config import ExperimentConfig, dump_config
 from .execute import collect_results, finish_run, prepare_run, write_run
 from .grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
-from ..storage import DirectoryLock, atomic_write, atomic_write_text, probe_writable
 from .results import Format, default_format, find_run_table, write_json, write_table
 from .runner import environment
 
@@ -150,8 +150,19 @@ def train_config(
             lock.release()
         raise todo_ids[0]
     try:
-        return _train(config, out_dir, runs, infos, set(todo_ids[0]), fmt, cache, env, log,
-                      progress, progress_every)
+        return _train(
+            config,
+            out_dir,
+            runs,
+            infos,
+            set(todo_ids[0]),
+            fmt,
+            cache,
+            env,
+            log,
+            progress,
+            progress_every,
+        )
     finally:
         if lock is not None:
             lock.release()

@@ -14,6 +14,7 @@ uninterrupted sweep. On Ctrl-C the workers save their checkpoints and stop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import os
@@ -148,8 +149,20 @@ def run_experiment(
     execu = make_executor(executor, jobs)
     probe_writable(out_dir)
     with DirectoryLock(out_dir, " ".join(command) if command is not None else ""):
-        return _sweep(config, out_dir, runs, notes, infos, execu, fmt, progress, command, display,
-                      flush_every, make_display)
+        return _sweep(
+            config,
+            out_dir,
+            runs,
+            notes,
+            infos,
+            execu,
+            fmt,
+            progress,
+            command,
+            display,
+            flush_every,
+            make_display,
+        )
 
 
 def _sweep(
@@ -219,10 +232,8 @@ def _sweep(
             interrupted = execu.run(tasks, emit)
     except StorageError:
         disp.stop()
-        try:  # keep what finished, if the disk lets us
+        with contextlib.suppress(StorageError, ValueError):  # keep what finished, if possible
             flush()
-        except (StorageError, ValueError):
-            pass
         raise
     finally:
         disp.stop()
@@ -277,7 +288,8 @@ def duplicate_seed_notes(table: pd.DataFrame, runs: Sequence[RunSpec]) -> list[s
         if len(group) < 2 or any(r.run_id not in by_run for r in group):
             continue
         frames = [
-            by_run[r.run_id].drop(columns=[c for c in _PER_SEED if c in table.columns])
+            by_run[r.run_id]
+            .drop(columns=[c for c in _PER_SEED if c in table.columns])
             .reset_index(drop=True)
             for r in group
         ]
