@@ -3,7 +3,8 @@
 On a terminal: a bar over runs (finished / total, elapsed, remaining) and one transient bar per
 active run over its rounds. A failed run (an exception, a worker process that died) and a run
 rescheduled on another worker (dask) are printed the moment it happens. Elsewhere (a log file,
-``nohup``): a line per finished run, so a long sweep's log says what finished and how. ``progress=False`` shows nothing.
+``nohup``): a line per finished run, so a long sweep's log says what finished and how.
+``progress=False`` shows nothing.
 """
 
 from __future__ import annotations
