@@ -73,6 +73,7 @@ def test_a_path_with_spaces_is_quoted_and_the_error_says_so(tmp_path: Path) -> N
     [
         ("x[v=/data/x.svm]", "/data/x.svm"),
         ("x[v=C:\\data\\x.svm]", "C:\\data\\x.svm"),
+        ("x[v=tcp://host:8786]", "tcp://host:8786"),
         ("x[v=10mbit]", "10mbit"),
         ("x[v=-1mbit]", "-1mbit"),
         ("x[v=20ms]", "20ms"),

@@ -19,9 +19,10 @@ Grammar (whitespace is ignored between tokens)::
             | spec | "[" [ value ("," value)* ] "]"
 
 A *path* is a bare string holding a ``/`` (or ``\\``): ``dataset=/data/x.svm``,
-``dataset=./data/x.svm``; a *quantity* is a number with a unit, kept as a string for the component
-to read: ``up=10mbit``, ``latency=20ms``; ``[a, b, c]`` is a list (a tuple in Python). A value with
-spaces or any of ``, [ ] ( ) =`` is quoted: ``dataset='/my data/x.svm'``.
+``dataset=./data/x.svm``, ``address=tcp://host:8786``; a *quantity* is a number with a unit, kept
+as a string for the component to read: ``up=10mbit``, ``latency=20ms``; ``[a, b, c]`` is a list
+(a tuple in Python). A value with spaces or any of ``, [ ] ( ) =`` is quoted:
+``dataset='/my data/x.svm'``.
 
 Keyword arguments are the same parameters: ``registry.make("logistic_regression",
 dataset="w1a", n_clients=10)`` equals ``registry.make("logistic_regression[dataset=w1a,
@@ -118,7 +119,7 @@ _QUANTITY = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[A-Za-z_%µ]+(?:/[A-Za-z]
 _TOKEN = re.compile(
     rf"""\s*(?:
         (?P<str>'[^']*'|"[^"]*")
-      | (?P<path>(?:[A-Za-z]:)?[A-Za-z0-9_.~+\-]*[/\\]{_PATH_CHARS}*)
+      | (?P<path>[A-Za-z0-9_.~+:\-]*[/\\]{_PATH_CHARS}*)
       | (?P<qty>{_QUANTITY}(?![A-Za-z0-9_.+\-]))
       | (?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?(?![A-Za-z_]))
       | (?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)
@@ -127,7 +128,7 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _BARE = re.compile(
-    rf"[A-Za-z_][A-Za-z0-9_.\-]*|(?:[A-Za-z]:)?[A-Za-z0-9_.~+\-]*[/\\]{_PATH_CHARS}*|{_QUANTITY}"
+    rf"[A-Za-z_][A-Za-z0-9_.\-]*|[A-Za-z0-9_.~+:\-]*[/\\]{_PATH_CHARS}*|{_QUANTITY}"
 )
 #: how to write a value the grammar cannot hold bare (the hint of the parse errors)
 QUOTING_HINT = (
