@@ -127,9 +127,7 @@ _TOKEN = re.compile(
     )""",
     re.VERBOSE,
 )
-_BARE = re.compile(
-    rf"[A-Za-z_][A-Za-z0-9_.\-]*|[A-Za-z0-9_.~+:\-]*[/\\]{_PATH_CHARS}*|{_QUANTITY}"
-)
+_BARE = re.compile(rf"[A-Za-z_][A-Za-z0-9_.\-]*|[A-Za-z0-9_.~+:\-]*[/\\]{_PATH_CHARS}*|{_QUANTITY}")
 #: how to write a value the grammar cannot hold bare (the hint of the parse errors)
 QUOTING_HINT = (
     "quote a value with spaces or any of , [ ] ( ) = (e.g. dataset='/my data/x.svm'); "
