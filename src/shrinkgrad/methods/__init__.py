@@ -7,7 +7,7 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import delayed, ef, ef21, gd
+from . import asynchronous, delayed, ef, ef21, gd
 from .base import (
     METHODS,
     BoundMethod,
@@ -21,6 +21,7 @@ from .base import (
     make_method,
     weighted_sum,
 )
+from .asynchronous import Asynchronous
 from .delayed import IAG, DelayedDCGD
 from .ef import EF
 from .ef21 import EF21
@@ -35,6 +36,7 @@ __all__ = [
     "GD",
     "IAG",
     "METHODS",
+    "Asynchronous",
     "BoundMethod",
     "Config",
     "Constants",
@@ -46,6 +48,7 @@ __all__ = [
     "State",
     "StepSize",
     "Traffic",
+    "asynchronous",
     "delayed",
     "ef",
     "ef21",

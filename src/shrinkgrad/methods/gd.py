@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from .base import METHODS, Config, GradientOracle, Message, Method
+from .base import METHODS, Config, GradientOracle, Message, Method, Runtime
 from .stepsize import theory_function
 
 __all__ = ["DCGD", "GD", "Group", "XState", "dcgd_theory"]
@@ -103,3 +103,23 @@ class DCGD(_GradientStep):
         ids = clients.ids
         q = cfg.compress(oracle.grads(server.x, ids), ids, r)
         return clients, cfg.message(q, ids, cfg.compressed_traffic(q))
+
+    # -- asynchronous: x ← x − γ w_i Q_i(∇f_i(x^{t−τ})) per arriving message ([K18]) -----------
+    def unsupported(self, runtime: Runtime) -> str | None:
+        return None if runtime == "ps" else super().unsupported(runtime)
+
+    def async_clients(self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor) -> Group:
+        return Group(ids)
+
+    def async_theory(self, cfg: Config, delay: int | None) -> tuple[float, str]:
+        from .delayed import async_delayed_theory
+
+        return async_delayed_theory(self.name, cfg, delay)
+
+    def async_admissible(
+        self, cfg: Config, stepsize: float, delay: int
+    ) -> tuple[float, bool] | None:
+        from .delayed import delayed_admissible
+
+        return delayed_admissible(cfg, stepsize, delay)
+
