@@ -173,6 +173,7 @@ def test_one_worker_with_tau_max_0_admits_its_own_theory_step() -> None:
     assert bound == pytest.approx(stepsize_delayed(one.L, 3))
     assert plan.inner.async_admissible(plan.cfg, bound, 3) == (bound, False)
 
+
 # -- wire format ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_model_message_round_trip(dtype: torch.dtype) -> None:
@@ -258,3 +259,35 @@ def test_config_is_a_hashable_value() -> None:
     b = PSConfig(tau_max=3, kill_workers={"1": 3})  # TOML keys are strings
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     assert a.replace(tau_max=4) != a
+
+
+def _readme_ps_commands() -> list[list[str]]:
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    found = re.findall(r"shrinkgrad ps (--[^`#\n]*)", text)
+    return [shlex.split(cmd) for cmd in found]
+
+
+def test_the_readme_parameter_server_examples_show_a_slow_worker_and_compress() -> None:
+    """Issue 12 item 3: the README's example used to do nothing (no delay, no compression)."""
+    from shrinkgrad.cli.ps import build_config, ps_cmd
+    from shrinkgrad.compressors import make_compressor
+
+    commands = _readme_ps_commands()
+    assert len(commands) >= 2
+    for argv in commands:
+        params = ps_cmd.make_context("ps", argv).params
+        flags = {
+            k: v
+            for k, v in params.items()
+            if k not in ("config", "sets", "out", "no_plot", "no_progress", "as_json", "speeds")
+            and k != "resume"
+        }
+        cfg = build_config(params["config"], params["sets"], params["speeds"], flags)
+        assert cfg.speeds is not None and len(set(cfg.speeds)) > 1, argv
+        assert cfg.delay > 0, argv  # the speeds make one worker slower
+        C = make_compressor(cfg.compressor_spec)
+        assert C.kind == "unbiased" and C.omega(100) > 0, argv  # it compresses

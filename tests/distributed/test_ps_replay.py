@@ -202,7 +202,7 @@ def test_round_robin_without_staleness_is_the_sequential_method(method: str, thr
 def test_asynchronous_names_its_mistakes(tmp_path: Path, three: object) -> None:
     with pytest.raises(ValueError, match="not the directory of a parameter-server run"):
         make_method(f"asynchronous[trace='{tmp_path}']")
-    with pytest.raises(ValueError, match="delayed_dcgd draws its delays.*asynchronously: dcgd"):
+    with pytest.raises(ValueError, match=r"delayed_dcgd draws its delays.*asynchronously: dcgd"):
         make_method("asynchronous(delayed_dcgd)")
     with pytest.raises(ValueError, match="takes one method"):
         make_method("asynchronous(iag,dcgd)")

@@ -83,9 +83,7 @@ def test_one_worker_is_the_sequential_method_exactly(method: str, one: object) -
         wire_dtype="float64",
     )
     res = run_ps(cfg, problem=one)  # type: ignore[arg-type]
-    sim = simulate(
-        one, method, comp, stepsize=gamma, rounds=25, seed=5, wire_dtype=torch.float64
-    )  # type: ignore[arg-type]
+    sim = simulate(one, method, comp, stepsize=gamma, rounds=25, seed=5, wire_dtype=torch.float64)  # type: ignore[arg-type]
     assert res.status == "completed" and res.table["method"].iloc[0] == f"async_{method}"
     assert torch.equal(res.x, sim.x)
     for col in ("round", "grad_norm_sq", "loss", "bits_up", "bits_up_paper", "bits_down"):

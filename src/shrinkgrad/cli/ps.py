@@ -20,16 +20,19 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from ..distributed.ps import PSConfig
 
 if sys.version_info >= (3, 11):  # pragma: no cover - version dependent
     import tomllib
 else:  # pragma: no cover - version dependent
     import tomli as tomllib
 
-__all__ = ["ps_cmd"]
+__all__ = ["build_config", "ps_cmd"]
 
 
 def _speeds(text: str | None) -> tuple[float, ...] | None:
@@ -92,6 +95,21 @@ def _summary_lines(s: dict[str, Any], out: str | None) -> list[str]:
     return lines
 
 
+def build_config(
+    config: str | None, sets: tuple[str, ...], speeds: str | None, flags: dict[str, Any]
+) -> PSConfig:
+    """The run the command line describes: the config file, then the flags, then ``--set``."""
+    from ..distributed.ps import load_ps_config
+
+    overrides: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    if speeds is not None:
+        overrides["speeds"] = _speeds(speeds)
+    for item in sets:
+        key, value = _set_value(item)
+        overrides[key] = value
+    return load_ps_config(config, overrides=overrides)
+
+
 @click.command("ps")
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--problem", help="problem spec, e.g. 'logistic_regression[dataset=a1a]'.")
@@ -134,16 +152,10 @@ def ps_cmd(
     **flags: Any,
 ) -> None:
     """Run an asynchronous parameter server: W workers push compressed, stale messages."""
-    from ..distributed.ps import PSServerLost, load_ps_config, run_ps
+    from ..distributed.ps import PSServerLost, run_ps
     from ..distributed.ps.launch import PROGRESS_EVERY
 
-    overrides: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
-    if speeds is not None:
-        overrides["speeds"] = _speeds(speeds)
-    for item in sets:
-        key, value = _set_value(item)
-        overrides[key] = value
-    cfg = load_ps_config(config, overrides=overrides)
+    cfg = build_config(config, sets, speeds, flags)
     if cfg.speeds is not None and cfg.delay == 0:
         click.echo(
             "warning: speeds without a delay change nothing: a worker spends delay x speed "

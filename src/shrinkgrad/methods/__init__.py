@@ -8,6 +8,7 @@ of clients").
 """
 
 from . import asynchronous, delayed, ef, ef21, gd
+from .asynchronous import Asynchronous
 from .base import (
     METHODS,
     BoundMethod,
@@ -21,7 +22,6 @@ from .base import (
     make_method,
     weighted_sum,
 )
-from .asynchronous import Asynchronous
 from .delayed import IAG, DelayedDCGD
 from .ef import EF
 from .ef21 import EF21

@@ -537,7 +537,9 @@ class Asynchronous(Method[AsyncState, AsyncClients]):
             )
             if v is not None
         ]
-        return "asynchronous" + (f"[{','.join(params)}]" if params else "") + f"({self.method.name})"
+        return (
+            "asynchronous" + (f"[{','.join(params)}]" if params else "") + f"({self.method.name})"
+        )
 
     def unsupported(self, runtime: Runtime) -> str | None:
         if runtime in ("hook", "ps"):
@@ -545,9 +547,7 @@ class Asynchronous(Method[AsyncState, AsyncClients]):
         return super().unsupported(runtime)
 
     # -- binding: the method's constants, compressors, weights and asynchronous rule ----------
-    def for_problem(
-        self, problem: ProblemLike, stepsize: float | str | StepSize
-    ) -> Asynchronous:
+    def for_problem(self, problem: ProblemLike, stepsize: float | str | StepSize) -> Asynchronous:
         inner = self.inner.for_problem(problem, stepsize)
         if inner is self.inner:
             return self
@@ -685,10 +685,10 @@ class Asynchronous(Method[AsyncState, AsyncClients]):
         if sent.vector is None:
             raise ValueError(f"{self.inner.name} sent nothing in update {r}")
         inner = _put(inner, pos, part)
-        sel, values, memory = server_values(
-            self.inner, cfg, memory, ids[pos], sent.vector, forget
+        sel, values, memory = server_values(self.inner, cfg, memory, ids[pos], sent.vector, forget)
+        traffic = Traffic(
+            *(z.index_copy(0, pos, t) for z, t in zip(zero, sent.traffic, strict=True))
         )
-        traffic = Traffic(*(z.index_copy(0, pos, t) for z, t in zip(zero, sent.traffic, strict=True)))
         assert values is not None
         return AsyncClients(ids, inner, memory), Message(values, cfg.weights[sel], traffic)
 
@@ -711,7 +711,7 @@ def asynchronous(
     tau_max: int | None = None,
     assume_tau: int | None = None,
 ) -> Asynchronous:
-    """One client's stale message per update ([K18]); trace=RUN_DIR replays a parameter-server run."""
+    """One client's stale message per update ([K18]); trace=RUN_DIR replays a parameter server."""
     if len(methods) > 1:
         raise ValueError(
             "asynchronous takes one method, e.g. asynchronous[trace='runs/ps'](iag), got "

@@ -621,9 +621,7 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         server's state, applied with the next update; None when nothing is left to remove."""
         return None, memory
 
-    def async_clients(
-        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
-    ) -> ClientT:
+    def async_clients(self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor) -> ClientT:
         """The client state of ``ids`` implied by the server's memory: what a restarted worker
         continues from when a parameter-server run resumes from a snapshot."""
         raise NotImplementedError(f"{self.name} cannot restore its clients from the server")
@@ -638,7 +636,9 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
             "synchronous rounds only); pass a number"
         )
 
-    def async_admissible(self, cfg: Config, stepsize: float, delay: int) -> tuple[float, bool] | None:
+    def async_admissible(
+        self, cfg: Config, stepsize: float, delay: int
+    ) -> tuple[float, bool] | None:
         """(the largest step the theory admits at ``delay``, whether ``stepsize`` is admitted),
         or None when no theory covers that delay. Default: the method's own rule at delay 0."""
         if delay != 0:

@@ -122,4 +122,3 @@ class DCGD(_GradientStep):
         from .delayed import delayed_admissible
 
         return delayed_admissible(cfg, stepsize, delay)
-

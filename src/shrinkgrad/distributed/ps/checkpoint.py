@@ -112,7 +112,9 @@ class Checkpoint:
                 f"--resume: cannot read the snapshot {str(path)!r} ({type(e).__name__}: {e})"
             ) from None
         if not isinstance(data, dict) or data.get("kind") != SNAPSHOT_KIND:
-            raise ValueError(f"--resume: {str(path)!r} is not a shrinkgrad parameter-server snapshot")
+            raise ValueError(
+                f"--resume: {str(path)!r} is not a shrinkgrad parameter-server snapshot"
+            )
         if data.get("format_version") != SNAPSHOT_VERSION:
             raise ValueError(
                 f"--resume: {str(path)!r} has snapshot format {data.get('format_version')}, this "
@@ -153,7 +155,7 @@ class Checkpoint:
 
 
 def fingerprint(config_dict: dict[str, Any]) -> dict[str, Any]:
-    """What a resumed run must share with its snapshot: the config minus :data:`FINGERPRINT_FREE`."""
+    """What a resumed run shares with its snapshot: the config but :data:`FINGERPRINT_FREE`."""
     return {k: v for k, v in config_dict.items() if k not in FINGERPRINT_FREE}
 
 

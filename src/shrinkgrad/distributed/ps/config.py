@@ -55,7 +55,7 @@ DEFAULT_COMPRESSORS = {
     "none": "identity",
 }
 #: settings that moved into the method's own parameters, and where
-_MOVED = {"init": "the method's init parameter, e.g. method = \"iag[init=zero]\""}
+_MOVED = {"init": 'the method\'s init parameter, e.g. method = "iag[init=zero]"'}
 
 
 def _int(value: Any, name: str, low: int, hint: str = "") -> int:

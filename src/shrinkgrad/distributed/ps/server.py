@@ -43,8 +43,8 @@ from ...methods.asynchronous import (
     EVENT_INIT,
     EVENT_LOST,
     EVENT_RESUMED,
-    AsyncServer,
     Asynchronous,
+    AsyncServer,
     delay_bound,
     server_start,
     server_update,
@@ -566,7 +566,9 @@ class _Server:
         self.offset = float(snap["elapsed"])
         self.t0 = time.perf_counter()
         self.ckpt_at = (self.t, self.now())
-        self.event(EVENT_RESUMED, None, self.note or f"resumed from the snapshot at update {self.t}")
+        self.event(
+            EVENT_RESUMED, None, self.note or f"resumed from the snapshot at update {self.t}"
+        )
         for w in sorted(self.live):
             ids = torch.tensor([w], dtype=torch.int64)
             clients = self.inner.async_clients(self.cfg, self.srv.memory, ids)

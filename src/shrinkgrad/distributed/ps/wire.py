@@ -40,9 +40,9 @@ import torch
 import torch.distributed as dist
 
 from ...compressors import Compressor
-from ...methods.base import Traffic
 from ...methods.asynchronous import Sent
-from ...rng import KeyStream
+from ...methods.base import Traffic
+from ...rng import Keys, KeyStream
 
 __all__ = [
     "COMPRESSED",
@@ -146,20 +146,18 @@ def read_reply(header: torch.Tensor) -> tuple[int, int, int, int, int, int, Traf
     return kind, counter, version, nbytes, payload, key, Traffic(up, paper, down)
 
 
-def _key(C: Compressor, seed: int, client: int, round: int) -> object:
+def _key(C: Compressor, seed: int, client: int, round: int) -> Keys | None:
     return None if C.deterministic else KeyStream(seed, [client]).at(round)[0]
 
 
-def encode_payload(
-    sent: Sent, C: Compressor, seed: int, client: int
-) -> tuple[int, torch.Tensor]:
+def encode_payload(sent: Sent, C: Compressor, seed: int, client: int) -> tuple[int, torch.Tensor]:
     """(payload kind, bytes) of one client's :class:`Sent`."""
     kind = _PAYLOAD[sent.kind]
     if sent.raw is None:
         return kind, torch.empty(0, dtype=torch.uint8)
     raw = sent.raw[0].contiguous()
     if kind == COMPRESSED:
-        return kind, C.encode(raw, _key(C, seed, client, sent.round))  # type: ignore[arg-type]
+        return kind, C.encode(raw, _key(C, seed, client, sent.round))
     return kind, raw.view(torch.uint8).clone()
 
 
@@ -179,7 +177,7 @@ def decode_payload(
         return None
     if kind == COMPRESSED:
         keys = _key(C, seed, client, key_round)
-        v = C.decode(payload, d, wire_dtype, keys)  # type: ignore[arg-type]
+        v = C.decode(payload, d, wire_dtype, keys)
     elif kind == DENSE:
         v = payload.view(wire_dtype)
         if v.numel() != d:

@@ -141,7 +141,13 @@ def run_worker(
         payload_kind, payload = encode_payload(sent, cfg.compressor, cfg.seed, client)
         traffic = tuple(float(t[0]) for t in sent.traffic)
         header = reply_header(
-            kind, k, version, payload.numel(), payload_kind, sent.round, traffic  # type: ignore[arg-type]
+            kind,
+            k,
+            version,
+            payload.numel(),
+            payload_kind,
+            sent.round,
+            traffic,  # type: ignore[arg-type]
         )
         try:
             send(header, 0, wait)
