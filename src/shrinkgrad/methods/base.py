@@ -618,8 +618,14 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(reduction values, new memory) that remove lost clients' contributions from the
-        server's state, applied with the next update; None when nothing is left to remove."""
-        return None, memory
+        server's state, applied with the next update; None when nothing is left to remove.
+
+        Default: a memory entry m_i is the client's share of the server's aggregate
+        (Σ_i w_i m_i: IAG's s, EF21's g), so −m_i removes it and m_i ← 0; without memory the
+        server keeps nothing of a client."""
+        if memory is None:
+            return None, memory
+        return -memory[ids], memory.index_fill(0, ids, 0.0)
 
     def async_clients(self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor) -> ClientT:
         """The client state of ``ids`` implied by the server's memory: what a restarted worker

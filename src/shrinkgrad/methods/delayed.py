@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from .base import METHODS, Config, GradientOracle, Init, Message, Method, Runtime
-from .gd import Group, dcgd_theory
+from .gd import DelayRule, Group, dcgd_theory
 from .stepsize import theory_function
 
 __all__ = [
@@ -213,7 +213,7 @@ Order = Literal["cyclic", "random", "arrival"]
 
 
 @METHODS.register("iag")
-class IAG(Method[IAGServer, IAGClients]):
+class IAG(DelayRule[IAGServer, IAGClients]):
     """Compressed incremental aggregated gradient ([K18]; methods.md §3).
 
     The server keeps ĝ_i for every client and S = Σ_i ĝ_i. Round t + 1: one client i_t
@@ -338,23 +338,8 @@ class IAG(Method[IAGServer, IAGClients]):
         assert memory is not None
         return sent - memory[ids], memory.index_copy(0, ids, sent)
 
-    def async_forget(
-        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """A lost client's entry leaves the sum: −ĝ_i, then ĝ_i ← 0."""
-        assert memory is not None
-        return -memory[ids], memory.index_fill(0, ids, 0.0)
-
     def async_clients(
         self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
     ) -> IAGClients:
         assert memory is not None
         return IAGClients(ids, memory[ids].clone())
-
-    def async_theory(self, cfg: Config, delay: int | None) -> tuple[float, str]:
-        return async_delayed_theory(self.name, cfg, delay)
-
-    def async_admissible(
-        self, cfg: Config, stepsize: float, delay: int
-    ) -> tuple[float, bool] | None:
-        return delayed_admissible(cfg, stepsize, delay)

@@ -382,13 +382,6 @@ class EF21(Method[EF21Server, EF21Clients]):
         assert memory is not None
         return sent, memory.index_add(0, ids, sent)
 
-    def async_forget(
-        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """A lost client's g_i leaves g = Σ_i w_i g_i: −g_i, then g_i ← 0."""
-        assert memory is not None
-        return -memory[ids], memory.index_fill(0, ids, 0.0)
-
     def async_clients(
         self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
     ) -> EF21Clients:
