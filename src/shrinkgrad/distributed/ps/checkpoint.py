@@ -65,10 +65,12 @@ class Checkpoint:
         self._log: Any = None
 
     # -- writing (the server) ---------------------------------------------------------------------
-    def open_log(self) -> None:
-        """Start appending to the update log (line-buffered: one write per line)."""
+    def open_log(self, *, fresh: bool) -> None:
+        """Start the update log (``fresh``: empty; else appending after a resume's cut), one
+        write per line (line-buffered)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "a", buffering=1, encoding="ascii")  # noqa: SIM115
+        mode = "w" if fresh else "a"
+        self._log = open(self.log_path, mode, buffering=1, encoding="ascii")  # noqa: SIM115
 
     def log(self, update: int, worker: int, counter: int, version: int) -> None:
         if self._log is not None:

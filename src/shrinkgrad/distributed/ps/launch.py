@@ -142,7 +142,7 @@ def resume_point(
     reached = ckpt.reached()
     reached = at if reached is None or reached < at else reached
     note = (
-        f"resumed from the snapshot at update {at}; the killed server had reached update "
+        f"resumed from the snapshot at update {at}; the previous server had reached update "
         f"{reached}: {reached - at} updates lost"
     )
     ckpt.cut(at)

@@ -644,7 +644,7 @@ class _Server:
             th.start()
             self.receivers.append(th)
         if self.ckpt is not None:
-            self.ckpt.open_log()
+            self.ckpt.open_log(fresh=self.resume is None)
         try:
             self.begin()
             if self.status is None:
