@@ -111,12 +111,12 @@ def test_ring_round_all_gathers_the_largest_message_or_all_reduces() -> None:
 
 def test_parameter_server_cycle_is_point_to_point_over_the_workers_link() -> None:
     net = make_network("star[up=[1mbit,2mbit],down=10mbit,latency=5ms]")
-    msgs = PSMessages(down=(1016,), up=(32, 66))
+    msgs = PSMessages(down=(1016,), up=(72, 66))
     c = net.ps_cycle(msgs, 0, 2, compute=0.002)
-    close(c, 8 * 1016 / 1e7 + 8 * 98 / 1e6, 3 * 5e-3)
+    close(c, 8 * 1016 / 1e7 + 8 * 138 / 1e6, 3 * 5e-3)
     assert c.compute_s == 0.002 and c.client == 0
     c1 = net.ps_cycle(msgs, 1, 2, compute=0.002)
-    assert c1.transfer_s == pytest.approx(8 * 1016 / 1e7 + 8 * 98 / 2e6, rel=1e-12)
+    assert c1.transfer_s == pytest.approx(8 * 1016 / 1e7 + 8 * 138 / 2e6, rel=1e-12)
     with pytest.raises(ValueError, match=r"client must be an integer in \[0, 2\)"):
         net.ps_cycle(msgs, 2, 2)
 

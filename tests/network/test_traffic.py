@@ -56,8 +56,9 @@ def test_buckets_warm_up_variable_sizes_scaler_and_dtype() -> None:
 def test_parameter_server_messages() -> None:
     m = ps_messages("qsgd[s=4]", 123)
     assert m.down == (32 + 123 * 8,)  # header + the float64 model
-    assert m.up == (32, math.ceil((32 + 123 * 4) / 8))  # header + the payload
-    assert ps_messages("identity", 10, wire_dtype=torch.float64).up == (32, 80)
+    assert m.up == (72, math.ceil((32 + 123 * 4) / 8))  # 9-word reply header + the payload
+    assert ps_messages("identity", 10, wire_dtype=torch.float64).up == (72, 80)
+    assert ps_messages("top_k[k=1]", 10, dense=True).up == (72, 40)  # d float32 values
 
 
 @pytest.mark.parametrize(

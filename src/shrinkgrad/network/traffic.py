@@ -205,23 +205,28 @@ def ps_messages(
     *,
     dtype: torch.dtype | None = None,
     wire_dtype: torch.dtype | None = None,
+    dense: bool = False,
 ) -> PSMessages:
     """The messages of one worker cycle of the parameter server (:mod:`...distributed.ps`).
 
-    Down: one message of the header and the d model values in the run ``dtype`` (float64 by
-    default). Up: the header, then the payload ``C.encode(g)`` of ⌈bits(d, wire_dtype)/8⌉ bytes
-    (wire dtype float32 by default); an empty payload is not sent.
+    Down: one message of the 32-byte header and the d model values in the run ``dtype``
+    (float64 by default). Up: the reply header (``REPLY_WORDS`` int64 words), then the payload:
+    ``C.encode(v)`` of ⌈bits(d, wire_dtype)/8⌉ bytes (wire dtype float32 by default), or the d
+    values in the wire dtype for a method's ``dense`` message; an empty payload is not sent.
     """
     import torch
 
     from ..compressors import make_compressor
-    from ..distributed.ps.wire import HEADER_BYTES
+    from ..distributed.ps.wire import HEADER_BYTES, REPLY_WORDS
 
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
         raise ValueError(f"d must be an integer >= 1, got {d!r}")
     dt = torch.float64 if dtype is None else dtype
     wire = torch.float32 if wire_dtype is None else wire_dtype
-    C = make_compressor(compressor)
-    payload = math.ceil(C.bits(d, wire) / 8)
+    if dense:
+        payload = d * (torch.finfo(wire).bits // 8)
+    else:
+        payload = math.ceil(make_compressor(compressor).bits(d, wire) / 8)
     down = HEADER_BYTES + d * (torch.finfo(dt).bits // 8)
-    return PSMessages((down,), (HEADER_BYTES, payload) if payload else (HEADER_BYTES,))
+    header = 8 * REPLY_WORDS
+    return PSMessages((down,), (header, payload) if payload else (header,))
