@@ -7,7 +7,7 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import delayed, ef, ef21, gd
+from . import delayed, ef, ef21, ef21_sgdm, gd
 from .base import (
     METHODS,
     BoundMethod,
@@ -24,6 +24,7 @@ from .base import (
 from .delayed import IAG, DelayedDCGD
 from .ef import EF
 from .ef21 import EF21
+from .ef21_sgdm import EF21SGDM, ClientMomentum
 from .gd import DCGD, GD
 from .oracle import ProblemOracle
 from .stepsize import StepSize, parse_stepsize
@@ -32,10 +33,12 @@ __all__ = [
     "DCGD",
     "EF",
     "EF21",
+    "EF21SGDM",
     "GD",
     "IAG",
     "METHODS",
     "BoundMethod",
+    "ClientMomentum",
     "Config",
     "Constants",
     "DelayedDCGD",
@@ -49,6 +52,7 @@ __all__ = [
     "delayed",
     "ef",
     "ef21",
+    "ef21_sgdm",
     "gd",
     "make_method",
     "parse_stepsize",
