@@ -152,7 +152,7 @@ def test_server_direction_equals_post_then_pre(label: str) -> None:
     cfg, r = bound.cfg, state.round
     x = torch.zeros(problem.d, dtype=torch.float64)
     server = method.server_pre(cfg, state.server, r + 1)._replace(x=x)
-    clients, msg = method.client_step(cfg, server, state.clients, oracle, r + 1)
+    _, msg = method.client_step(cfg, server, state.clients, oracle, r + 1)
     assert msg.values is not None and msg.weights is not None
     agg = msg.weights @ msg.values
     fast_server, fast = method.server_direction(cfg, server, agg, r + 1)
