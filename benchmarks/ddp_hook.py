@@ -1,6 +1,8 @@
 """CPU time of the shrinkgrad DDP hook per step, in one process, with a fake n-rank payload set.
 
-Run: ``python benchmarks/ddp_hook.py [--only topk randk qsgd] [--world 4] [--steps 5] [--profile]``.
+Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm randk qsgd] [--world 4] [--steps 5]
+[--profile]``. ``benchmarks/ab_ddp_hook.py`` runs it alternately against an older version of the
+library (A/B).
 
 The model is ``benchmarks/ddp.py``'s MLP (1024 → 2048 → 2048 → 2048 → 16, 10.5 M parameters,
 batch 32, float32, one thread). DDP runs on a one-process gloo group; the hook's state is
@@ -18,7 +20,9 @@ allocator defaults are used (the hook keeps no per-step multi-megabyte allocatio
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
 import argparse
 import cProfile
+import inspect
 import itertools
+import json
 import os
 import pstats
 import statistics
@@ -33,12 +37,31 @@ from shrinkgrad.distributed import CompressionState, compression_hook, free_port
 
 WIDTHS = (1024, 2048, 2048, 2048, 16)
 BATCH = 32
-#: key: (compressor, ratio, error feedback), as in benchmarks/ddp.py
-CONFIGS: dict[str, tuple[str, float | None, str]] = {
-    "topk": ("top_k", 0.01, "ef21"),
-    "randk": ("rand_k[shared_seed=true]", 0.01, "none"),
-    "qsgd": ("qsgd[s=4]", None, "none"),
+#: key: (compressor, ratio, method, client momentum), as in benchmarks/ddp.py
+CONFIGS: dict[str, tuple[str, float | None, str, float]] = {
+    "topk": ("top_k", 0.01, "ef21", 0.0),
+    "topk-sgdm": ("top_k", 0.01, "ef21", 0.9),  # EF21-SGDM, the example's default
+    "randk": ("rand_k[shared_seed=true]", 0.01, "dcgd", 0.0),
+    "qsgd": ("qsgd[s=4]", None, "dcgd", 0.0),
 }
+#: the same configurations for versions of the library before ``method=`` (A/B runs)
+_OLD_NAMES = {"ef21": "ef21", "dcgd": "none"}
+
+
+def make_state(name: str, ratio: float | None, method: str, momentum: float) -> CompressionState:
+    """The hook state of a configuration, with ``method=`` or, for older versions of the library,
+    the ``error_feedback=`` it replaced (so that the A/B script can run both)."""
+    if "method" in inspect.signature(CompressionState).parameters:
+        return CompressionState(
+            name, ratio=ratio, method=method, momentum=momentum, skip_communication=True
+        )
+    return CompressionState(  # type: ignore[call-arg]
+        name,
+        ratio=ratio,
+        error_feedback=_OLD_NAMES[method],
+        momentum=momentum,
+        skip_communication=True,
+    )
 
 
 def _model() -> torch.nn.Module:
@@ -67,11 +90,11 @@ def _steps(ddp: DDP, n: int, times: list[float] | None = None) -> list[float]:
 
 
 def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
-    name, ratio, ef = CONFIGS[key]
     ddp = DDP(_model(), bucket_cap_mb=25)
-    state = CompressionState(name, ratio=ratio, error_feedback=ef, skip_communication=True)
+    state = make_state(*CONFIGS[key])
     state.world_size = world  # a fake n-rank payload set (see the module docstring)
-    state.weights = torch.full((world,), 1.0 / world, dtype=torch.float64)
+    if hasattr(state, "weights"):  # older versions keep the weights on the state
+        state.weights = torch.full((world,), 1.0 / world, dtype=torch.float64)
     times: list[float] = []
 
     def timed(
@@ -101,6 +124,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=4, help="ranks whose payloads are decoded")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--json", help="also write the numbers (seconds) to this file")
     args = ap.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -115,14 +139,19 @@ def main() -> None:
             f"without hook, median {step * 1e3:.0f} ms"
         )
         print(f"{'configuration':44s} {'hook ms/step':>13s} {'min':>7s} {'x step':>7s}")
+        numbers: dict[str, Any] = {"baseline_step": step}
         for key in args.only:
-            r = measure(key, args.world, args.steps, args.profile)
-            name, ratio, ef = CONFIGS[key]
-            label = f"{name}" + (f" {ratio:g}" if ratio else "") + f" + {ef}"
+            r = numbers[key] = measure(key, args.world, args.steps, args.profile)
+            name, ratio, method, momentum = CONFIGS[key]
+            label = f"{name}" + (f" {ratio:g}" if ratio else "") + f" + {method}"
+            label += f" momentum {momentum:g}" if momentum else ""
             print(
                 f"{label:44s} {r['median'] * 1e3:13.1f} {r['min'] * 1e3:7.1f} "
                 f"{r['median'] / step:7.2f}"
             )
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(numbers, fh)
     finally:
         dist.destroy_process_group()
 
