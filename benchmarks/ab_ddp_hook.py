@@ -8,8 +8,10 @@ Run: ``python benchmarks/ab_ddp_hook.py [--old REF] [--rounds 3] [--steps 5] [--
 new ``method=``) runs ``--rounds`` times for each version, alternating old, new, old, new, ...,
 each run in a fresh process with ``PYTHONPATH`` pointing at that version's ``src/``. Printed per
 configuration: the median over the runs of each version's per-run median hook time, the
-spread (min–max of the per-run medians), and new/old. On a shared machine the spread says how
-much to trust the ratio; measure on a quiet machine for a claim.
+spread (min–max of the per-run medians), and new/old. The default clock is the process's CPU
+time (``--clock cpu``), which a loaded machine disturbs less than wall time (it still shares
+caches and memory bandwidth); ``--clock wall`` is what a training step feels. On a shared machine
+the spread says how much to trust the ratio; measure on a quiet machine for a claim.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def export(ref: str, into: Path) -> Path:
 def run_once(src: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(src))
     cmd = [sys.executable, str(BENCH), "--steps", str(args.steps), "--json", str(out)]
-    cmd += ["--world", str(args.world)]
+    cmd += ["--world", str(args.world), "--clock", args.clock]
     if args.only:
         cmd += ["--only", *args.only]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -58,6 +60,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per run")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--only", nargs="+", help="configurations (see benchmarks/ddp_hook.py)")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="cpu",
+        help="cpu (default): the process's CPU time, robust to other load; wall: elapsed time",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old_src = export(args.old, Path(tmp))
@@ -78,8 +86,8 @@ def main() -> None:
                 )
     keys = [k for k in runs["new"][0] if k != "baseline_step"]
     print(
-        f"\nhook CPU time per step, median over {args.rounds} alternating runs per version "
-        f"(old = {args.old}); spread = min–max of the runs' medians"
+        f"\nhook time per step ({args.clock} clock), median over {args.rounds} alternating runs "
+        f"per version (old = {args.old}); spread = min–max of the runs' medians"
     )
     print(
         f"{'configuration':12s} {'old ms':>8s} {'spread':>15s} {'new ms':>8s} {'spread':>15s} "

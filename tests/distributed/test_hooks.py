@@ -364,3 +364,29 @@ def test_a_checkpoint_of_the_old_format_is_refused_with_what_to_do() -> None:
     (msg,) = spawn(_old_checkpoint, 1)
     assert "format 'shrinkgrad.distributed.CompressionState/1'" in msg
     assert "start the hook state afresh" in msg
+
+
+def test_chain_starts_the_second_collective_from_the_first_without_blocking() -> None:
+    """collectives.chain: the path of a compressor with two rounds of communication (low-rank
+    factors) starts the second from the first one's callback and never waits there."""
+    from shrinkgrad.distributed.hooks.collectives import chain
+
+    first: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    second: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    started = []
+
+    def then(f: torch.futures.Future[list[torch.Tensor]]) -> torch.futures.Future[torch.Tensor]:
+        started.append(f.value()[0])
+        return second
+
+    out = chain(first, then)
+    assert not out.done() and not started
+    first.set_result([torch.ones(2)])
+    assert len(started) == 1 and not out.done()  # the second collective is in flight
+    second.set_result(torch.full((2,), 3.0))
+    assert out.done() and torch.equal(out.value(), torch.full((2,), 3.0))
+    failing: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    broken = chain(failing, then)
+    failing.set_exception(RuntimeError("peer died"))
+    with pytest.raises(RuntimeError, match="peer died"):
+        broken.wait()
