@@ -606,7 +606,7 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
     def server_direction(
         self, cfg: Config, server: ServerT, aggregate: torch.Tensor | None, r: int
     ) -> tuple[ServerT, torch.Tensor]:
-        """``server_post`` of round ``r`` then ``server_pre`` of round ``r + 1``, in the moving frame.
+        """``server_post`` of round ``r``, then ``server_pre`` of round ``r + 1`` (moving frame).
 
         Returns the server state of round ``r + 1`` before its clients act, with ``x`` left at
         ``server.x``, and the direction D with x_pre(r+1) = x_pre(r) − γ·D.

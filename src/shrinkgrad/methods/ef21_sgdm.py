@@ -129,7 +129,9 @@ class ClientMomentum(Method[Any, MomentumClients]):
             or not (0.0 <= float(beta) < 1.0)
         ):
             raise ValueError(f"the momentum beta must be a number in [0, 1), got {beta!r}")
-        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        if batch is not None and (
+            isinstance(batch, bool) or not isinstance(batch, int) or batch < 1
+        ):
             raise ValueError(f"minibatch size b must be a positive integer, got {batch!r}")
         self.inner = inner
         self.beta = float(beta)

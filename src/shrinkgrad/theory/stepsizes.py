@@ -389,7 +389,9 @@ def stepsize_ef21_sgdm(
     a = check_alpha(alpha)
     e = check_positive("eta", eta)
     if e > 1.0:
-        raise ValueError(f"eta (= 1 − beta, the momentum weight of the new gradient) must be in (0, 1], got {e}")
+        raise ValueError(
+            f"eta (= 1 − beta, the momentum weight of the new gradient) must be in (0, 1], got {e}"
+        )
     return min(a / (20.0 * Q), e / (7.0 * L_))
 
 

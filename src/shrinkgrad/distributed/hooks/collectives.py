@@ -58,13 +58,13 @@ def chain(
         try:
             out.set_result(f.value())
         except Exception as e:
-            out.set_exception(e)
+            out.set_exception(e)  # type: ignore[arg-type]  # torch's stub is wrong
 
     def start(f: Fut) -> None:
         try:
             then(f).add_done_callback(forward)
         except Exception as e:
-            out.set_exception(e)
+            out.set_exception(e)  # type: ignore[arg-type]  # torch's stub is wrong
 
     first.add_done_callback(start)
     return out

@@ -156,12 +156,26 @@ def _dense_round(
     def finish(out: torch.Tensor) -> None:
         for u, cfg, st, clients in steps:
             res = _slice(out, u)
-            server, direction = adapter.server_step(cfg, st, res)
-            if direction.data_ptr() != res.data_ptr():
-                res.copy_(direction)
-            state.memory.put(u.uid, State(st.round + 1, server, clients))
+            _server_part(state, cfg, u, st, clients, res, res)
 
     return _dense_collective(state, buf, [finish])
+
+
+def _server_part(
+    state: CompressionState,
+    cfg: HookConfig,
+    u: Unit,
+    st: State[Any, Any],
+    clients: Any,
+    aggregate: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """The method's server part on the decoded aggregate; its direction D goes into ``out``
+    (the tensor's slice of the bucket) unless it is already there, the new state into memory."""
+    server, direction = state.adapter.server_step(cfg, st, aggregate)
+    if direction.data_ptr() != out.data_ptr():
+        out.copy_(direction)
+    state.memory.put(u.uid, State(st.round + 1, server, clients))
 
 
 def _dense_collective(state: CompressionState, buf: torch.Tensor, finish: list[Any]) -> Fut:
@@ -320,10 +334,8 @@ def _reduce(
             if bad:  # this rank sent NaN: every rank's result is NaN, the iteration is undone
                 out.copy_(agg)
                 continue
-            server, direction = adapter.server_step(state.config(u, buf, False), st, agg)
-            if direction.data_ptr() != out.data_ptr():
-                out.copy_(direction)
-            state.memory.put(u.uid, State(st.round + 1, server, clients_of[u.uid]))
+            cfg = state.config(u, buf, False)
+            _server_part(state, cfg, u, st, clients_of[u.uid], agg, out)
         return buf
 
     return fut.then(finish)
@@ -418,18 +430,13 @@ def _gather(
         for u in plan.units:
             cfg, st, clients = steps[u.uid]
             res = _slice(out, u)
-            srv, direction = adapter.server_step(cfg, st, res)
-            if direction.data_ptr() != res.data_ptr():
-                res.copy_(direction)
-            state.memory.put(u.uid, State(st.round + 1, srv, clients))
+            _server_part(state, cfg, u, st, clients, res, res)
         return out
 
     return _exchange(state, plan, buf, send, block, variable, server)
 
 
-def _gather_overflow(
-    state: CompressionState, plan: Plan, buf: torch.Tensor, variable: bool
-) -> Fut:
+def _gather_overflow(state: CompressionState, plan: Plan, buf: torch.Tensor, variable: bool) -> Fut:
     """The all-gather of a rank whose bucket is not finite: zeros and the flag byte set."""
     block = state.comm.max_size(1) if variable else plan.send.numel()
     if plan.send.numel() < block:

@@ -178,8 +178,8 @@ class Memory:
     def check_format(state: Any) -> None:
         if isinstance(state, dict) and state.get("format") == _OLD_FORMAT:
             raise ValueError(
-                f"this hook checkpoint has the format {_OLD_FORMAT!r} of shrinkgrad before the hook "
-                "ran registered methods; its memory cannot be mapped exactly onto the method "
+                f"this hook checkpoint has the format {_OLD_FORMAT!r} of shrinkgrad before the "
+                "hook ran registered methods; its memory cannot be mapped exactly onto the method "
                 "states (the uncompressed tensors carry method state now): restore the model and "
                 "the optimizer, and start the hook state afresh (it initialises in one dense "
                 "iteration)"

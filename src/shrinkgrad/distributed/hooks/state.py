@@ -241,7 +241,11 @@ class CompressionState:
 
     # -- memory ----------------------------------------------------------------------------------
     def _check_unit(self, u: Unit, buf: torch.Tensor) -> None:
+        """A tensor of a new bucket plan: bound at once (the method checks its compressor when
+        the bucket is first seen, even if the first iterations are uncompressed) and checked
+        against the memory."""
         self._units[u.uid] = (u, buf.dtype, buf.device)
+        self.config(u, buf, False)
         self.memory.check(u)
 
     def _template(self, uid: int) -> State[Any, Any]:
