@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from shrinkgrad.compressors import COMPRESSORS
 from shrinkgrad.distributed import (
     CompressionState,
     WorkerError,
@@ -49,7 +50,6 @@ from shrinkgrad.distributed import (
     spawn,
     worker_setup,
 )
-from shrinkgrad.compressors import COMPRESSORS
 from shrinkgrad.problems import load
 from shrinkgrad.registry import parse_spec
 
