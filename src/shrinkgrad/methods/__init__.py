@@ -7,7 +7,8 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import delayed, ef, ef21, ef21_sgdm, gd
+from . import asynchronous, delayed, ef, ef21, ef21_sgdm, gd
+from .asynchronous import Asynchronous
 from .base import (
     METHODS,
     BoundMethod,
@@ -37,6 +38,7 @@ __all__ = [
     "GD",
     "IAG",
     "METHODS",
+    "Asynchronous",
     "BoundMethod",
     "ClientMomentum",
     "Config",
@@ -49,6 +51,7 @@ __all__ = [
     "State",
     "StepSize",
     "Traffic",
+    "asynchronous",
     "delayed",
     "ef",
     "ef21",

@@ -381,6 +381,13 @@ class EF21(Method[EF21Server, EF21Clients]):
         return post, post.g
 
     def unsupported(self, runtime: Runtime) -> str | None:
+        if runtime == "ps":
+            if self.partial:
+                return (
+                    f"{self.name} draws which clients take part in a round; on a parameter "
+                    "server every arrival takes part (use the method without _pp)"
+                )
+            return None
         if runtime != "hook":
             return super().unsupported(runtime)
         if self.batch is not None:
@@ -395,6 +402,22 @@ class EF21(Method[EF21Server, EF21Clients]):
                 "rank takes part in every collective)"
             )
         return None
+
+    # -- asynchronous: c_i computed at a stale x; the server mirrors g_i (no theory) ------------
+    async_memory = True
+
+    def async_receive(
+        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor, sent: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """c_i itself (g ← g + w_i c_i); the server's copy of g_i follows: g_i ← g_i + c_i."""
+        assert memory is not None
+        return sent, memory.index_add(0, ids, sent)
+
+    def async_clients(
+        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
+    ) -> EF21Clients:
+        assert memory is not None
+        return EF21Clients(ids, memory[ids].clone())
 
 
 # --------------------------------------------------------------------------------------------
