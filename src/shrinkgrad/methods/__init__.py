@@ -7,7 +7,7 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import asynchronous, delayed, ef, ef21, gd
+from . import asynchronous, delayed, ef, ef21, ef21_sgdm, gd
 from .asynchronous import Asynchronous
 from .base import (
     METHODS,
@@ -25,6 +25,7 @@ from .base import (
 from .delayed import IAG, DelayedDCGD
 from .ef import EF
 from .ef21 import EF21
+from .ef21_sgdm import EF21SGDM, ClientMomentum
 from .gd import DCGD, GD
 from .oracle import ProblemOracle
 from .stepsize import StepSize, parse_stepsize
@@ -33,11 +34,13 @@ __all__ = [
     "DCGD",
     "EF",
     "EF21",
+    "EF21SGDM",
     "GD",
     "IAG",
     "METHODS",
     "Asynchronous",
     "BoundMethod",
+    "ClientMomentum",
     "Config",
     "Constants",
     "DelayedDCGD",
@@ -52,6 +55,7 @@ __all__ = [
     "delayed",
     "ef",
     "ef21",
+    "ef21_sgdm",
     "gd",
     "make_method",
     "parse_stepsize",
