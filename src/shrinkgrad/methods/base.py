@@ -446,6 +446,12 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
     spec: str = ""
     #: which compressors the method accepts (compatibility as data, design.md principle 8)
     requires: ClassVar[Requirement] = "contractive"
+    #: True when the client step hands what ``cfg.compress`` returns only to the rules of
+    #: :mod:`.rules` and to its :class:`Message`, and the server parts only add the aggregate to
+    #: their state (``rules.add_message``) or return it as the direction: a runtime may then
+    #: hand it :class:`~.rules.SparseMessage` values instead of dense tensors (the DDP hook's
+    #: sparse path; checked by tests/distributed/test_hooks_methods.py)
+    sparse_messages: bool = False
 
     @property
     def name(self) -> str:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 
 from .base import METHODS, Config, GradientOracle, Message, Method, Runtime
 from .gd import XState
-from .rules import ef_update
+from .rules import divide_message, ef_update
 
 __all__ = ["EF", "EFClients"]
 
@@ -33,6 +33,9 @@ class EF(Method[XState, EFClients]):
     """
 
     requires = "contractive"
+    #: C(p) only goes through ``rules.ef_update`` and the Message; the server returns the
+    #: aggregate as the direction: a runtime may pass SparseMessages (the DDP hook)
+    sparse_messages = True
 
     def theory_formula(self) -> str:
         return "none in methods.md §4: pass a number"
@@ -78,7 +81,9 @@ class EF(Method[XState, EFClients]):
     ) -> tuple[XState, torch.Tensor]:
         """x ← x − (1/n) Σ v_i = x − γ·(aggregate/γ): the direction is aggregate/γ."""
         assert aggregate is not None
-        return server, aggregate if cfg.stepsize == 1.0 else aggregate / cfg.stepsize
+        if cfg.stepsize == 1.0:
+            return server, aggregate
+        return server, cast(torch.Tensor, divide_message(aggregate, cfg.stepsize))
 
     def unsupported(self, runtime: Runtime) -> str | None:
         return None if runtime == "hook" else super().unsupported(runtime)

@@ -45,7 +45,7 @@ from .base import (
     Runtime,
     UnknownConstantError,
 )
-from .rules import ef21_update
+from .rules import add_message, ef21_update
 from .stepsize import StepSize, parse_stepsize, theory_function
 
 __all__ = ["EF21", "EF21Clients", "EF21Server"]
@@ -116,6 +116,9 @@ class EF21(Method[EF21Server, EF21Clients]):
     """
 
     requires = "contractive"
+    #: the client step hands C(p) to ``rules.ef21_update`` and its Message only, the server adds
+    #: the aggregate to g: a runtime may pass SparseMessages (the DDP hook's sparse path)
+    sparse_messages = True
 
     def __init__(
         self,
@@ -369,8 +372,7 @@ class EF21(Method[EF21Server, EF21Clients]):
         self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int
     ) -> EF21Server:
         assert aggregate is not None
-        g = server.g.add_(aggregate) if cfg.inplace else server.g + aggregate
-        return EF21Server(server.x, g)
+        return EF21Server(server.x, add_message(server.g, aggregate, inplace=cfg.inplace))
 
     def server_direction(
         self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int

@@ -136,6 +136,8 @@ class ClientMomentum(Method[Any, MomentumClients]):
         self.inner = inner
         self.beta = float(beta)
         self.batch = batch
+        #: the inner method's parts handle the messages (the momentum never sees them)
+        self.sparse_messages = inner.sparse_messages
 
     def default_spec(self) -> str:
         extra = "" if self.batch is None else f",b={self.batch}"

@@ -125,6 +125,9 @@ class DCGD(DelayRule[XState, Group], _GradientStep):
     """
 
     requires = "unbiased"
+    #: the client only sends its message, the server returns the aggregate as the direction: a
+    #: runtime may pass SparseMessages (the DDP hook)
+    sparse_messages = True
 
     def __init__(self, biased: bool = False) -> None:
         if not isinstance(biased, bool):

@@ -9,17 +9,78 @@ The rules work on any shape (a group of clients on a leading axis) and either re
 (the functional style of the methods) or update the state in place (``inplace=True``: runtimes
 that own their state, ``Config.inplace``, such as the hook with its preallocated multi-megabyte
 buffers). Both forms compute the same operations, so they give the same bits.
+
+A compressed vector is a dense tensor or, where a runtime hands one out (the DDP hook's sparse
+path, for methods that declare ``Method.sparse_messages``), a :class:`SparseMessage`: C(p)
+given by its kept entries, added to the state by an ``index_add_`` at O(k) instead of a dense
+pass. The rules below take either form and give the same values (at the kept positions
+x_j ± c_j, elsewhere x_j itself instead of x_j ± 0).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["ef21_update", "ef_update", "momentum_update"]
+__all__ = [
+    "SparseMessage",
+    "add_message",
+    "divide_message",
+    "ef21_update",
+    "ef_update",
+    "momentum_update",
+]
 
+
+class SparseMessage(NamedTuple):
+    """A compressed vector of shape ``shape`` given by its kept entries: ``values`` at the flat
+    positions ``indices`` (int64), zeros elsewhere (Top-k's and rand-k's messages).
+
+    One client's message has distinct indices; an aggregate of several clients' messages (the
+    hook's Σ_i w_i c_i) may repeat an index, and its values then add up. Only the DDP hook builds
+    these (its sparse path), for methods whose client and server parts merely add C(p) to their
+    state or pass it on (``Method.sparse_messages``).
+    """
+
+    indices: torch.Tensor
+    values: torch.Tensor
+    shape: tuple[int, ...]
+
+    def dense(self) -> torch.Tensor:
+        """The dense vector (for checks and fallbacks; O(d))."""
+        out = torch.zeros(self.shape, dtype=self.values.dtype, device=self.values.device)
+        out.view(-1).index_add_(0, self.indices, self.values)
+        return out
+
+
+#: what a compressor call hands back: a dense tensor or, from the hook, a SparseMessage
+Compressed = torch.Tensor | SparseMessage
 Compress = Callable[[torch.Tensor], torch.Tensor]
+
+
+def add_message(
+    x: torch.Tensor, c: Compressed, *, inplace: bool = False, alpha: float = 1.0
+) -> torch.Tensor:
+    """x + α·c, with c dense or a :class:`SparseMessage` (then an O(k) ``index_add_``; α = ±1
+    gives x_j ± c_j exactly). ``inplace`` updates ``x`` (contiguous) and returns it."""
+    if isinstance(c, SparseMessage):
+        y = x if inplace else x.clone()
+        y.view(-1).index_add_(0, c.indices, c.values, alpha=alpha)
+        return y
+    if alpha == 1.0:
+        return x.add_(c) if inplace else x + c
+    if alpha == -1.0:
+        return x.sub_(c) if inplace else x - c
+    return x.add_(c, alpha=alpha) if inplace else x + alpha * c
+
+
+def divide_message(c: Compressed, s: float) -> Compressed:
+    """c / s (a new message), dense or sparse."""
+    if isinstance(c, SparseMessage):
+        return SparseMessage(c.indices, c.values / s, c.shape)
+    return c / s
 
 
 def ef21_update(
@@ -39,7 +100,7 @@ def ef21_update(
     """
     diff = target - g if scratch is None else torch.sub(target, g, out=scratch)
     c = compress(diff)
-    return c, (g.add_(c) if inplace else g + c)
+    return c, add_message(g, c, inplace=inplace)
 
 
 def ef_update(
@@ -62,7 +123,7 @@ def ef_update(
     else:
         p = e + (update if step == 1.0 else step * update)
     v = compress(p)
-    return v, (p.sub_(v) if inplace else p - v)
+    return v, add_message(p, v, inplace=inplace, alpha=-1.0)
 
 
 def momentum_update(

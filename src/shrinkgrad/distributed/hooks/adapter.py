@@ -23,18 +23,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ...methods.base import Config, Message, Method, State, Traffic
+from ...methods.rules import SparseMessage
 from ...rng import Keys
 
 __all__ = ["Adapter", "HookConfig", "HookOracle", "Port"]
 
 #: ``encode(p, sent_only) -> C(p)``: puts C(p)'s message on the wire, returns what the method
-#: sees as C(p) (``p`` itself is allowed when ``sent_only``)
-Encoder = Callable[[torch.Tensor, bool], torch.Tensor]
+#: sees as C(p) — a dense tensor, or a :class:`~shrinkgrad.methods.rules.SparseMessage` for a
+#: method with ``sparse_messages`` (``p`` itself is allowed when ``sent_only``)
+Encoder = Callable[[torch.Tensor, bool], "torch.Tensor | SparseMessage"]
 
 
 class Port:
@@ -43,13 +45,13 @@ class Port:
     def __init__(self) -> None:
         self.encoder: Encoder | None = None
         self.scratch_vector: torch.Tensor | None = None
-        self.result: torch.Tensor | None = None  # what compress returned (the message)
+        self.result: torch.Tensor | SparseMessage | None = None  # what compress returned
         self.method = ""
 
     def open(self, encoder: Encoder, scratch: torch.Tensor, method: str) -> None:
         self.encoder, self.scratch_vector, self.result, self.method = encoder, scratch, None, method
 
-    def compress(self, x: torch.Tensor, sent_only: bool) -> torch.Tensor:
+    def compress(self, x: torch.Tensor, sent_only: bool) -> torch.Tensor | SparseMessage:
         if self.encoder is None:
             raise RuntimeError("the hook's compressor port is not open (internal error)")
         if self.result is not None:
@@ -66,6 +68,8 @@ class Port:
         v, r = msg.values, self.result
         if v is None or r is None:
             return False
+        if isinstance(r, SparseMessage) or isinstance(v, SparseMessage):
+            return v is r  # type: ignore[comparison-overlap]  # values may be a SparseMessage
         return v.data_ptr() == r.data_ptr() and v.shape == r.shape
 
     def close(self) -> None:
@@ -87,7 +91,9 @@ class HookConfig(Config):
     def compress(
         self, x: torch.Tensor, ids: torch.Tensor, round: int, *, sent_only: bool = False
     ) -> torch.Tensor:
-        return self.port.compress(x, sent_only)
+        # a SparseMessage for methods that declare sparse_messages (they only hand the result
+        # to the rules of methods.rules and to their Message; the contract suite checks them)
+        return cast(torch.Tensor, self.port.compress(x, sent_only))
 
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
         s = self.port.scratch_vector
@@ -148,30 +154,36 @@ class Adapter:
         self._seed = seed
         self.port = Port()
         self.oracle = HookOracle()
-        self._configs: dict[tuple[int, str, torch.dtype, torch.device], HookConfig] = {}
+        self._configs: dict[tuple[Any, ...], HookConfig] = {}
         self._zeros: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
         self.rank = 0
 
-    def config(self, numel: int, compressor: Any, like: torch.Tensor) -> HookConfig:
-        """The method bound for a tensor of ``numel`` entries and ``compressor`` (cached)."""
-        key = (numel, compressor.name, like.dtype, like.device)
+    def config(
+        self, numel: int, compressor: Any, dtype: torch.dtype, wire: torch.dtype, device: Any
+    ) -> HookConfig:
+        """The method bound for a tensor of ``numel`` entries and ``compressor``, computing in
+        ``dtype`` with its values sent in ``wire`` (cached)."""
+        key = (numel, compressor.name, dtype, wire, device)
         cfg = self._configs.get(key)
         if cfg is None:
+            # Method.bind takes the simulator's dtypes (float32/float64): a method kept in a
+            # 16-bit dtype (state_dtype="gradient") is bound in float32 and given its dtype here
             bound = self.method.bind(
                 self._constants(numel),
                 compressor,
                 stepsize=1.0,
                 seed=self._seed,
-                dtype=like.dtype,
-                device=like.device,
+                dtype=dtype if dtype in (torch.float32, torch.float64) else torch.float32,
+                device=device,
+                wire_dtype=wire,
             )
             base = {
                 f.name: getattr(bound.cfg, f.name)
                 for f in dataclasses.fields(Config)
                 if not f.name.startswith("_")
             }
-            z = torch.zeros(1, dtype=torch.float64, device=like.device)
-            base.update(inplace=True)
+            z = torch.zeros(1, dtype=torch.float64, device=device)
+            base.update(inplace=True, dtype=dtype)
             w = tuple(float(v) for v in bound.cfg.weights.tolist())
             cfg = HookConfig(
                 **base,
@@ -183,12 +195,12 @@ class Adapter:
             self._configs[key] = cfg
         return cfg
 
-    def x0(self, numel: int, like: torch.Tensor) -> torch.Tensor:
+    def x0(self, cfg: HookConfig) -> torch.Tensor:
         """The zero displacement (a broadcast zero: writing into it fails loudly)."""
-        key = (numel, like.dtype, like.device)
+        key = (cfg.d, cfg.dtype, cfg.device)
         z = self._zeros.get(key)
         if z is None:
-            z = torch.zeros((), dtype=like.dtype, device=like.device).expand(numel)
+            z = torch.zeros((), dtype=cfg.dtype, device=cfg.device).expand(cfg.d)
             self._zeros[key] = z
         return z
 
@@ -205,7 +217,7 @@ class Adapter:
         self.port.open(encoder, scratch, self.method.name)
         try:
             clients, msg = self.method.init_clients(
-                cfg, self.x0(x.numel(), x), self.oracle, self.ids(x.device)
+                cfg, self.x0(cfg), self.oracle, self.ids(x.device)
             )
         finally:
             self.port.close()
@@ -233,13 +245,18 @@ class Adapter:
         return clients, msg, sent
 
     def init_server(
-        self, cfg: HookConfig, numel: int, like: torch.Tensor, aggregate: torch.Tensor | None
+        self, cfg: HookConfig, aggregate: torch.Tensor | None
     ) -> tuple[Any, torch.Tensor]:
         """(the server state of round 1 before its clients act, the direction D of iteration 0)."""
-        return self.method.init_direction(cfg, self.x0(numel, like), aggregate)
+        return self.method.init_direction(cfg, self.x0(cfg), aggregate)
 
     def server_step(
-        self, cfg: HookConfig, state: State[Any, Any], aggregate: torch.Tensor | None
-    ) -> tuple[Any, torch.Tensor]:
-        """(the server state of the next round before its clients act, the direction D)."""
-        return self.method.server_direction(cfg, state.server, aggregate, state.round + 1)
+        self,
+        cfg: HookConfig,
+        state: State[Any, Any],
+        aggregate: torch.Tensor | SparseMessage | None,
+    ) -> tuple[Any, torch.Tensor | SparseMessage]:
+        """(the server state of the next round before its clients act, the direction D). A
+        SparseMessage aggregate (methods with ``sparse_messages``) may give a sparse D."""
+        agg = cast("torch.Tensor | None", aggregate)
+        return self.method.server_direction(cfg, state.server, agg, state.round + 1)

@@ -21,7 +21,17 @@ from ...methods.ef21 import EF21
 from ...methods.ef21_sgdm import EF21SGDM, ClientMomentum
 from ...rng import Keys
 
-__all__ = ["ALIASES", "STREAM", "ErrorFeedback", "Mode", "Settings", "resolve_method"]
+__all__ = [
+    "ALIASES",
+    "HALF",
+    "STATE_DTYPES",
+    "STREAM",
+    "ErrorFeedback",
+    "Mode",
+    "Settings",
+    "StateDtype",
+    "resolve_method",
+]
 
 #: the deprecated ``error_feedback=`` names and the methods they stand for
 ErrorFeedback = Literal["none", "ef", "ef21", "ef21_w"]
@@ -35,8 +45,22 @@ ALIASES: dict[str, str] = {
 STREAM = "ddp_hook"
 #: how compressed messages travel (see :attr:`Settings.collective`)
 Mode = Literal["allreduce", "values", "allgather"]
+#: 16-bit gradient dtypes (their values travel in 16 bits; the method computes in float32 unless
+#: ``state_dtype="gradient"``)
+HALF = (torch.bfloat16, torch.float16)
+#: where the method states of 16-bit gradients are kept (``CompressionState(state_dtype=...)``)
+StateDtype = Literal["float32", "gradient"]
+STATE_DTYPES: tuple[StateDtype, ...] = ("float32", "gradient")
 
 _IDENTITY = COMPRESSORS.make("identity")
+
+
+def _dtypes(C: Compressor) -> tuple[torch.dtype, ...]:
+    """The input (and wire value) dtypes compressor ``C`` takes."""
+    dtypes = getattr(C, "dtypes", None)
+    if callable(dtypes):
+        return tuple(dtypes())
+    return (torch.float32, torch.float64)
 
 
 def _check_int(name: str, value: Any, low: int = 0) -> int:
@@ -108,7 +132,10 @@ class Settings:
     min_numel: int
     world_size: int
     rank: int
-    _compressors: dict[int, Compressor | None] = dataclasses.field(default_factory=dict)
+    state_dtype: StateDtype = "float32"
+    _compressors: dict[tuple[int, torch.dtype], Compressor | None] = dataclasses.field(
+        default_factory=dict
+    )
 
     @classmethod
     def build(
@@ -125,8 +152,14 @@ class Settings:
         min_numel: int,
         world_size: int,
         rank: int,
+        state_dtype: str = "float32",
     ) -> Settings:
         seed = _check_int("seed", seed)
+        if state_dtype not in STATE_DTYPES:
+            raise ValueError(
+                f"state_dtype must be one of {', '.join(STATE_DTYPES)} (where the method states of "
+                f"16-bit gradients are kept), got {state_dtype!r}"
+            )
         warmup_steps = _check_int("warmup_steps", warmup_steps)
         min_numel = _check_int("min_numel", min_numel)
         if (
@@ -152,6 +185,7 @@ class Settings:
             min_numel=min_numel,
             world_size=world_size,
             rank=rank,
+            state_dtype=state_dtype,
         )
         out.weights = out._check_weights(weights)
         out.build_compressor(None)  # validates the name (k may still be missing)
@@ -218,10 +252,15 @@ class Settings:
             return None
         return COMPRESSORS.make(text, k=k)
 
-    def compressor_for(self, numel: int) -> Compressor | None:
-        """The compressor of a tensor with ``numel`` entries (None: sent uncompressed)."""
-        if numel in self._compressors:
-            return self._compressors[numel]
+    def compressor_for(
+        self, numel: int, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float32
+    ) -> Compressor | None:
+        """The compressor of a tensor with ``numel`` entries whose gradients are ``dtype``
+        (None: sent uncompressed). A compressor must take the wire's dtype (the gradients'):
+        one that does not is refused with the dtypes it takes."""
+        key = (numel, dtype)
+        if key in self._compressors:
+            return self._compressors[key]
         C: Compressor | None = None
         if numel >= max(self.min_numel, 1):
             if self.ratio is not None:
@@ -229,6 +268,15 @@ class Settings:
             else:
                 C = self.build_compressor(None)
             assert C is not None
+            takes = _dtypes(C)
+            if dtype not in takes:
+                names = ", ".join(str(t).removeprefix("torch.") for t in takes)
+                raise TypeError(
+                    f"{C.name} does not take {str(dtype).removeprefix('torch.')} values (it "
+                    f"takes {names}), and the hook sends a tensor's values in its gradient's "
+                    f"dtype; use a compressor that does (the dtypes of shrinkgrad list "
+                    f"compressors), or min_numel > {numel} to send such tensors uncompressed"
+                )
             try:
                 C.bits(numel)
             except ValueError as e:
@@ -236,7 +284,7 @@ class Settings:
                     f"cannot compress a tensor of {numel} entries with {C.name}: {e}; use ratio=, "
                     f"or min_numel > {numel} to send such tensors uncompressed"
                 ) from None
-        self._compressors[numel] = C
+        self._compressors[key] = C
         return C
 
     @staticmethod
@@ -281,4 +329,5 @@ class Settings:
             "min_numel": self.min_numel,
             "world_size": self.world_size,
             "rank": self.rank,
+            "state_dtype": self.state_dtype,
         }

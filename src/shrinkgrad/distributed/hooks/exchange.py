@@ -1,10 +1,10 @@
 """One bucket, one iteration: the method's client parts, the collective, the server parts.
 
 For every tensor of the bucket the hook runs the method's client part (:mod:`.adapter`) with an
-encoder that puts the message straight into the plan's send buffer, starts one collective for
-the bucket, and, in the collective's callback, decodes the reduction Σ_i w_i c_i of the ranks'
-messages and runs the method's server part, whose direction D it writes into the bucket (DDP
-copies it into ``.grad``). Which collective:
+encoder (:mod:`.encoders`) that puts the message straight into the plan's send buffer, starts one
+collective for the bucket, and, in the collective's callback, forms the reduction Σ_i w_i c_i of
+the ranks' messages and runs the method's server part, whose direction D goes into the tensor DDP
+receives (:meth:`.plan.Plan.output`). Which collective:
 
 * ``dense``: the initialisation and the warm-up iterations: every tensor's message (its initial
   message, or a round with the identity compressor) is written, weighted, into the bucket itself,
@@ -17,20 +17,28 @@ copies it into ``.grad``). Which collective:
   largest block, whose size is all-gathered first), decoded in rank order on every rank — so
   all ranks hold bit-identical parameters.
 
+The reduction of sparse messages (:attr:`.plan.Unit.sparse`) is itself sparse: the ranks'
+(index, w_j·value) pairs, handed to the method as one SparseMessage (O(n·k), no dense pass);
+a sparse direction is written into the output at O(k) (:meth:`.plan.Plan.write_sparse`). A
+direction that is a tensor of the method's server state (EF21's g) is moved into the output
+once and the state keeps it there (:meth:`.memory.Memory.rebind`), so later iterations copy
+nothing.
+
 With a loss scaler, a rank whose bucket is not finite (``bad``) sends NaN (summed paths) or the
 flag byte at the end of its all-gather block, and every rank returns the bucket as NaN.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ...compressors import Compressor
 from ...methods.base import Message, State
-from ...rng import Keys
-from .adapter import Encoder, HookConfig
+from ...methods.rules import SparseMessage
+from . import encoders
+from .adapter import HookConfig
 from .collectives import result
 from .plan import Plan, Unit
 
@@ -40,13 +48,57 @@ if TYPE_CHECKING:
 __all__ = ["exchange"]
 
 Fut = torch.futures.Future[torch.Tensor]
+Aggregate = torch.Tensor | SparseMessage | None
+
+
+@dataclasses.dataclass
+class Step:
+    """One bucket's iteration: the state, the plan, the bucket and what the method reads."""
+
+    state: CompressionState
+    plan: Plan
+    buf: torch.Tensor  # DDP's bucket: this rank's gradients (and the dense collectives' buffer)
+    x: torch.Tensor  # the gradients in the method's dtype (the bucket, or the plan's copy)
+    bad: bool
+
+    @property
+    def rank(self) -> int:
+        return self.state.rank
+
+    @property
+    def iteration(self) -> int:
+        return self.state.iteration
+
+    def config(self, u: Unit, warm: bool = False) -> HookConfig:
+        return self.state.config(u, self.plan, warm)
+
+    def keys(self, u: Unit, C: Any, rank: int | None = None) -> Any:
+        return self.state.settings.keys(
+            C, u.uid, self.rank if rank is None else rank, self.iteration
+        )
+
+    @property
+    def output(self) -> torch.Tensor:
+        return self.plan.output(self.buf)
+
+    def target(self, u: Unit) -> torch.Tensor:
+        """Where a dense aggregate of ``u`` is formed, in the method's dtype: the output slice
+        (then the direction of DCGD and EF is there already), unless the method keeps its state
+        there (EF21's g) or the output has another dtype; else the unit's gradient slice of
+        ``x`` (read by the client part already)."""
+        plan = self.plan
+        o = u.slice(self.output)
+        if o.dtype == plan.wdtype and not self.state.memory.holds(u.uid, o):
+            return o
+        return u.slice(self.x)
 
 
 def exchange(state: CompressionState, plan: Plan, buf: torch.Tensor, bad: bool) -> Fut:
     """Run the bucket's iteration (see the module docstring); returns DDP's future."""
+    step = Step(state, plan, buf, plan.gradients(buf), bad)
     entries = [state.memory.get(u.uid) for u in plan.units]
     if all(e is None for e in entries):
-        fut = _initialise(state, plan, buf, bad)
+        fut = _initialise(step)
         if fut is not None:
             return fut
         entries = [state.memory.get(u.uid) for u in plan.units]  # initialised without a message
@@ -58,14 +110,10 @@ def exchange(state: CompressionState, plan: Plan, buf: torch.Tensor, bad: bool) 
         )
     states = [e for e in entries if e is not None]
     if state.iteration < state.settings.warmup_steps:
-        return _dense_round(state, plan, buf, bad, states)
+        return _dense_round(step, states)
     if plan.mode == "allgather":
-        return _gather(state, plan, buf, bad, states)
-    return _reduce(state, plan, buf, bad, states)
-
-
-def _slice(buf: torch.Tensor, u: Unit) -> torch.Tensor:
-    return buf[u.offset : u.offset + u.numel]
+        return _gather(step, states)
+    return _reduce(step, states)
 
 
 def _weigh(cfg: HookConfig, rank: int, values: torch.Tensor, out: torch.Tensor) -> None:
@@ -76,26 +124,60 @@ def _weigh(cfg: HookConfig, rank: int, values: torch.Tensor, out: torch.Tensor) 
         torch.mul(values, cfg.w[rank], out=out)
 
 
+def _dense_values(msg: Message) -> torch.Tensor | None:
+    """A dense message's values (SparseMessages only reach the hook on the compressed paths)."""
+    v = msg.values
+    if isinstance(v, SparseMessage):
+        return v.dense().reshape(-1)
+    return None if v is None else v.reshape(-1)
+
+
+# --------------------------------------------------------------------------------------------
+# the server part and the direction
+# --------------------------------------------------------------------------------------------
+def _server_part(
+    step: Step, cfg: HookConfig, u: Unit, st: State[Any, Any], clients: Any, aggregate: Aggregate
+) -> None:
+    """The method's server part on the aggregate; its direction D goes into the output."""
+    server, direction = step.state.adapter.server_step(cfg, st, aggregate)
+    step.state.memory.put(u.uid, State(st.round + 1, server, clients))
+    _deliver(step, u, direction)
+
+
+def _deliver(step: Step, u: Unit, direction: torch.Tensor | SparseMessage) -> None:
+    """D into ``u``'s slice of the output: a sparse D at O(k); a dense one copied, unless it is
+    there already. A D that is a tensor of the method's server state is moved there once (the
+    state keeps the output slice as that tensor; the plan's own output only)."""
+    plan = step.plan
+    o = u.slice(step.output)
+    if isinstance(direction, SparseMessage):
+        plan.write_sparse(u, o, direction.indices, direction.values)
+        return
+    moved = direction.data_ptr() != o.data_ptr()
+    plan.write(u, o, direction)
+    if moved and plan.out is not None and direction.dtype == o.dtype:
+        step.state.memory.rebind(u.uid, direction, o)
+
+
 # --------------------------------------------------------------------------------------------
 # the initialisation and the warm-up iterations: dense messages in the bucket itself
 # --------------------------------------------------------------------------------------------
-def _initialise(state: CompressionState, plan: Plan, buf: torch.Tensor, bad: bool) -> Fut | None:
+def _initialise(step: Step) -> Fut | None:
     """The method's initialisation of every tensor of the bucket. Returns the future of its
     dense all-reduce, or None when no tensor's initialisation read its gradient or sent
     anything (DCGD, EF, EF21 with ``init=zero``): round 1 then uses this iteration's gradient."""
+    state, plan = step.state, step.plan
     adapter, settings = state.adapter, state.settings
     warm = state.iteration < settings.warmup_steps
-    it, rank = state.iteration, state.rank
-    if bad:
-        return _dense_collective(state, buf, [])
+    if step.bad:
+        return _dense_collective(step, None)
     inits: list[tuple[Unit, HookConfig, Any, Message]] = []
     consumed = set()
     for u in plan.units:
-        cfg = state.config(u, buf, warm)
+        cfg = step.config(u, warm)
         C = cfg.compressor
-        keys = settings.keys(C, u.uid, rank, it)
         clients, msg, read = adapter.init_clients(
-            cfg, _slice(buf, u), _fresh_encoder(C, keys), plan.work(0, u.numel)
+            cfg, u.slice(step.x), encoders.fresh_encoder(C, step.keys(u, C)), plan.work(0, u.numel)
         )
         consumed.add(read or msg.values is not None)
         inits.append((u, cfg, clients, msg))
@@ -106,214 +188,122 @@ def _initialise(state: CompressionState, plan: Plan, buf: torch.Tensor, bad: boo
         )
     if consumed == {False}:
         for u, cfg, clients, _ in inits:
-            server, _direction = adapter.init_server(cfg, u.numel, buf, None)
+            server, _direction = adapter.init_server(cfg, None)
             state.memory.put(u.uid, State(0, server, clients))
         return None
     for u, cfg, _, msg in inits:
-        out = _slice(buf, u)
-        if msg.values is None:
+        out = u.slice(step.buf)
+        values = _dense_values(msg)
+        if values is None:
             out.zero_()
         else:
-            _weigh(cfg, rank, msg.values.reshape(-1), out)
+            _weigh(cfg, step.rank, values, out)
 
-    def finish(out: torch.Tensor) -> None:
+    def finish(total: torch.Tensor) -> None:
         for u, cfg, clients, msg in inits:
-            res = _slice(out, u)
-            agg = None if msg.values is None else res.clone()  # the server may keep it
-            server, direction = adapter.init_server(cfg, u.numel, buf, agg)
-            res.copy_(direction)
+            # a fresh tensor in the method's dtype: the server may keep it (EF21: g = aggregate)
+            agg = None if msg.values is None else u.slice(total).to(plan.wdtype, copy=True)
+            server, direction = adapter.init_server(cfg, agg)
             state.memory.put(u.uid, State(0, server, clients))
+            _deliver(step, u, direction)
 
-    return _dense_collective(state, buf, [finish])
+    return _dense_collective(step, finish)
 
 
-def _dense_round(
-    state: CompressionState,
-    plan: Plan,
-    buf: torch.Tensor,
-    bad: bool,
-    states: list[State[Any, Any]],
-) -> Fut:
+def _dense_round(step: Step, states: list[State[Any, Any]]) -> Fut:
     """A warm-up round: the method with the identity compressor, its messages (weighted) in the
     bucket itself, one all-reduce of the bucket."""
-    adapter, rank = state.adapter, state.rank
-    if bad:
-        return _dense_collective(state, buf, [])
+    state, plan = step.state, step.plan
+    if step.bad:
+        return _dense_collective(step, None)
     steps: list[tuple[Unit, HookConfig, State[Any, Any], Any]] = []
     for u, st in zip(plan.units, states, strict=True):
-        cfg = state.config(u, buf, True)
-        x = _slice(buf, u)
+        cfg = step.config(u, True)
         dec = plan.work(1, u.numel)
-        clients, msg, _ = adapter.client_step(
-            cfg, st, x, _dense_encoder(cfg.compressor, None, dec), plan.work(0, u.numel)
+        clients, msg, _ = state.adapter.client_step(
+            cfg,
+            st,
+            u.slice(step.x),
+            encoders.dense_encoder(cfg.compressor, None, dec, dec),
+            plan.work(0, u.numel),
         )
-        if msg.values is None:
-            x.zero_()
+        out = u.slice(step.buf)
+        values = _dense_values(msg)
+        if values is None:
+            out.zero_()
         else:
-            _weigh(cfg, rank, msg.values.reshape(-1), x)
+            _weigh(cfg, step.rank, values, out)
         steps.append((u, cfg, st, clients))
 
-    def finish(out: torch.Tensor) -> None:
+    def finish(total: torch.Tensor) -> None:
         for u, cfg, st, clients in steps:
-            res = _slice(out, u)
-            _server_part(state, cfg, u, st, clients, res, res)
+            res = u.slice(total)
+            agg = res if res.dtype == plan.wdtype else u.slice(step.x).copy_(res)
+            _server_part(step, cfg, u, st, clients, agg)
 
-    return _dense_collective(state, buf, [finish])
-
-
-def _server_part(
-    state: CompressionState,
-    cfg: HookConfig,
-    u: Unit,
-    st: State[Any, Any],
-    clients: Any,
-    aggregate: torch.Tensor,
-    out: torch.Tensor,
-) -> None:
-    """The method's server part on the decoded aggregate; its direction D goes into ``out``
-    (the tensor's slice of the bucket) unless it is already there, the new state into memory."""
-    server, direction = state.adapter.server_step(cfg, st, aggregate)
-    if direction.data_ptr() != out.data_ptr():
-        out.copy_(direction)
-    state.memory.put(u.uid, State(st.round + 1, server, clients))
+    return _dense_collective(step, finish)
 
 
-def _dense_collective(state: CompressionState, buf: torch.Tensor, finish: list[Any]) -> Fut:
+def _dense_collective(step: Step, finish: Any) -> Fut:
     """All-reduce the bucket in place, then run ``finish`` on the sum (a non-finite bucket
-    makes every rank's sum non-finite)."""
-    fut = state.comm.all_reduce(buf)
-    rank = state.rank
+    makes every rank's sum non-finite: then the sum itself is returned)."""
+    fut = step.state.comm.all_reduce(step.buf)
+    rank = step.rank
 
     def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        out = result(f, "all-reduce (dense)", rank)
-        for fn in finish:
-            fn(out)
-        return out
+        total = result(f, "all-reduce (dense)", rank)
+        if finish is None:
+            return total
+        finish(total)
+        return step.output
 
     return fut.then(done)
 
 
-# --------------------------------------------------------------------------------------------
-# encoders: what cfg.compress does for the tensor being processed
-# --------------------------------------------------------------------------------------------
-def _fresh_encoder(C: Compressor, keys: Keys | None) -> Encoder:
-    """C(p) as a new tensor (the initialisation: its message travels dense)."""
-
-    def encode(p: torch.Tensor, sent_only: bool) -> torch.Tensor:
-        return C(p, keys)
-
-    return encode
-
-
-def _dense_encoder(C: Compressor, keys: Keys | None, seg: torch.Tensor) -> Encoder:
-    """Summable dense results: C(p) goes into ``seg`` and is returned."""
-
-    def encode(p: torch.Tensor, sent_only: bool) -> torch.Tensor:
-        return C(p, keys, out=seg.view(p.shape))
-
-    return encode
-
-
-def _raw_encoder(slot: torch.Tensor, dtype: torch.dtype) -> Encoder:
-    """An uncompressed tensor in an all-gather block: its raw values go into ``slot``."""
-
-    def encode(p: torch.Tensor, sent_only: bool) -> torch.Tensor:
-        v = slot.view(dtype)
-        v.copy_(p.reshape(-1))
-        return v.view(p.shape)
-
-    return encode
-
-
-def _values_encoder(
-    C: Compressor, keys: Keys | None, seg: torch.Tensor, dec: torch.Tensor
-) -> Encoder:
-    """Shared-seed sparsifiers: the payload is the k values, encoded straight into ``seg``;
-    returns C(p) decoded into ``dec`` (p itself when the method only sends it)."""
-
-    def encode(p: torch.Tensor, sent_only: bool) -> torch.Tensor:
-        nbytes = seg.numel() * seg.element_size()
-        payload = C.encode(p.reshape(-1), keys, out=seg.view(torch.uint8))
-        if payload.numel() != nbytes:
-            raise RuntimeError(
-                f"{C.name} sent {payload.numel()} bytes for {seg.numel()} values: with "
-                "shared_seed=true a message must be the values only"
-            )
-        if sent_only:
-            return p
-        return C.decode(payload, p.numel(), p.dtype, keys, out=dec).view(p.shape)
-
-    return encode
-
-
-def _payload_encoder(
-    C: Compressor,
-    keys: Keys | None,
-    box: list[torch.Tensor],
-    dest: torch.Tensor | None,
-    dec: torch.Tensor,
-) -> Encoder:
-    """Packed payloads: encoded into ``dest`` (fixed-size messages: their slot of the send
-    buffer) or a new tensor, and put into ``box``; returns C(p) decoded into ``dec`` (p itself
-    when the method only sends it)."""
-
-    def encode(p: torch.Tensor, sent_only: bool) -> torch.Tensor:
-        payload = C.encode(p.reshape(-1), keys, out=dest)
-        box.append(payload)
-        if sent_only:
-            return p
-        return C.decode(payload, p.numel(), p.dtype, keys, out=dec).view(p.shape)
-
-    return encode
-
-
-def _unsent(state: CompressionState, u: Unit, msg: Message) -> str:
+def _unsent(step: Step, u: Unit) -> str:
     return (
-        f"{state.adapter.method.name} sent a message for tensor #{u.uid} that is not its "
-        f"compressed vector (cfg.compress); with {state.settings.name} the hook can only send "
-        "compressed messages (a method that sends raw values needs the identity compressor)"
+        f"{step.state.adapter.method.name} sent a message for tensor #{u.uid} that is not its "
+        f"compressed vector (cfg.compress); with {step.state.settings.name} the hook can only "
+        "send compressed messages (a method that sends raw values needs the identity compressor)"
     )
 
 
 # --------------------------------------------------------------------------------------------
 # summable messages: one all-reduce of the send buffer
 # --------------------------------------------------------------------------------------------
-def _reduce(
-    state: CompressionState,
-    plan: Plan,
-    buf: torch.Tensor,
-    bad: bool,
-    states: list[State[Any, Any]],
-) -> Fut:
+def _reduce(step: Step, states: list[State[Any, Any]]) -> Fut:
     """One all-reduce of the weighted messages (dense results, or shared-index values)."""
-    adapter, settings = state.adapter, state.settings
-    rank, it, send = state.rank, state.iteration, plan.send
-    esize = buf.element_size()
+    state, plan = step.state, step.plan
+    rank, send = step.rank, plan.send
+    esize = send.element_size()
     values = plan.mode == "values"
     clients_of: dict[int, Any] = {}
-    if bad:
+    drawn: dict[int, torch.Tensor] = {}  # the shared indices of every values-path tensor
+    if step.bad:
         send.fill_(float("nan"))
     for u, st in zip(plan.units, states, strict=True):
-        if bad:
+        if step.bad:
             break
-        cfg = state.config(u, buf, False)
+        cfg = step.config(u)
         C = cfg.compressor
         seg = send[u.soff : u.soff + u.nbytes // esize]
-        keys = settings.keys(C, u.uid, rank, it)
+        keys = step.keys(u, C)
+        dec = plan.work(1, u.numel)
         if values and u.compressor is not None:
-            encoder = _values_encoder(C, keys, seg, plan.work(1, u.numel))
+            encoder = encoders.values_encoder(C, keys, seg, dec, u.sparse, drawn, u.uid)
         else:
-            encoder = _dense_encoder(C, keys, seg)
-        clients, msg, sent = adapter.client_step(
-            cfg, st, _slice(buf, u), encoder, plan.work(0, u.numel)
+            encoder = encoders.dense_encoder(C, keys, seg, dec)
+        clients, msg, sent = state.adapter.client_step(
+            cfg, st, u.slice(step.x), encoder, plan.work(0, u.numel)
         )
         if not sent:
-            if msg.values is None:
+            raw = _dense_values(msg)
+            if raw is None:
                 seg.zero_()
             elif not values or u.compressor is None:
-                seg.copy_(msg.values.reshape(-1))
+                seg.copy_(raw)
             else:
-                raise RuntimeError(_unsent(state, u, msg))
+                raise RuntimeError(_unsent(step, u))
         if cfg.uniform:
             seg.div_(cfg.n)
         else:
@@ -323,20 +313,26 @@ def _reduce(
 
     def finish(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         total = result(f, "all-reduce", rank)
+        out = step.output
         for u, st in zip(plan.units, states, strict=True):
             seg = total[u.soff : u.soff + u.nbytes // esize]
-            out = _slice(buf, u)
-            agg = seg
-            if values and u.compressor is not None:
-                C = u.compressor
-                keys = settings.keys(C, u.uid, rank, it)
-                agg = C.decode(seg.view(torch.uint8), u.numel, buf.dtype, keys, out=out)
-            if bad:  # this rank sent NaN: every rank's result is NaN, the iteration is undone
-                out.copy_(agg)
+            if step.bad:  # this rank sent NaN: every rank's result is NaN, the iteration is undone
+                u.slice(out).fill_(float("nan"))
                 continue
-            cfg = state.config(u, buf, False)
-            _server_part(state, cfg, u, st, clients_of[u.uid], agg, out)
-        return buf
+            agg: Aggregate
+            if values and u.compressor is not None:
+                idx = drawn[u.uid]
+                vals = seg if seg.dtype == plan.wdtype else seg.to(plan.wdtype)
+                if u.sparse:
+                    agg = SparseMessage(idx, vals, (1, u.numel))
+                else:
+                    agg = step.target(u).zero_().index_add_(0, idx, vals)
+            elif seg.dtype == plan.wdtype:
+                agg = seg
+            else:
+                agg = step.target(u).copy_(seg)
+            _server_part(step, step.config(u), u, st, clients_of[u.uid], agg)
+        return out
 
     return fut.then(finish)
 
@@ -344,13 +340,7 @@ def _reduce(
 # --------------------------------------------------------------------------------------------
 # packed payloads: one all-gather, decoded in rank order
 # --------------------------------------------------------------------------------------------
-def _gather(
-    state: CompressionState,
-    plan: Plan,
-    buf: torch.Tensor,
-    bad: bool,
-    states: list[State[Any, Any]],
-) -> Fut:
+def _gather(step: Step, states: list[State[Any, Any]]) -> Fut:
     """Packed payloads: one all-gather of every rank's byte buffer, decoded in rank order.
 
     Layout of a rank's buffer: the raw values of the uncompressed tensors, then (variable-size
@@ -359,45 +349,51 @@ def _gather(
     every buffer ends with one more byte, 1 when the rank's bucket was not finite (``bad``: it
     sends nothing else, and no rank decodes anything).
     """
-    adapter, settings = state.adapter, state.settings
-    rank, it = state.rank, state.iteration
+    state, plan = step.state, step.plan
+    adapter = state.adapter
     flag = state.flag_bytes
     variable = any(u.compressor is not None and u.compressor.variable_size for u in plan.compressed)
-    if bad:
-        return _gather_overflow(state, plan, buf, variable)
+    if step.bad:
+        return _gather_overflow(step, variable)
     dense_part = plan.dense_part
     payloads: list[torch.Tensor] = []
     steps: dict[int, tuple[HookConfig, State[Any, Any], Any]] = {}
     by_uid = {u.uid: st for u, st in zip(plan.units, states, strict=True)}
     for u in plan.dense:
-        cfg = state.config(u, buf, False)
+        cfg = step.config(u)
         st = by_uid[u.uid]
         slot = plan.send[u.soff : u.soff + u.nbytes]
         clients, msg, sent = adapter.client_step(
-            cfg, st, _slice(buf, u), _raw_encoder(slot, buf.dtype), plan.work(0, u.numel)
+            cfg,
+            st,
+            u.slice(step.x),
+            encoders.raw_encoder(slot, plan.dtype, plan.work(1, u.numel)),
+            plan.work(0, u.numel),
         )
         if not sent:
-            raw = slot.view(buf.dtype)
-            if msg.values is None:
+            raw = slot.view(plan.dtype)
+            values = _dense_values(msg)
+            if values is None:
                 raw.zero_()
             else:
-                raw.copy_(msg.values.reshape(-1))
+                raw.copy_(values)
         steps[u.uid] = (cfg, st, clients)
     for u in plan.compressed:
-        cfg = state.config(u, buf, False)
+        cfg = step.config(u)
         C = u.compressor
         assert C is not None
         st = by_uid[u.uid]
         box: list[torch.Tensor] = []
         # fixed-size messages are encoded in place, into their slot of the send buffer
         dest = None if variable else plan.send[u.soff : u.soff + u.nbytes]
-        keys = settings.keys(C, u.uid, rank, it)
-        encoder = _payload_encoder(C, keys, box, dest, plan.work(1, u.numel))
+        encoder = encoders.payload_encoder(
+            C, step.keys(u, C), box, dest, plan.work(1, u.numel), plan.dtype, u.sparse
+        )
         clients, msg, sent = adapter.client_step(
-            cfg, st, _slice(buf, u), encoder, plan.work(0, u.numel)
+            cfg, st, u.slice(step.x), encoder, plan.work(0, u.numel)
         )
         if not sent:
-            raise RuntimeError(_unsent(state, u, msg))
+            raise RuntimeError(_unsent(step, u))
         if not C.variable_size and box[0].numel() != u.nbytes:
             raise RuntimeError(
                 f"{C.name} encoded {u.numel} entries into {box[0].numel()} bytes, but its bits "
@@ -410,7 +406,7 @@ def _gather(
         size = dense_part + header.numel() * 4 + sum(p.numel() for p in payloads)
         block = state.comm.max_size(size + flag)
         if plan.send.numel() < block:
-            grown = torch.zeros(block, dtype=torch.uint8, device=buf.device)
+            grown = torch.zeros(block, dtype=torch.uint8, device=step.buf.device)
             grown[:dense_part].copy_(plan.send[:dense_part])
             plan.send = grown
         send = plan.send[:block]
@@ -426,82 +422,74 @@ def _gather(
     if flag:
         send[block - 1] = 0
 
-    def server(out: torch.Tensor) -> torch.Tensor:
+    def server(aggregates: dict[int, Aggregate]) -> None:
         for u in plan.units:
             cfg, st, clients = steps[u.uid]
-            res = _slice(out, u)
-            _server_part(state, cfg, u, st, clients, res, res)
-        return out
+            _server_part(step, cfg, u, st, clients, aggregates[u.uid])
 
-    return _exchange(state, plan, buf, send, block, variable, server)
+    return _exchange(step, send, block, variable, server)
 
 
-def _gather_overflow(state: CompressionState, plan: Plan, buf: torch.Tensor, variable: bool) -> Fut:
+def _gather_overflow(step: Step, variable: bool) -> Fut:
     """The all-gather of a rank whose bucket is not finite: zeros and the flag byte set."""
-    block = state.comm.max_size(1) if variable else plan.send.numel()
+    plan = step.plan
+    block = step.state.comm.max_size(1) if variable else plan.send.numel()
     if plan.send.numel() < block:
-        plan.send = torch.zeros(block, dtype=torch.uint8, device=buf.device)
+        plan.send = torch.zeros(block, dtype=torch.uint8, device=step.buf.device)
     send = plan.send[:block]
     send.zero_()
     send[block - 1] = 1
-    return _exchange(state, plan, buf, send, block, variable, None)
+    return _exchange(step, send, block, variable, None)
 
 
-def _exchange(
-    state: CompressionState,
-    plan: Plan,
-    buf: torch.Tensor,
-    send: torch.Tensor,
-    block: int,
-    variable: bool,
-    server: Any,
-) -> Fut:
-    """All-gather ``send`` (``block`` bytes per rank), decode the ranks' messages into buf and
-    run the server parts (``server(buf)``)."""
-    n, rank, it = state.world_size, state.rank, state.iteration
+def _exchange(step: Step, send: torch.Tensor, block: int, variable: bool, server: Any) -> Fut:
+    """All-gather ``send`` (``block`` bytes per rank), form the ranks' reductions and run the
+    server parts (``server(aggregates)``)."""
+    state, plan = step.state, step.plan
+    n, rank = state.world_size, step.rank
     if plan.recv is None or plan.recv.numel() < n * block:
-        plan.recv = torch.empty(n * block, dtype=torch.uint8, device=buf.device)
+        plan.recv = torch.empty(n * block, dtype=torch.uint8, device=step.buf.device)
     recv = plan.recv[: n * block]
     fut = state.comm.all_gather(recv, send)
 
     def finish(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         result(f, "all-gather", rank)  # raises a clear error if the collective failed
+        out = step.output
         if state.flag_bytes and bool(recv.view(n, block)[:, block - 1].any()):
-            return buf.fill_(float("nan"))  # some rank overflowed: nothing to decode
-        _combine(state, plan, buf, recv, block, variable, it)
-        return buf if server is None else server(buf)
+            return out.fill_(float("nan"))  # some rank overflowed: nothing to decode
+        server(_combine(step, recv, block, variable))
+        return out
 
     return fut.then(finish)
 
 
-def _combine(
-    state: CompressionState,
-    plan: Plan,
-    buf: torch.Tensor,
-    recv: torch.Tensor,
-    block: int,
-    variable: bool,
-    it: int,
-) -> None:
-    """Decode every rank's block of ``recv`` (in rank order): buf ← Σ_j w_j c_j per tensor."""
-    n = state.world_size
+def _combine(step: Step, recv: torch.Tensor, block: int, variable: bool) -> dict[int, Aggregate]:
+    """Every rank's block of ``recv`` (in rank order) reduced per tensor: Σ_j w_j c_j, dense (in
+    the tensor's :meth:`Step.target`) or, for sparse units, the SparseMessage of all ranks'
+    (index, w_j·value) pairs."""
+    state, plan = step.state, step.plan
+    n, wire, wdtype = state.world_size, plan.dtype, plan.wdtype
     dense_part = plan.dense_part
     m = len(plan.compressed)
-    configs = {u.uid: state.config(u, buf, False) for u in plan.units}
+    configs = {u.uid: step.config(u) for u in plan.units}
+    targets = {u.uid: step.target(u) for u in plan.units if not u.sparse}
+    pairs: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {
+        u.uid: ([], []) for u in plan.compressed if u.sparse
+    }
     for j in range(n):
         base = j * block
         for u in plan.dense:
             cfg = configs[u.uid]
-            raw = recv[base + u.soff : base + u.soff + u.nbytes].clone().view(buf.dtype)  # aligned
-            out = _slice(buf, u)
+            raw = recv[base + u.soff : base + u.soff + u.nbytes].clone().view(wire)  # aligned
+            out = targets[u.uid]
             if cfg.uniform and j == 0:
                 out.copy_(raw)
             elif cfg.uniform:
-                out.add_(raw)
+                out.add_(raw.to(wdtype) if wire != wdtype else raw)
             elif j == 0:
-                torch.mul(raw, cfg.w[j], out=out)
+                torch.mul(raw.to(wdtype), cfg.w[j], out=out)
             else:
-                out.add_(raw, alpha=cfg.w[j])
+                out.add_(raw.to(wdtype), alpha=cfg.w[j])
         if variable:
             header = recv[base + dense_part : base + dense_part + 4 * m].clone().view(torch.int32)
             sizes = [int(s) for s in header.tolist()]
@@ -514,24 +502,40 @@ def _combine(
             assert C is not None
             cfg = configs[u.uid]
             payload = recv[pos : pos + size]
-            keys = state.settings.keys(C, u.uid, j, it)
+            keys = step.keys(u, C, j)
             pos += size
-            out = _slice(buf, u)
+            if u.sparse:  # O(k): the weighted pairs, summed by the method's index_add
+                idx, vals = C.decode_sparse(payload, u.numel, wire, keys)
+                vals = vals.to(wdtype) if vals.dtype != wdtype else vals
+                pairs[u.uid][0].append(idx)
+                pairs[u.uid][1].append(vals.mul_(cfg.w[j]))
+                continue
+            out = targets[u.uid]
             if C.sparse_message:  # O(k): the weighted values added at their indices
-                idx, vals = C.decode_sparse(payload, u.numel, buf.dtype, keys)
-                vals.mul_(cfg.w[j])
+                idx, vals = C.decode_sparse(payload, u.numel, wire, keys)
+                vals = (vals.to(wdtype) if vals.dtype != wdtype else vals).mul_(cfg.w[j])
                 if j == 0:
                     out.zero_()
                 out.index_add_(0, idx, vals)
                 continue
-            c = C.decode(
-                payload, u.numel, buf.dtype, keys, out=out if j == 0 else plan.work(1, u.numel)
+            c = encoders.decode(
+                C, payload, u.numel, wire, keys, out if j == 0 else plan.work(1, u.numel)
             )
             if not cfg.uniform:
                 c.mul_(cfg.w[j])
             if j > 0:
                 out.add_(c)
+    aggregates: dict[int, Aggregate] = {}
     for u in plan.units:
-        cfg = configs[u.uid]
-        if cfg.uniform and (u.compressor is None or not u.compressor.sparse_message):
-            _slice(buf, u).div_(n)
+        if u.sparse:
+            idx_list, val_list = pairs[u.uid]
+            aggregates[u.uid] = SparseMessage(
+                torch.cat(idx_list), torch.cat(val_list), (1, u.numel)
+            )
+            continue
+        out = targets[u.uid]
+        C = u.compressor
+        if configs[u.uid].uniform and (C is None or not C.sparse_message):
+            out.div_(n)
+        aggregates[u.uid] = out
+    return aggregates

@@ -48,6 +48,25 @@ def _leaves(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
         yield prefix, value
 
 
+def _replace_tensor(value: Any, old: torch.Tensor, new: torch.Tensor) -> Any:
+    """``value`` (a NamedTuple tree) with its leaf that is the tensor ``old`` (same memory,
+    shape and dtype) replaced by ``new`` viewed in its shape; ``value`` itself when none is."""
+    if _is_tuple(value):
+        fields = {name: getattr(value, name) for name in value._fields}
+        changed = {k: _replace_tensor(v, old, new) for k, v in fields.items()}
+        if all(changed[k] is fields[k] for k in fields):
+            return value
+        return value._replace(**changed)
+    if (
+        isinstance(value, torch.Tensor)
+        and value.data_ptr() == old.data_ptr()
+        and value.shape == old.shape
+        and value.dtype == old.dtype
+    ):
+        return new.view(value.shape)
+    return value
+
+
 def flatten(state: State[Any, Any]) -> dict[str, Any]:
     """The saved leaves of a state: ``{path: tensor or number}``."""
     return dict(_leaves("server", state.server)) | dict(_leaves("clients", state.clients))
@@ -106,6 +125,30 @@ class Memory:
 
     def put(self, uid: int, state: State[Any, Any]) -> None:
         self.states[uid] = state
+
+    def holds(self, uid: int, t: torch.Tensor) -> bool:
+        """Whether a server-state tensor of ``uid`` lives in ``t``'s memory (the plan's output,
+        after :meth:`rebind`)."""
+        state = self.states.get(uid)
+        if state is None:
+            return False
+        ptr = t.data_ptr()
+        return any(
+            isinstance(v, torch.Tensor) and v.data_ptr() == ptr
+            for v in dict(_leaves("server", state.server)).values()
+        )
+
+    def rebind(self, uid: int, old: torch.Tensor, new: torch.Tensor) -> None:
+        """The server-state tensor of ``uid`` that *is* ``old`` becomes ``new`` (which holds the
+        same values: the hook has just copied them): a direction that is part of the method's
+        state (EF21's g) then lives in the output DDP reads, and later iterations update it
+        there in place instead of copying it. Nothing happens when no server tensor is ``old``."""
+        state = self.states.get(uid)
+        if state is None:
+            return
+        server = _replace_tensor(state.server, old, new)
+        if server is not state.server:
+            self.states[uid] = State(state.round, server, state.clients)
 
     def check(self, u: Unit) -> None:
         """A planned tensor against the memory kept (or loaded) for its id: same size."""

@@ -1,12 +1,26 @@
 """Bucket planning: which tensors a DDP bucket holds, their canonical ids, where their messages go.
 
 The unit of compression is one parameter's gradient (a *tensor*, GRACE's unit). A bucket's plan
-lists its tensors (:class:`Unit`), their compressors (``None``: sent uncompressed) and message
-sizes, and holds the preallocated send / receive buffers and two work vectors. Plans are keyed by
-the bucket's index and rebuilt whenever the bucket's parameters change (DDP rebuilds its buckets
-after the first iteration). A tensor's canonical id is the order in which the hook first saw it:
-the first iteration of every process sees DDP's initial bucket layout, so the ids are the same in
-every process of the same model and DDP settings, and they key the memory and the random draws.
+lists its tensors (:class:`Unit`: shape, compressor — ``None``: sent uncompressed — message size,
+whether its messages travel as sparse (index, value) pairs) and holds the preallocated buffers:
+
+* ``x``: what the method reads as the gradient — the bucket itself, or for 16-bit buckets whose
+  method state is kept in float32 (``state_dtype="float32"``, the default) a float32 copy
+  (``wide``), filled once per iteration;
+* ``send`` / ``recv``: the collective's buffers (``uint8`` payloads, or values in the bucket's
+  dtype: the wire carries the gradient's dtype);
+* ``out``: the tensor DDP receives (the method's direction D in the bucket's dtype). Without a
+  loss scaler it is a buffer of the plan's own, which DDP only reads: a method whose direction
+  is part of its state (EF21's g) then keeps that state in ``out`` itself (no copy per step),
+  and a sparse direction only rewrites its k entries (the previous ones are zeroed, O(k));
+  with a scaler it is the bucket (the scaler's unscaling writes into it);
+* two work vectors of the largest tensor (the client step's scratch, decoded messages).
+
+Plans are keyed by the bucket's index and rebuilt whenever the bucket's parameters change (DDP
+rebuilds its buckets after the first iteration). A tensor's canonical id is the order in which
+the hook first saw it: the first iteration of every process sees DDP's initial bucket layout, so
+the ids are the same in every process of the same model and DDP settings, and they key the
+memory and the random draws.
 """
 
 from __future__ import annotations
@@ -19,11 +33,12 @@ import torch
 from torch._C._distributed_c10d import GradBucket  # = torch.distributed.GradBucket
 
 from ...compressors import Compressor
-from .config import Mode, Settings
+from .config import HALF, Mode, Settings
 
-__all__ = ["FLOATS", "Plan", "Planner", "Unit"]
+__all__ = ["DTYPES", "Plan", "Planner", "Unit"]
 
-FLOATS = (torch.float32, torch.float64)
+#: the gradient dtypes the hook takes
+DTYPES = (torch.float32, torch.float64, *HALF)
 
 
 @dataclasses.dataclass
@@ -33,9 +48,20 @@ class Unit:
     uid: int  # canonical id: order of first appearance (stable across processes)
     offset: int  # first element in the bucket buffer
     numel: int
+    shape: tuple[int, ...]
     compressor: Compressor | None  # None: sent uncompressed (the method runs with the identity)
     nbytes: int = 0  # bytes of its message (payload, k values, or raw values)
     soff: int = 0  # offset of its message in the send buffer (bytes or elements)
+    #: its compressed messages reach the method as SparseMessages (a sparse compressor and a
+    #: method with ``sparse_messages``): O(k) updates, no dense compressed tensor
+    sparse: bool = False
+    #: the plan's ``out`` slice is zero except at these flat positions (None: unknown); a
+    #: sparse direction then only zeroes those before writing its own
+    zero_except: torch.Tensor | None = None
+
+    def slice(self, t: torch.Tensor) -> torch.Tensor:
+        """This tensor's part of a bucket-sized vector."""
+        return t[self.offset : self.offset + self.numel]
 
 
 @dataclasses.dataclass
@@ -44,15 +70,18 @@ class Plan:
 
     signature: tuple[int, ...]
     numel: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the bucket's (the gradients' and the wire's values)
+    wdtype: torch.dtype  # the method's arithmetic and state
     mode: Mode
     units: list[Unit]
     dense: list[Unit]
     compressed: list[Unit]
     send: torch.Tensor  # uint8 (allgather) or dtype (allreduce / values)
+    out: torch.Tensor | None  # the direction DDP receives (None: the bucket itself)
+    wide: torch.Tensor | None  # the method-dtype copy of the gradients (None: the bucket)
     recv: torch.Tensor | None = None
-    #: two work vectors of the largest tensor's size (the client step's scratch, decoded
-    #: messages): preallocated, so that no multi-megabyte tensor is created per step
+    #: two work vectors of the largest tensor (the client step's scratch, decoded messages):
+    #: preallocated, so that no multi-megabyte tensor is created per step
     scratch: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
     def work(self, i: int, n: int) -> torch.Tensor:
@@ -64,16 +93,57 @@ class Plan:
         """Bytes of the raw values that open every all-gathered block."""
         return sum(u.nbytes for u in self.dense)
 
+    def gradients(self, buf: torch.Tensor) -> torch.Tensor:
+        """What the method reads as this iteration's gradients: the bucket, or its copy in the
+        method's dtype (one conversion pass)."""
+        if self.wide is None:
+            return buf
+        return self.wide.copy_(buf)
+
+    def output(self, buf: torch.Tensor) -> torch.Tensor:
+        """The bucket-sized tensor DDP receives."""
+        return buf if self.out is None else self.out
+
+    def write(self, u: Unit, target: torch.Tensor, direction: torch.Tensor) -> None:
+        """Put a dense direction into ``u``'s slice ``target`` of the output (no copy when it is
+        there already)."""
+        if direction.data_ptr() != target.data_ptr() or direction.dtype != target.dtype:
+            target.copy_(direction.reshape(-1))
+        u.zero_except = None
+
+    def write_sparse(
+        self, u: Unit, target: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """Put a sparse direction into ``target``: zeros with ``values`` added at ``indices``
+        (repeated indices add up). On the plan's own output only the previous direction's
+        entries are zeroed (O(k)); the bucket (with a scaler) is zeroed in full."""
+        if self.out is not None and u.zero_except is not None:
+            target.index_fill_(0, u.zero_except, 0.0)
+        else:
+            target.zero_()
+        target.index_add_(0, indices, values.to(target.dtype))
+        if self.out is not None:
+            u.zero_except = indices
+
 
 class Planner:
     """Builds and caches the plans of the buckets; assigns the canonical tensor ids."""
 
-    def __init__(self, settings: Settings, check: Callable[[Unit, torch.Tensor], None]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        check: Callable[[Unit, torch.Tensor, torch.dtype], None],
+        sparse_method: bool,
+    ) -> None:
         self.settings = settings
-        #: called for every unit of a new plan with the bucket buffer (the memory's size check)
+        #: called for every unit of a new plan with the bucket buffer and the method's dtype
+        #: (the binding and the memory's size check)
         self._check = check
+        self._sparse_method = sparse_method
         self._plans: dict[int, Plan] = {}
         self._uids: dict[int, tuple[int, torch.Tensor]] = {}
+        #: a loss scaler writes into DDP's tensor: then the plans return the bucket itself
+        self.own_output = True
 
     @property
     def plans(self) -> list[Plan]:
@@ -87,6 +157,13 @@ class Planner:
             self._uids[id(p)] = entry
         return entry[0]
 
+    def work_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The method's dtype for gradients of ``dtype``: float32 for 16-bit gradients unless
+        ``state_dtype="gradient"``, the gradients' own dtype otherwise."""
+        if dtype in HALF and self.settings.state_dtype == "float32":
+            return torch.float32
+        return dtype
+
     def plan(self, bucket: GradBucket, flag_bytes: int) -> Plan:
         buf = bucket.buffer()
         params = bucket.parameters()
@@ -94,26 +171,28 @@ class Planner:
         plan = self._plans.get(bucket.index())
         if plan is not None and plan.signature == signature and plan.numel == buf.numel():
             return plan
+        if buf.dtype not in DTYPES:
+            names = ", ".join(str(t).removeprefix("torch.") for t in DTYPES)
+            raise TypeError(
+                f"the shrinkgrad hook works on {names} gradients, got {buf.dtype}; convert the "
+                "model (model.float()) or use torch.autocast for mixed precision"
+            )
         units: list[Unit] = []
         offset = 0
         for p in params:
-            units.append(Unit(self.uid(p), offset, p.numel(), None))
+            units.append(Unit(self.uid(p), offset, p.numel(), tuple(p.shape), None))
             offset += p.numel()
         if offset != buf.numel():
             raise RuntimeError(
                 f"bucket {bucket.index()}: its parameters have {offset} entries but its buffer "
                 f"{buf.numel()}; shrinkgrad hooks need DDP's flat bucket layout"
             )
-        if buf.dtype not in FLOATS:
-            raise TypeError(
-                f"the shrinkgrad hook works on float32/float64 gradients, got {buf.dtype}; keep "
-                "the model in float32 (or use torch.autocast for mixed precision)"
-            )
         settings = self.settings
+        wdtype = self.work_dtype(buf.dtype)
         mode = settings.collective
         esize = buf.element_size()
         for u in units:
-            u.compressor = settings.compressor_for(u.numel)
+            u.compressor = settings.compressor_for(u.numel, u.shape, buf.dtype)
         if all(u.compressor is None for u in units):
             mode = "allreduce"  # nothing to compress: a plain (dense) all-reduce
         for u in units:
@@ -129,20 +208,40 @@ class Planner:
                 u.nbytes = k * esize
             else:
                 u.nbytes = math.ceil(C.bits(u.numel, buf.dtype) / 8)
-            self._check(u, buf)
+            u.sparse = C is not None and mode != "allreduce" and self._is_sparse(C)
+            self._check(u, buf, wdtype)
         dense = [u for u in units if u.compressor is None]
         compressed = [u for u in units if u.compressor is not None]
         pos = 0
+        device = buf.device
         if mode == "allgather":
             for u in dense + compressed:  # raw values first: they stay aligned
                 u.soff, pos = pos, pos + u.nbytes
-            send = torch.empty(pos + flag_bytes, dtype=torch.uint8, device=buf.device)
+            send = torch.empty(pos + flag_bytes, dtype=torch.uint8, device=device)
         else:
             for u in units:
                 u.soff, pos = pos, pos + u.nbytes // esize
-            send = torch.empty(pos, dtype=buf.dtype, device=buf.device)
-        plan = Plan(signature, buf.numel(), buf.dtype, mode, units, dense, compressed, send)
+            send = torch.empty(pos, dtype=buf.dtype, device=device)
+        n = buf.numel()
+        plan = Plan(
+            signature,
+            n,
+            buf.dtype,
+            wdtype,
+            mode,
+            units,
+            dense,
+            compressed,
+            send,
+            out=torch.zeros(n, dtype=buf.dtype, device=device) if self.own_output else None,
+            wide=None if wdtype == buf.dtype else torch.empty(n, dtype=wdtype, device=device),
+        )
         most = max((u.numel for u in units), default=0)
-        plan.scratch = [torch.empty(most, dtype=buf.dtype, device=buf.device) for _ in range(2)]
+        plan.scratch = [torch.empty(most, dtype=wdtype, device=device) for _ in range(2)]
+        for u in units:
+            u.zero_except = torch.empty(0, dtype=torch.int64, device=device)  # out is zero
         self._plans[bucket.index()] = plan
         return plan
+
+    def _is_sparse(self, C: Compressor) -> bool:
+        return bool(C.sparse_message) and self._sparse_method

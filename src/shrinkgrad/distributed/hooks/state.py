@@ -27,8 +27,9 @@ from ...methods.base import Method, State
 from ...methods.ef21_sgdm import ClientMomentum
 from .adapter import Adapter, HookConfig
 from .collectives import Comm
-from .config import ErrorFeedback, Mode, Settings
-from .exchange import _fresh_encoder, exchange
+from .config import ErrorFeedback, Mode, Settings, StateDtype
+from .encoders import fresh_encoder
+from .exchange import exchange
 from .memory import STATE_FORMAT, Memory
 from .plan import Plan, Planner, Unit
 
@@ -78,6 +79,12 @@ class CompressionState:
     min_numel:
         tensors with fewer entries are sent uncompressed (the method runs on them with the
         identity compressor).
+    state_dtype:
+        where the method states of bfloat16 / float16 gradients are kept: ``"float32"``
+        (default: the method computes in float32 on a float32 copy of each bucket, 4 bytes per
+        entry and state vector) or ``"gradient"`` (in the gradients' dtype: half the memory,
+        but every error-feedback sum is rounded to 8 (bf16) or 11 (fp16) significant bits, so
+        small corrections are lost). Either way the values travel in the gradients' dtype.
     process_group:
         the group to communicate in (default: the default group, which must be initialised).
     skip_communication:
@@ -113,6 +120,7 @@ class CompressionState:
         warmup_steps: int = 1,
         momentum: float = 0.0,
         min_numel: int = 1024,
+        state_dtype: StateDtype = "float32",
         process_group: dist.ProcessGroup | None = None,
         skip_communication: bool = False,
         scaler: Any | None = None,
@@ -140,14 +148,18 @@ class CompressionState:
             min_numel=min_numel,
             world_size=dist.get_world_size(process_group),
             rank=dist.get_rank(process_group),
+            state_dtype=state_dtype,
         )
         self.scaler = scaler
         self.process_group = process_group
         self.adapter = Adapter(self.settings.method, self._constants, self.settings.seed)
         self.adapter.rank = self.settings.rank
         self.memory = Memory(self._template)
-        self.planner = Planner(self.settings, self._check_unit)
-        self._units: dict[int, tuple[Unit, torch.dtype, torch.device]] = {}
+        self.planner = Planner(
+            self.settings, self._check_unit, bool(self.settings.method.sparse_messages)
+        )
+        self.planner.own_output = scaler is None  # a scaler writes into what DDP receives
+        self._units: dict[int, tuple[Unit, torch.dtype, torch.dtype, torch.device]] = {}
         self.comm = Comm(
             process_group, self.settings.world_size, self.settings.rank, bool(skip_communication)
         )
@@ -231,34 +243,39 @@ class CompressionState:
     def _constants(self, numel: int) -> Any:
         return self.settings.constants(numel)
 
-    def config(self, u: Unit, like: torch.Tensor, warm: bool) -> HookConfig:
-        """The bound method of tensor ``u``: with its compressor, or the identity for
-        uncompressed tensors and warm-up rounds (``warm``)."""
+    def config(self, u: Unit, plan: Plan, warm: bool = False) -> HookConfig:
+        """The bound method of tensor ``u`` of ``plan``: with its compressor, or the identity for
+        uncompressed tensors and warm-up rounds (``warm``), in the plan's dtypes."""
+        return self._config(u, plan.wdtype, plan.dtype, plan.send.device, warm)
+
+    def _config(
+        self, u: Unit, wdtype: torch.dtype, wire: torch.dtype, device: torch.device, warm: bool
+    ) -> HookConfig:
         C = u.compressor
         if C is None or warm:
             C = self.settings.identity()
-        return self.adapter.config(u.numel, C, like)
+        return self.adapter.config(u.numel, C, wdtype, wire, device)
 
     # -- memory ----------------------------------------------------------------------------------
-    def _check_unit(self, u: Unit, buf: torch.Tensor) -> None:
+    def _check_unit(self, u: Unit, buf: torch.Tensor, wdtype: torch.dtype) -> None:
         """A tensor of a new bucket plan: bound at once (the method checks its compressor when
         the bucket is first seen, even if the first iterations are uncompressed) and checked
         against the memory."""
-        self._units[u.uid] = (u, buf.dtype, buf.device)
-        self.config(u, buf, False)
+        self._units[u.uid] = (u, wdtype, buf.dtype, buf.device)
+        self._config(u, wdtype, buf.dtype, buf.device, False)
         self.memory.check(u)
 
     def _template(self, uid: int) -> State[Any, Any]:
         """A state of the method's structure for tensor ``uid`` (from its initialisation at a
         zero gradient), into which a checkpoint's tensors are copied."""
-        u, dtype, device = self._units[uid]
-        like = torch.zeros(u.numel, dtype=dtype, device=device)
-        cfg = self.config(u, like, False)
+        u, wdtype, wire, device = self._units[uid]
+        like = torch.zeros(u.numel, dtype=wdtype, device=device)
+        cfg = self._config(u, wdtype, wire, device, False)
         C = cfg.compressor
-        encoder = _fresh_encoder(C, self.settings.keys(C, uid, self.rank, 0))
+        encoder = fresh_encoder(C, self.settings.keys(C, uid, self.rank, 0))
         clients, msg, _ = self.adapter.init_clients(cfg, like, encoder, torch.empty_like(like))
         agg = None if msg.values is None else torch.zeros_like(like)
-        server, _ = self.adapter.init_server(cfg, u.numel, like, agg)
+        server, _ = self.adapter.init_server(cfg, agg)
         return State(0, server, clients)
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -279,7 +296,9 @@ class CompressionState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` of the same configuration, rank and world size."""
         Memory.check_format(state)
-        saved, now = state["config"], self.settings.describe()
+        # checkpoints from before state_dtype existed kept float32/float64 models only
+        saved = {"state_dtype": "float32", **state["config"]}
+        now = self.settings.describe()
         diff = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
         if diff:
             detail = ", ".join(f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in diff)

@@ -1,0 +1,180 @@
+"""Encoders: what ``cfg.compress`` does for the tensor being processed, one per path.
+
+An encoder ``encode(p, sent_only)`` puts the message of C(p) on the wire (into its slot of the
+plan's send buffer, or a payload tensor) and returns what the method sees as C(p):
+
+* exactly what the other ranks will decode — on a 16-bit wire the values rounded to the
+  gradient's dtype — so that the method's memory (EF21's g_i, EF's e_i) stays consistent with
+  what was sent;
+* in the method's dtype (float32 for 16-bit gradients by default);
+* for a unit whose messages are sparse (:attr:`.plan.Unit.sparse`) a
+  :class:`~shrinkgrad.methods.rules.SparseMessage`, never a dense compressed tensor;
+* ``p`` itself when the method only sends the result (``sent_only``, DCGD).
+
+Nothing here is a method's arithmetic: C is the compressor's, the rounding is the wire's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...compressors import Compressor
+from ...methods.rules import SparseMessage
+from ...rng import Keys
+from .adapter import Encoder
+from .config import HALF
+
+__all__ = [
+    "decode",
+    "dense_encoder",
+    "encode",
+    "fresh_encoder",
+    "payload_encoder",
+    "raw_encoder",
+    "sparse_form",
+    "values_encoder",
+]
+
+
+def encode(
+    C: Compressor, p: torch.Tensor, keys: Keys | None, out: torch.Tensor | None, wire: torch.dtype
+) -> torch.Tensor:
+    """C's payload of ``p`` with its values in ``wire`` (the gradients' dtype)."""
+    flat = p.reshape(-1)
+    if wire in HALF and flat.dtype != wire:
+        flat = flat.to(wire)  # the compressor's 16-bit form: float32 arithmetic, 16-bit values
+    return C.encode(flat, keys, out=out)
+
+
+def decode(
+    C: Compressor,
+    payload: torch.Tensor,
+    d: int,
+    wire: torch.dtype,
+    keys: Keys | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """The dense message of ``payload`` (values in ``wire``) in ``out``'s dtype, into ``out``."""
+    if out.dtype == wire:
+        return C.decode(payload, d, wire, keys, out=out)
+    return out.copy_(C.decode(payload, d, wire, keys))
+
+
+def sparse_form(
+    C: Compressor, p: torch.Tensor, keys: Keys | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indices, values)`` of C(p) without a dense compressed tensor (``C.sparse``)."""
+    flat = p.reshape(-1)
+    sparse = getattr(C, "sparse", None)
+    if callable(sparse):
+        idx, vals = sparse(flat, keys)
+        return idx.reshape(-1), vals.reshape(-1)
+    payload = C.encode(flat, keys)  # compressors without a sparse form: O(k) round trip
+    return C.decode_sparse(payload, flat.numel(), flat.dtype, keys)
+
+
+def _rounded(values: torch.Tensor, wire: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` as the receivers see them (rounded to ``wire``), in ``dtype``."""
+    if wire == values.dtype:
+        return values if values.dtype == dtype else values.to(dtype)
+    return values.to(wire).to(dtype)
+
+
+def fresh_encoder(C: Compressor, keys: Keys | None) -> Encoder:
+    """C(p) as a new tensor (the initialisation: its message travels dense)."""
+
+    def enc(p: torch.Tensor, sent_only: bool) -> torch.Tensor:
+        return C(p, keys)
+
+    return enc
+
+
+def dense_encoder(
+    C: Compressor, keys: Keys | None, seg: torch.Tensor, dec: torch.Tensor
+) -> Encoder:
+    """Summable dense results: C(p) goes into ``seg`` (the wire's dtype); returns ``seg`` itself
+    when the method computes in that dtype, else the rounded values in ``dec``."""
+
+    def enc(p: torch.Tensor, sent_only: bool) -> torch.Tensor:
+        if seg.dtype == p.dtype:
+            return C(p, keys, out=seg.view(p.shape))
+        c = C(p, keys, out=dec.view(p.shape))
+        seg.copy_(c.reshape(-1))
+        return dec.copy_(seg).view(p.shape)
+
+    return enc
+
+
+def raw_encoder(slot: torch.Tensor, wire: torch.dtype, dec: torch.Tensor) -> Encoder:
+    """An uncompressed tensor in an all-gather block: its raw values (in ``wire``) go into the
+    byte ``slot``; returns them in the method's dtype."""
+
+    def enc(p: torch.Tensor, sent_only: bool) -> torch.Tensor:
+        v = slot.view(wire)
+        v.copy_(p.reshape(-1))
+        if wire == p.dtype:
+            return v.view(p.shape)
+        return dec.copy_(v).view(p.shape)
+
+    return enc
+
+
+def values_encoder(
+    C: Compressor,
+    keys: Keys | None,
+    seg: torch.Tensor,
+    dec: torch.Tensor,
+    sparse: bool,
+    drawn: dict[int, torch.Tensor],
+    uid: int,
+) -> Encoder:
+    """Shared-seed sparsifiers: the payload is the k values (every rank draws the same
+    indices), written into ``seg`` in the wire's dtype; the indices are kept in ``drawn`` for the
+    receive side. Returns C(p) as a SparseMessage (``sparse``) or dense in ``dec``."""
+
+    def enc(p: torch.Tensor, sent_only: bool) -> torch.Tensor | SparseMessage:
+        idx, vals = sparse_form(C, p, keys)
+        if idx.numel() != seg.numel():
+            raise RuntimeError(
+                f"{C.name} kept {idx.numel()} values for {seg.numel()} slots: with "
+                "shared_seed=true a message must be the k values only"
+            )
+        seg.copy_(vals)
+        drawn[uid] = idx
+        if sent_only:
+            return p
+        got = _rounded(vals, seg.dtype, p.dtype)
+        if sparse:
+            return SparseMessage(idx, got, tuple(p.shape))
+        out = dec.zero_()
+        out.index_add_(0, idx, got)
+        return out.view(p.shape)
+
+    return enc
+
+
+def payload_encoder(
+    C: Compressor,
+    keys: Keys | None,
+    box: list[torch.Tensor],
+    dest: torch.Tensor | None,
+    dec: torch.Tensor,
+    wire: torch.dtype,
+    sparse: bool,
+) -> Encoder:
+    """Packed payloads: encoded into ``dest`` (fixed-size messages: their slot of the send
+    buffer) or a new tensor, and put into ``box``; returns C(p) as the receivers decode it: a
+    SparseMessage of its (index, value) pairs (``sparse``: O(k)), or dense in ``dec``."""
+
+    def enc(p: torch.Tensor, sent_only: bool) -> torch.Tensor | SparseMessage:
+        payload = encode(C, p, keys, dest, wire)
+        box.append(payload)
+        if sent_only:
+            return p
+        d = p.numel()
+        if sparse:
+            idx, vals = C.decode_sparse(payload, d, wire, keys)
+            return SparseMessage(idx, _rounded(vals, wire, p.dtype), tuple(p.shape))
+        return decode(C, payload, d, wire, keys, dec).view(p.shape)
+
+    return enc
