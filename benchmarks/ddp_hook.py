@@ -1,8 +1,8 @@
 """CPU time of the shrinkgrad DDP hook per step, in one process, with a fake n-rank payload set.
 
 Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm randk qsgd] [--world 4] [--steps 5]
-[--profile]``. ``benchmarks/ab_ddp_hook.py`` runs it alternately against an older version of the
-library (A/B).
+[--dtype float32|bfloat16] [--profile]``. ``benchmarks/ab_ddp_hook.py`` runs it alternately
+against an older version of the library (A/B).
 
 The model is ``benchmarks/ddp.py``'s MLP (1024 → 2048 → 2048 → 2048 → 16, 10.5 M parameters,
 batch 32, float32, one thread). DDP runs on a one-process gloo group; the hook's state is
@@ -16,6 +16,15 @@ time) and its ratio to the baseline measured in the same run:
 a training step of the same model without a hook (forward, backward, DDP's local all-reduce,
 optimizer step). ``--profile`` adds the top functions of a cProfile of the timed steps. glibc's
 allocator defaults are used (the hook keeps no per-step multi-megabyte allocations).
+
+The lighter hook's targets (issue 14) are against a **cache-cold memcpy of the gradient**,
+measured in the same run: one ``copy_`` of all the model's gradient entries (in the model's
+dtype) between two buffers, after writing a 64 MB buffer that evicts them from the caches;
+median and minimum over 15 repetitions, on the same clock as the hook. Printed next to each
+configuration: hook time / memcpy (median / median), and for the sparse compressors the
+*floor*: the compressor's sparse form (``C.sparse``: top-k's selection, rand-k's index draw
+and gather) of every compressed gradient alone, without any method arithmetic or hook
+bookkeeping, in the same units. A hook cannot be cheaper than its compressor's own pass.
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
@@ -24,6 +33,7 @@ import cProfile
 import inspect
 import itertools
 import json
+import math
 import os
 import pstats
 import statistics
@@ -68,12 +78,62 @@ def make_state(name: str, ratio: float | None, method: str, momentum: float) -> 
     )
 
 
+#: the model's dtype (``--dtype``)
+DTYPE = [torch.float32]
+
+
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for a, b in itertools.pairwise(WIDTHS):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers[:-1])
+    return torch.nn.Sequential(*layers[:-1]).to(DTYPE[0])
+
+
+def _cold(fn: Any, reps: int = 15) -> dict[str, float]:
+    """Median and minimum time of ``fn`` (the run's clock) with cold caches (a 64 MB buffer
+    written first)."""
+    flush = torch.empty(16 * 2**20)
+    times = []
+    for _ in range(reps):
+        flush.add_(1.0)
+        t0 = CLOCK[0]()
+        fn()
+        times.append(CLOCK[0]() - t0)
+    return {"median": statistics.median(times), "min": min(times)}
+
+
+def memcpy_baseline() -> dict[str, float]:
+    """A cache-cold memcpy of the model's gradient (all its entries, in the model's dtype)."""
+    n = sum(p.numel() for p in _model().parameters())
+    src = torch.randn(n).to(DTYPE[0])
+    dst = torch.empty_like(src)
+    return _cold(lambda: dst.copy_(src))
+
+
+def sparse_floor(name: str, ratio: float | None) -> dict[str, float] | None:
+    """The compressor's sparse form of every compressed gradient of the model alone (the part of
+    a step no hook can avoid), cache-cold; None for compressors without one."""
+    from shrinkgrad.compressors import make_compressor
+    from shrinkgrad.rng import Keys
+
+    grads = [torch.randn(p.numel()).to(DTYPE[0]) for p in _model().parameters()]
+    grads = [g for g in grads if g.numel() >= 1024]  # the hook's min_numel
+    comps = []
+    for g in grads:
+        k = max(1, math.ceil((ratio or 0.01) * g.numel()))
+        C = make_compressor(f"{name}[k={k}]" if "[" not in name else name.replace("]", f",k={k}]"))
+        if not C.sparse_message or not callable(getattr(C, "sparse", None)):
+            return None
+        comps.append(C)
+    keys = Keys.derive(0, round=1, client=0)
+
+    def run() -> None:
+        for C, g in zip(comps, grads, strict=True):
+            C.sparse(g, None if C.deterministic else keys)
+
+    run()  # compile / warm up
+    return _cold(run, reps=9)
 
 
 def _steps(ddp: DDP, n: int, times: list[float] | None = None) -> list[float]:
@@ -130,8 +190,10 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", help="also write the numbers (seconds) to this file")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     args = ap.parse_args()
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
+    DTYPE[0] = getattr(torch, args.dtype)
     torch.set_num_threads(1)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -139,21 +201,31 @@ def main() -> None:
     try:
         base = _steps(DDP(_model(), bucket_cap_mb=25), 3 + args.steps)[3:]
         step = statistics.median(base)
+        copy = memcpy_baseline()
         print(
             f"shrinkgrad DDP hook, {sum(p.numel() for p in _model().parameters()) / 1e6:.2f} M "
-            f"parameters, fake {args.world}-rank payload set, 1 thread, {args.clock} clock; "
-            f"baseline: a step without hook, median {step * 1e3:.0f} ms"
+            f"parameters ({args.dtype}), fake {args.world}-rank payload set, 1 thread, "
+            f"{args.clock} clock; baselines: a step without hook, median {step * 1e3:.0f} ms; a "
+            f"cache-cold memcpy of the gradient, median {copy['median'] * 1e3:.1f} ms, min "
+            f"{copy['min'] * 1e3:.1f} ms"
         )
-        print(f"{'configuration':44s} {'hook ms/step':>13s} {'min':>7s} {'x step':>7s}")
-        numbers: dict[str, Any] = {"baseline_step": step}
+        print(
+            f"{'configuration':44s} {'hook ms/step':>13s} {'min':>7s} {'x step':>7s} "
+            f"{'x memcpy':>9s} {'floor x memcpy':>15s}"
+        )
+        numbers: dict[str, Any] = {"baseline_step": step, "memcpy": copy}
         for key in args.only:
             r = numbers[key] = measure(key, args.world, args.steps, args.profile)
             name, ratio, method, momentum = CONFIGS[key]
+            floor = sparse_floor(name, ratio)
+            if floor is not None:
+                r["floor"] = floor
             label = f"{name}" + (f" {ratio:g}" if ratio else "") + f" + {method}"
             label += f" momentum {momentum:g}" if momentum else ""
+            floor_txt = "—" if floor is None else f"{floor['median'] / copy['median']:.2f}"
             print(
                 f"{label:44s} {r['median'] * 1e3:13.1f} {r['min'] * 1e3:7.1f} "
-                f"{r['median'] / step:7.2f}"
+                f"{r['median'] / step:7.2f} {r['median'] / copy['median']:9.2f} {floor_txt:>15s}"
             )
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:

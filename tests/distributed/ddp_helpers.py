@@ -7,6 +7,7 @@ ranks' gradients differ, as in real data-parallel training.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -78,6 +79,9 @@ class Job:
     save: str | None = None  # checkpoint prefix to write after the last step
     record_bytes: bool = False
     die_at: int | None = None  # rank 1 crashes (os._exit) at this step
+    accumulate: int = 1  # micro-steps per step: the first ones under DDP.no_sync()
+    compile: str | None = None  # torch.compile backend of the DDP model ("aot_eager", ...)
+    state_dtype: str = "float32"  # where the hook keeps the method states of 16-bit gradients
 
 
 def _batch(rank: int, step: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,8 +108,10 @@ def run(rank: int, world: int, job: Job) -> dict[str, Any]:
                 warmup_steps=job.warmup_steps,
                 seed=job.seed,
                 momentum=0.5 if job.client_momentum else 0.0,
+                state_dtype=job.state_dtype,  # type: ignore[arg-type]
             )
         model.register_comm_hook(state, compression_hook)
+    forward: Any = model if job.compile is None else torch.compile(model, backend=job.compile)
     if job.client_momentum or job.momentum_free:
         opt = torch.optim.SGD(model.parameters(), lr=job.lr / (1 - 0.5))
     else:
@@ -133,6 +139,7 @@ def run(rank: int, world: int, job: Job) -> dict[str, Any]:
         dist.all_reduce = reduce  # type: ignore[assignment]
     params: list[torch.Tensor] = []
     state_bytes: list[int] = []
+    silent_changes: list[bool] = []  # did a no_sync micro-step change the hook's memory?
     for step in range(job.start, job.start + job.steps):
         if job.die_at is not None and step == job.die_at and rank == 1:
             import os
@@ -141,7 +148,15 @@ def run(rank: int, world: int, job: Job) -> dict[str, Any]:
         sent.append(0)
         X, y = _batch(rank, step, job.dtype)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(X), y).backward()
+        parts = list(zip(X.chunk(job.accumulate), y.chunk(job.accumulate), strict=True))
+        for i, (Xi, yi) in enumerate(parts):  # gradient accumulation: the last one syncs
+            before = None if state is None else _memory(state)
+            silent = i < len(parts) - 1
+            with model.no_sync() if silent else contextlib.nullcontext():
+                loss = torch.nn.functional.cross_entropy(forward(Xi), yi) / len(parts)
+                loss.backward()
+            if silent and state is not None:
+                silent_changes.append(not _same_memory(before, _memory(state)))
         opt.step()
         params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
         if state is not None:
@@ -160,7 +175,31 @@ def run(rank: int, world: int, job: Job) -> dict[str, Any]:
         "sent": sent,
         "state_bytes": state_bytes,
         "bytes_sent": None if state is None else state.bytes_sent,
+        "iterations": None if state is None else state.iteration,
+        "silent_changes": silent_changes,
     }
+
+
+def _memory(state: CompressionState) -> dict[str, Any]:
+    return state.state_dict()
+
+
+def _same_memory(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+    """Same iteration, counters and method states (every tensor equal)."""
+    if a is None or a["iteration"] != b["iteration"] or a["bytes_sent"] != b["bytes_sent"]:
+        return False
+    ma, mb = a["memory"], b["memory"]
+    if ma.keys() != mb.keys():
+        return False
+    for uid in ma:
+        sa, sb = ma[uid]["state"], mb[uid]["state"]
+        if ma[uid]["round"] != mb[uid]["round"] or sa.keys() != sb.keys():
+            return False
+        for k, v in sa.items():
+            w = sb[k]
+            if isinstance(v, torch.Tensor) and not torch.equal(v, w):
+                return False
+    return True
 
 
 def expected_bytes(job: Job, world: int, dtype: torch.dtype = torch.float32) -> int:

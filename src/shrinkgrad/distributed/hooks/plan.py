@@ -144,6 +144,9 @@ class Planner:
         self._uids: dict[int, tuple[int, torch.Tensor]] = {}
         #: a loss scaler writes into DDP's tensor: then the plans return the bucket itself
         self.own_output = True
+        #: set after this process's first iteration: every parameter has been seen (DDP's later
+        #: bucket rebuilds regroup the same parameters), so an unknown one is a mistake
+        self.sealed = False
 
     @property
     def plans(self) -> list[Plan]:
@@ -153,6 +156,14 @@ class Planner:
         """The canonical id of parameter ``p``: the order in which the hook first saw it."""
         entry = self._uids.get(id(p))
         if entry is None or entry[1] is not p:
+            if self.sealed:
+                raise RuntimeError(
+                    f"the shrinkgrad hook got a gradient of a parameter {tuple(p.shape)} it did "
+                    "not see in its first iteration: one CompressionState serves one DDP model "
+                    "with fixed parameters (registered on a second model, or the model's "
+                    "parameters were replaced); give every model its own CompressionState (to "
+                    "continue a run in a new model, load_state_dict into a fresh one)"
+                )
             entry = (len(self._uids), p)
             self._uids[id(p)] = entry
         return entry[0]

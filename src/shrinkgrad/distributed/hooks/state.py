@@ -372,6 +372,7 @@ class CompressionState:
             self.comm.step_bytes = 0
             self.iteration += 1
             self._open = False
+            self.planner.sealed = True
 
 
 def compression_hook(
