@@ -21,6 +21,11 @@ import click
 
 __all__ = ["theory_cmd", "theory_report"]
 
+#: float64 d-vectors the predictions take at most: x⁰ and the temporaries of f(x⁰)
+_WORKING_VECTORS = 6
+#: ... and with the ℓ2 logistic f* solved by L-BFGS (10 correction pairs and temporaries)
+_LBFGS_VECTORS = 32
+
 
 def theory_report(
     problem: Any,
@@ -33,9 +38,19 @@ def theory_report(
     """Constants, step sizes and predictions of one problem × compressor, as plain data."""
     from .. import theory as T
     from ..problems.linear import LinearModelProblem
+    from ..problems.memory import check_memory
     from ..problems.rare import rare_features
 
     d, n = problem.d, problem.n
+    # f(x⁰) for the predictions (and f* for the ℓ2 logistic loss, by L-BFGS) take a few float64
+    # d-vectors; everything else here needs O(nnz + n) memory (nothing is quadratic in d)
+    solve = getattr(problem, "reg", "") == "l2" and getattr(problem, "loss_kind", "") == "logistic"
+    check_memory(
+        8.0 * d * (_LBFGS_VECTORS if solve else _WORKING_VECTORS),
+        f"evaluating f(x⁰){' and f*' if solve else ''} at d = {d:,}",
+        "the constants and step sizes alone need only O(nnz) memory: compute them with the Python "
+        "API (shrinkgrad.problems.rare_features, shrinkgrad.theory)",
+    )
     L_i = problem.L_i.double()
     const: dict[str, Any] = {
         "problem": getattr(problem, "spec", "") or problem.name,
