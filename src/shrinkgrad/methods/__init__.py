@@ -7,7 +7,7 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import delayed, ef, ef21, gd
+from . import delayed, diana, ef, ef21, ef21_plus, gd
 from .base import (
     METHODS,
     BoundMethod,
@@ -22,14 +22,17 @@ from .base import (
     weighted_sum,
 )
 from .delayed import IAG, DelayedDCGD
+from .diana import DIANA
 from .ef import EF
 from .ef21 import EF21
+from .ef21_plus import EF21Plus
 from .gd import DCGD, GD
 from .oracle import ProblemOracle
 from .stepsize import StepSize, parse_stepsize
 
 __all__ = [
     "DCGD",
+    "DIANA",
     "EF",
     "EF21",
     "GD",
@@ -39,6 +42,7 @@ __all__ = [
     "Config",
     "Constants",
     "DelayedDCGD",
+    "EF21Plus",
     "GradientOracle",
     "Message",
     "Method",
@@ -47,8 +51,10 @@ __all__ = [
     "StepSize",
     "Traffic",
     "delayed",
+    "diana",
     "ef",
     "ef21",
+    "ef21_plus",
     "gd",
     "make_method",
     "parse_stepsize",

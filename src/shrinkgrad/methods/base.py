@@ -574,6 +574,14 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
                 f"{reason}; the methods that run there: {', '.join(methods_for(runtime))}"
             )
 
+    @property
+    def identity_is_gd(self) -> bool:
+        """True when, with the identity compressor, this method produces gradient descent's
+        iterates at the same step size (design.md principle 10). A declared property: the method
+        contract suite (tests/methods/test_contract.py) checks it for every method that says so.
+        """
+        return False
+
     def client_weights(self, consts: Constants) -> torch.Tensor:
         """Reduction weight of every client: 1/n (the average), overridden by EF21-W (w_i)."""
         return torch.full((consts.n,), 1.0 / consts.n, dtype=torch.float64)

@@ -89,6 +89,11 @@ class DelayedDCGD(Method[HistState, Group]):
     def default_spec(self) -> str:
         return f"delayed_dcgd[tau={self.tau},model={self.model}]"
 
+    @property
+    def identity_is_gd(self) -> bool:
+        """τ = 0 is DCGD exactly, hence GD with the identity."""
+        return self.tau == 0
+
     def theory_formula(self) -> str:
         return "min{1/(L + 2ω L_max/n), 0.99·2/[L(1 + √(1 + 8τ(τ+1)))]} ([K18], (?))"
 

@@ -171,6 +171,11 @@ class EF21(Method[EF21Server, EF21Clients]):
     def partial(self) -> bool:
         return bool((self.p < 1).any())
 
+    @property
+    def identity_is_gd(self) -> bool:
+        """Exact gradients, everybody every round and g_i⁰ = ∇f_i(x⁰) (also C(∇f_i) with C = id)."""
+        return self.batch is None and not self.partial and self.init != "zero"
+
     def default_spec(self) -> str:
         name = "ef21" + ("_w" if self.weighted else "")
         params: list[str] = []
