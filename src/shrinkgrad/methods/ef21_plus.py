@@ -39,7 +39,7 @@ PlusRule = Literal["original", "reloaded"]
 
 @METHODS.register("ef21_plus")
 class EF21Plus(Method[EF21Server, EF21Clients]):
-    """EF21+ ([EF21], EF21+; the authors' ``bdfg_plus_*`` code): see the module docstring.
+    """EF21+ ([EF21]): each client keeps the nearer to ∇f_i of g_i + C(∇f_i − g_i) and C(∇f_i).
 
     Parameters
     ----------
