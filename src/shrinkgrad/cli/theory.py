@@ -97,6 +97,7 @@ def theory_report(
         "—",
         scaled,
     )
+    add("ef21_plus", T.stepsize_ef21_plus(L, Q, alpha), "[EF21] Thm 1 carries over", "D", scaled)
     if problem.mu is not None:
         add("ef21_pl", T.stepsize_ef21_pl(L, Q, alpha, problem.mu), "[EF21] Thm 2", "V")
         add("ef21w_pl", T.stepsize_ef21w_pl(L, A, alpha, problem.mu), "[EFR] appendix", "?")
@@ -130,6 +131,13 @@ def theory_report(
             T.stepsize_unbiased_single_optimal(L, omega),
             "descent lemma",
             "D",
+        )
+        add(
+            "diana",
+            T.stepsize_diana(L, Q, omega, n),
+            "derived; [DIANA], [HKMSR]",
+            "D",
+            f"α = 1/(1+ω) = {1.0 / (1.0 + omega):.4g}",
         )
         convex = getattr(problem, "reg", "") == "l2" or getattr(problem, "lam", 1.0) == 0.0
         if convex:

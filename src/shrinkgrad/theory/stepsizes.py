@@ -507,8 +507,8 @@ def stepsize_diana(
 ) -> float:
     """DIANA, smooth nonconvex f_i: γ = 2/(L + √(L² + 4K²)), K = √(ω/n) L_QM/(1 − √(1 − α)) (D).
 
-    The largest step of the following analysis (derived here; [HKMSR] Thm 4 gives DIANA's
-    nonconvex rate with the same dependence (1 + (1 + ω)√(ω/n)) L, its constants are (?)).
+    The largest step of the following analysis (derived here; the published nonconvex DIANA rate
+    of [HKMSR] has the same dependence (1 + (1 + ω)√(ω/n)) L, its constants are (?)).
     Assumptions: f L-smooth and bounded below by f^inf, f_i L_i-smooth, independent unbiased
     compressors with variance ω, α ≤ 1/(1 + ω) (:func:`diana_alpha`, default 1/(1 + ω)).
     DIANA: Δ_i = ∇f_i(x^k) − h_i, ĝ = h + (1/n) Σ Q_i(Δ_i), x^{k+1} = x^k − γĝ,
