@@ -28,8 +28,8 @@ from typing import Literal
 
 import torch
 
-from .base import METHODS, Config, GradientOracle, Init, Message, Method, Runtime, Traffic
-from .ef21 import EF21Clients, EF21Server
+from .base import METHODS, Config, GradientOracle, Init, Message, Runtime, Traffic
+from .ef21 import EF21, EF21Clients, EF21Server
 from .stepsize import theory_function
 
 __all__ = ["EF21Plus"]
@@ -38,7 +38,7 @@ PlusRule = Literal["original", "reloaded"]
 
 
 @METHODS.register("ef21_plus")
-class EF21Plus(Method[EF21Server, EF21Clients]):
+class EF21Plus(EF21):
     """EF21+ ([EF21]): each client keeps the nearer to ∇f_i of g_i + C(∇f_i − g_i) and C(∇f_i).
 
     Parameters
@@ -50,29 +50,20 @@ class EF21Plus(Method[EF21Server, EF21Clients]):
         or ``reloaded`` 1/(L + L_AM ξ(α)) ([EFR] Thm 3); both carry over from EF21 (D).
 
     Needs a contractive compressor. Bits: the compressed message actually sent plus one flag bit
-    (``up``); the papers' convention (``up_paper``) counts the message only.
+    (``up``); the papers' convention (``up_paper``) counts the message only. Everything but the
+    client step (initialisation, x^{t+1} = x^t − γg^t, g ← g + aggregate) is EF21's.
     """
 
-    requires = "contractive"
-
     def __init__(self, init: Init = "full", rule: PlusRule = "original") -> None:
-        if init not in ("full", "compressed", "zero"):
-            raise ValueError(f"ef21_plus: init must be full, compressed or zero, got {init!r}")
         if rule not in ("original", "reloaded"):
             raise ValueError(f"ef21_plus: rule must be original or reloaded, got {rule!r}")
-        self.init = init
-        self.rule = rule
+        super().__init__(init=init, rule=rule)
 
     def default_spec(self) -> str:
         params = [] if self.init == "full" else [f"init={self.init}"]
         if self.rule != "original":
             params.append(f"rule={self.rule}")
         return "ef21_plus" + (f"[{','.join(params)}]" if params else "")
-
-    @property
-    def identity_is_gd(self) -> bool:
-        """With the identity both estimators equal ∇f_i: GD, unless g_i⁰ = 0 delays it a round."""
-        return self.init != "zero"
 
     def unsupported(self, runtime: Runtime) -> str | None:
         if runtime == "hook":
@@ -82,6 +73,8 @@ class EF21Plus(Method[EF21Server, EF21Clients]):
             )
         if runtime == "ps":
             return "ef21_plus has no analysis with stale messages (asynchronous parameter server)"
+        if runtime in ("simulator", "runner"):
+            return None
         return super().unsupported(runtime)
 
     def theory_formula(self) -> str:
@@ -90,36 +83,11 @@ class EF21Plus(Method[EF21Server, EF21Clients]):
         return "1/(L + L_QM ξ(α)) (stepsize_ef21_plus: [EF21] Thm 1 carries over, D)"
 
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
-        c = cfg.constants
-        L = c.smoothness()[0]
         if self.rule == "reloaded":
-            gamma = theory_function("stepsize_ef21_reloaded")(L, c.L_AM, cfg.alpha)
-            return float(gamma), "stepsize_ef21_reloaded"
-        return float(theory_function("stepsize_ef21_plus")(L, c.L_QM, cfg.alpha)), (
-            "stepsize_ef21_plus"
-        )
-
-    # -- the parts ----------------------------------------------------------------------------
-    def init_clients(
-        self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
-    ) -> tuple[EF21Clients, Message]:
-        m = ids.numel()
-        if self.init == "zero":
-            g = torch.zeros(m, cfg.d, dtype=cfg.dtype, device=cfg.device)
-            return EF21Clients(ids, g), Message(None, None, cfg.no_traffic(m))
-        grads = oracle.grads(x0, ids)
-        if self.init == "full":
-            return EF21Clients(ids, grads), cfg.message(grads, ids, cfg.dense_traffic(m))
-        c = cfg.compress(grads, ids, 0)
-        return EF21Clients(ids, c), cfg.message(c, ids, cfg.compressed_traffic(c))
-
-    def init_server(
-        self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
-    ) -> EF21Server:
-        return EF21Server(x0, torch.zeros_like(x0) if aggregate is None else aggregate)
-
-    def server_pre(self, cfg: Config, server: EF21Server, r: int) -> EF21Server:
-        return EF21Server(server.x - cfg.stepsize * server.g, server.g)
+            return super().theory_stepsize(cfg)  # stepsize_ef21_reloaded
+        c = cfg.constants
+        gamma = theory_function("stepsize_ef21_plus")(c.smoothness()[0], c.L_QM, cfg.alpha)
+        return float(gamma), "stepsize_ef21_plus"
 
     def client_step(
         self, cfg: Config, server: EF21Server, clients: EF21Clients, oracle: GradientOracle, r: int
@@ -136,9 +104,3 @@ class EF21Plus(Method[EF21Server, EF21Clients]):
         t = cfg.compressed_traffic(sent)
         flag = Traffic(t.up + 1.0, t.up_paper, t.down)  # one bit: which estimator
         return EF21Clients(ids, g_new), cfg.message(g_new - g, ids, flag)
-
-    def server_post(
-        self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int
-    ) -> EF21Server:
-        assert aggregate is not None
-        return EF21Server(server.x, server.g + aggregate)
