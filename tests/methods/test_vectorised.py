@@ -1,7 +1,7 @@
 """The vectorised steps equal per-client loops, and EF21's in-place path changes nothing.
 
 That the client step runs on any group of clients (the distributed runtime's contract) is part
-of the method contract suite, test_contract.py, for every registered method.
+of the method contract suite, test_method_contract.py, for every registered method.
 """
 
 from __future__ import annotations

@@ -578,7 +578,7 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
     def identity_is_gd(self) -> bool:
         """True when, with the identity compressor, this method produces gradient descent's
         iterates at the same step size (design.md principle 10). A declared property: the method
-        contract suite (tests/methods/test_contract.py) checks it for every method that says so.
+        contract suite (tests/methods/test_method_contract.py) checks it wherever it is True.
         """
         return False
 
