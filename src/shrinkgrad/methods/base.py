@@ -452,8 +452,10 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         """Fix the problem constants, compressor, step size and seed of a run.
 
         ``stepsize`` is a positive number, ``"theory"`` (the rule of methods.md §4 for this
-        method, resolved from the problem's and compressor's constants), or ``"theory*m"``
-        (m times the theory step). ``compressor`` defaults to ``identity``.
+        method, resolved from the problem's and compressor's constants), ``"theory*m"``
+        (m times the theory step), ``"theory(other)*m"`` (m times another method's theory step)
+        or ``"c/L"`` (also ``L_AM``, ``L_QM``, ``L_max``): the grammar of
+        :mod:`shrinkgrad.methods.stepsize`. ``compressor`` defaults to ``identity``.
         """
         method = self.for_problem(problem, stepsize)
         consts = problem if isinstance(problem, Constants) else Constants.of(problem)
@@ -489,7 +491,16 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
             weights=weights,
         )
         spec = parse_stepsize(stepsize)
-        if spec.theory:
+        if spec.of is not None:  # "theory(other)*m": another method's rule on this problem
+            other = make_method(spec.of).bind(
+                problem, comp, "theory", seed, dtype=dt, device=dev, wire_dtype=wire_dtype
+            )
+            gamma = other.cfg.stepsize * spec.multiplier
+            times = f"*{spec.multiplier:g}" if spec.multiplier != 1.0 else ""
+            rule = f"{other.cfg.stepsize_rule}{times} of {other.method.name}"
+        elif spec.over is not None:  # "c/L"
+            gamma, rule = spec.value / spec.constant(consts), str(spec)
+        elif spec.theory:
             if not consts.known:
                 raise UnknownConstantError(f"{method.name}: {UNKNOWN_L}")
             gamma, rule = method.theory_stepsize(cfg)

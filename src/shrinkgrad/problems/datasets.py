@@ -290,8 +290,8 @@ def _number(tok: bytes) -> float | None:
         return None
 
 
-#: the largest feature index scikit-learn's svmlight reader can hold (int32)
-_MAX_INDEX = 2**31 - 1
+#: the largest feature index the sparse loader can hold (int32 indices)
+_MAX_INDEX = 2**31 - 2
 
 
 def _check_line(raw: bytes, n_features: int | None) -> str | None:
@@ -328,10 +328,7 @@ def _check_line(raw: bytes, n_features: int | None) -> str | None:
         if idx <= prev:
             return f"token {k} {tok!r}: feature indices must be increasing (after {prev})"
         if idx > _MAX_INDEX:
-            return (
-                f"token {k} {tok!r}: feature index {idx} exceeds {_MAX_INDEX}, the largest index "
-                "the LIBSVM reader (scikit-learn, 32-bit indices) supports"
-            )
+            return f"token {k} {tok!r}: feature index {idx} is too large (at most {_MAX_INDEX})"
         if n_features is not None and idx > n_features:
             return f"token {k} {tok!r}: feature index {idx} exceeds n_features={n_features}"
         value = _number(val_s.encode())
