@@ -91,7 +91,7 @@ def test_a_resumed_sweep_counts_resumed_runs_apart_from_new_ones(
 ) -> None:
     from shrinkgrad.experiments.execute import execute_run
 
-    monkeypatch.setattr(execute_run, "__defaults__", (0.0,))  # a progress event every log row
+    monkeypatch.setattr(execute_run, "__defaults__", (0.0, None))  # a progress event every log row
     cfg = loads_config(CHECKPOINTED)
     runs = expand(cfg)
 

@@ -7,7 +7,8 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import delayed, diana, ef, ef21, ef21_plus, gd
+from . import asynchronous, delayed, diana, ef, ef21, ef21_plus, gd
+from .asynchronous import Asynchronous
 from .base import (
     METHODS,
     BoundMethod,
@@ -38,6 +39,7 @@ __all__ = [
     "GD",
     "IAG",
     "METHODS",
+    "Asynchronous",
     "BoundMethod",
     "Config",
     "Constants",
@@ -50,6 +52,7 @@ __all__ = [
     "State",
     "StepSize",
     "Traffic",
+    "asynchronous",
     "delayed",
     "diana",
     "ef",
