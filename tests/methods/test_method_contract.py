@@ -211,6 +211,20 @@ def test_client_groups_with_reduction_equal_full_batch(spec: str, groups: list[l
             for name in ref.server._fields:
                 _close(getattr(mine.server, name), getattr(ref.server, name), f"round {r} {name}")
             assert torch.equal(mine.clients.ids, torch.tensor(g))
-            for name in ref.clients._fields[1:]:  # the clients' rows of the full batch
-                ours, theirs = getattr(mine.clients, name), getattr(ref.clients, name)
-                _close(ours, theirs[torch.tensor(g)], f"round {r} clients.{name}")
+            _same_rows(mine.clients, ref.clients, torch.tensor(g), p5.n, f"round {r} clients")
+
+
+def _same_rows(ours: Any, theirs: Any, g: torch.Tensor, n: int, what: str) -> None:
+    """A group's client state holds the full batch's rows of its clients: a field with one row per
+    client of the group equals those rows; one with a row per client of the problem (a memory
+    the method keeps for all n) agrees on them; nested states are compared field by field."""
+    if ours is None or theirs is None:
+        assert ours is None and theirs is None, f"{what}: None in one state only"
+    elif isinstance(theirs, tuple) and hasattr(theirs, "_fields"):
+        for name in theirs._fields:
+            _same_rows(getattr(ours, name), getattr(theirs, name), g, n, f"{what}.{name}")
+    elif isinstance(theirs, torch.Tensor) and theirs.ndim >= 1 and theirs.shape[0] == n:
+        mine = ours if ours.shape[0] == g.numel() else ours[g]
+        _close(mine, theirs[g], what)
+    else:
+        raise AssertionError(f"{what}: a client-state field that is not per client: {theirs!r}")
