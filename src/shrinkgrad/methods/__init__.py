@@ -7,7 +7,7 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import asynchronous, delayed, diana, ef, ef21, ef21_plus, gd
+from . import asynchronous, delayed, diana, ef, ef21, ef21_plus, ef21_sgdm, gd
 from .asynchronous import Asynchronous
 from .base import (
     METHODS,
@@ -27,6 +27,7 @@ from .diana import DIANA
 from .ef import EF
 from .ef21 import EF21
 from .ef21_plus import EF21Plus
+from .ef21_sgdm import EF21SGDM, ClientMomentum
 from .gd import DCGD, GD
 from .oracle import ProblemOracle
 from .stepsize import StepSize, parse_stepsize
@@ -36,11 +37,13 @@ __all__ = [
     "DIANA",
     "EF",
     "EF21",
+    "EF21SGDM",
     "GD",
     "IAG",
     "METHODS",
     "Asynchronous",
     "BoundMethod",
+    "ClientMomentum",
     "Config",
     "Constants",
     "DelayedDCGD",
@@ -58,6 +61,7 @@ __all__ = [
     "ef",
     "ef21",
     "ef21_plus",
+    "ef21_sgdm",
     "gd",
     "make_method",
     "parse_stepsize",

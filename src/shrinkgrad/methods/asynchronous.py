@@ -127,9 +127,11 @@ class WireConfig(Config):
         fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config) if f.init}
         return cls(**fields)
 
-    def compress(self, x: torch.Tensor, ids: torch.Tensor, round: int) -> torch.Tensor:
+    def compress(
+        self, x: torch.Tensor, ids: torch.Tensor, round: int, *, sent_only: bool = False
+    ) -> torch.Tensor:
         raw = x.to(self.wire_dtype)
-        out = super().compress(raw, ids, round)
+        out = super().compress(raw, ids, round, sent_only=sent_only)
         self.calls.append(_Call(raw, int(round), out))
         return out.to(self.dtype)
 

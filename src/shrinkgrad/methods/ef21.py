@@ -344,7 +344,8 @@ class EF21(Method[EF21Server, EF21Clients]):
     def _targets(
         self, cfg: Config, x: torch.Tensor, ids: torch.Tensor, oracle: GradientOracle, r: int
     ) -> torch.Tensor:
-        """s_i ∇̂f_i(x) for the clients ``ids``: exact or minibatch gradients, scaled for EF21-W."""
+        """s_i ∇̂f_i(x) for the clients ``ids``: exact or minibatch gradients, scaled for EF21-W
+        (in place when the runtime owns the state and the oracle's result is the caller's)."""
         if self.batch is None or r == 0:
             grads = oracle.grads(x, ids)
         else:
@@ -353,7 +354,11 @@ class EF21(Method[EF21Server, EF21Clients]):
             keys = cfg.keys("minibatch", ids, r)
             grads = oracle.stoch_grads(x, ids, b, keys)
         scale = self._scale(cfg, ids)
-        return grads if scale is None else grads * scale
+        if scale is None:
+            return grads
+        if cfg.inplace and bool(getattr(oracle, "fresh", False)):
+            return grads.mul_(scale)
+        return grads * scale
 
     def init_clients(
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
@@ -395,7 +400,11 @@ class EF21(Method[EF21Server, EF21Clients]):
             # results, or the scaled copy of EF21-W): one (n, d) buffer less per round
             owned = self.weighted or bool(getattr(oracle, "fresh", False))
             c, g_new = ef21_update(
-                g, target, lambda p: cfg.compress(p, ids, r), scratch=target if owned else None
+                g,
+                target,
+                lambda p: cfg.compress(p, ids, r),
+                inplace=cfg.inplace,
+                scratch=target if owned else cfg.scratch(target),
             )
             return EF21Clients(ids, g_new), cfg.message(c, ids, cfg.compressed_traffic(c))
         c = torch.zeros_like(g)
@@ -409,10 +418,16 @@ class EF21(Method[EF21Server, EF21Clients]):
         self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int
     ) -> EF21Server:
         assert aggregate is not None
-        return EF21Server(server.x, server.g + aggregate)
+        g = server.g.add_(aggregate) if cfg.inplace else server.g + aggregate
+        return EF21Server(server.x, g)
 
-    # -- asynchronous: c_i computed at a stale x; the server mirrors g_i (no theory) ------------
-    async_memory = True
+    def server_direction(
+        self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int
+    ) -> tuple[EF21Server, torch.Tensor]:
+        """g^r = g^{r−1} + Σ w_i c_i (:meth:`server_post`); the next ``server_pre`` moves x by
+        −γ g^r, so the direction is g^r itself (no arithmetic on x)."""
+        post = self.server_post(cfg, server, aggregate, r)
+        return post, post.g
 
     def unsupported(self, runtime: Runtime) -> str | None:
         if runtime == "ps":
@@ -422,7 +437,23 @@ class EF21(Method[EF21Server, EF21Clients]):
                     "server every arrival takes part (use the method without _pp)"
                 )
             return None
-        return super().unsupported(runtime)
+        if runtime != "hook":
+            return super().unsupported(runtime)
+        if self.batch is not None:
+            return (
+                f"{self.name} samples minibatches through the problem's oracle; in a DDP hook the "
+                "gradient is the one backward computed (use ef21 or ef21_w: their gradient is "
+                "then the training loop's minibatch gradient)"
+            )
+        if self.partial:
+            return (
+                f"{self.name}: partial participation is not implemented in the DDP hook (every "
+                "rank takes part in every collective)"
+            )
+        return None
+
+    # -- asynchronous: c_i computed at a stale x; the server mirrors g_i (no theory) ------------
+    async_memory = True
 
     def async_receive(
         self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor, sent: torch.Tensor

@@ -5,7 +5,7 @@ source and validates its input. Formulas marked (?) in methods.md are all in
 :mod:`shrinkgrad.theory.stepsizes` and say so in their docstrings.
 
 * :mod:`~shrinkgrad.theory.constants`: L_AM, L_QM, L_max, L_var, EF21-W weights, θ(α), β(α), ξ(α);
-* :mod:`~shrinkgrad.theory.stepsizes`: EF21 (original, reloaded/EF21-W, PL, PP, SGD), EF21+,
+* :mod:`~shrinkgrad.theory.stepsizes`: EF21 (original, reloaded/EF21-W, PL, PP, SGD, SGDM), EF21+,
   rare features, delayed gradients, single-node unbiased compression, DCGD, DIANA;
 * :mod:`~shrinkgrad.theory.complexity`: predicted rounds and bits to reach ‖∇f‖² ≤ ε.
 """
@@ -30,6 +30,7 @@ from .stepsizes import (
     stepsize_ef21_pp,
     stepsize_ef21_reloaded,
     stepsize_ef21_sgd,
+    stepsize_ef21_sgdm,
     stepsize_ef21w,
     stepsize_ef21w_pl,
     stepsize_ef21w_pp,
@@ -65,6 +66,7 @@ __all__ = [
     "stepsize_ef21_pp",
     "stepsize_ef21_reloaded",
     "stepsize_ef21_sgd",
+    "stepsize_ef21_sgdm",
     "stepsize_ef21w",
     "stepsize_ef21w_pl",
     "stepsize_ef21w_pp",

@@ -42,6 +42,7 @@ __all__ = [
     "stepsize_ef21_pp",
     "stepsize_ef21_reloaded",
     "stepsize_ef21_sgd",
+    "stepsize_ef21_sgdm",
     "stepsize_ef21w",
     "stepsize_ef21w_pl",
     "stepsize_ef21w_pp",
@@ -388,6 +389,30 @@ def stepsize_ef21w_sgd(
     a = check_alpha(alpha)
     v = ef21_sgd_nu(a, sigma2) if nu is None else check_nonnegative("nu", nu)
     return _inverse(L_ + A * xi(_alpha_nu(a, v)), "stepsize_ef21w_sgd")
+
+
+def stepsize_ef21_sgdm(
+    L: SupportsFloat, L_QM: SupportsFloat, alpha: SupportsFloat, eta: SupportsFloat
+) -> float:
+    """EF21-SGDM: γ = min{α/(20 L_QM), η/(7L)} ([FTR23] Thm 3, (?)).
+
+    [FTR23] Fatkhullin, Tyurin, Richtárik, *Momentum Provably Improves Error Feedback!*,
+    NeurIPS 2023, Alg. 1: v_i ← (1 − η) v_i + η ∇f_i(x, ξ_i), then EF21 on v_i (the method
+    ``ef21_sgdm[beta]`` with η = 1 − β). Its main theorem allows any γ up to
+    min{α/(20 L̃), η/(7L)} with L̃ = L_QM, under smoothness and bounded variance, and then tunes η
+    to the noise (η = 1 for exact gradients). (?) The constants 20 and 7 are the ones of the
+    theorem as we read it; the text available here (the abstract) could not confirm them, so the
+    rule is marked unconfirmed, like the others of this module that methods.md marks (?). The
+    rule is conservative: for α = η = 1 it is min{1/(20 L_QM), 1/(7L)}, far below GD's 1/L.
+    """
+    L_, Q = check_positive("L", L), check_positive("L_QM", L_QM)
+    a = check_alpha(alpha)
+    e = check_positive("eta", eta)
+    if e > 1.0:
+        raise ValueError(
+            f"eta (= 1 − beta, the momentum weight of the new gradient) must be in (0, 1], got {e}"
+        )
+    return min(a / (20.0 * Q), e / (7.0 * L_))
 
 
 def ef21_sgd_noise_floor(
