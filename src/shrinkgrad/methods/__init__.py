@@ -7,7 +7,7 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import asynchronous, delayed, ef, ef21, ef21_sgdm, gd
+from . import asynchronous, delayed, diana, ef, ef21, ef21_plus, ef21_sgdm, gd
 from .asynchronous import Asynchronous
 from .base import (
     METHODS,
@@ -23,8 +23,10 @@ from .base import (
     weighted_sum,
 )
 from .delayed import IAG, DelayedDCGD
+from .diana import DIANA
 from .ef import EF
 from .ef21 import EF21
+from .ef21_plus import EF21Plus
 from .ef21_sgdm import EF21SGDM, ClientMomentum
 from .gd import DCGD, GD
 from .oracle import ProblemOracle
@@ -32,6 +34,7 @@ from .stepsize import StepSize, parse_stepsize
 
 __all__ = [
     "DCGD",
+    "DIANA",
     "EF",
     "EF21",
     "EF21SGDM",
@@ -44,6 +47,7 @@ __all__ = [
     "Config",
     "Constants",
     "DelayedDCGD",
+    "EF21Plus",
     "GradientOracle",
     "Message",
     "Method",
@@ -53,8 +57,10 @@ __all__ = [
     "Traffic",
     "asynchronous",
     "delayed",
+    "diana",
     "ef",
     "ef21",
+    "ef21_plus",
     "ef21_sgdm",
     "gd",
     "make_method",

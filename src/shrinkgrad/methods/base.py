@@ -613,6 +613,14 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
                 f"{reason}; the methods that run there: {', '.join(methods_for(runtime))}"
             )
 
+    @property
+    def identity_is_gd(self) -> bool:
+        """True when, with the identity compressor, this method produces gradient descent's
+        iterates at the same step size (design.md principle 10). A declared property: the method
+        contract suite (tests/methods/test_method_contract.py) checks it wherever it is True.
+        """
+        return False
+
     # -- runtimes that own the iterate (the DDP hook) ------------------------------------------
     # A DDP hook does not hold x: the optimizer moves the model. Methods whose server moves x as
     # x ← x − γ·D (interface 2 of the hook contract) run there in a frame that moves with the

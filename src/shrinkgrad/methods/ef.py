@@ -37,6 +37,11 @@ class EF(Method[XState, EFClients]):
     #: aggregate as the direction: a runtime may pass SparseMessages (the DDP hook)
     sparse_messages = True
 
+    @property
+    def identity_is_gd(self) -> bool:
+        """C = identity keeps e_i = 0, so x^{t+1} = x^t − (1/n) Σ γ∇f_i(x^t)."""
+        return True
+
     def theory_formula(self) -> str:
         return "none in methods.md §4: pass a number"
 

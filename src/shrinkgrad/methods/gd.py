@@ -66,6 +66,10 @@ class _GradientStep(Method[XState, Group]):
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         return dcgd_theory(cfg)
 
+    @property
+    def identity_is_gd(self) -> bool:
+        return True
+
     def init_clients(
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
     ) -> tuple[Group, Message]:
