@@ -7,6 +7,7 @@ file; one that declares hook support but does not follow the simulator fails her
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -16,7 +17,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from shrinkgrad.distributed import CompressionState, compression_hook, spawn
 from shrinkgrad.methods import METHODS, ClientMomentum, ProblemOracle, make_method
-from shrinkgrad.methods.base import Constants, Method, State, UnknownConstantError, methods_for
+from shrinkgrad.methods.base import (
+    Config,
+    Constants,
+    Method,
+    State,
+    UnknownConstantError,
+    methods_for,
+)
+from shrinkgrad.methods.rules import SparseMessage
 from shrinkgrad.problems import load, logistic_regression, resolve_split
 from shrinkgrad.sim import simulate
 
@@ -162,3 +171,84 @@ def test_server_direction_equals_post_then_pre(label: str) -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
     assert fast_server.x is x  # x stays the zero displacement
     assert float(fast.norm()) > 0
+
+
+# --------------------------------------------------------------------------------------------
+# the sparse path: a method that declares sparse_messages takes SparseMessages
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, eq=False)
+class _SparseConfig(Config):
+    """The hook's sparse path in miniature: ``compress`` hands back C(x) as a SparseMessage."""
+
+    def compress(
+        self, x: torch.Tensor, ids: torch.Tensor, round: int, *, sent_only: bool = False
+    ) -> torch.Tensor:
+        c = super().compress(x, ids, round, sent_only=sent_only)
+        kept = c.reshape(-1).nonzero().reshape(-1)
+        return SparseMessage(kept, c.reshape(-1)[kept], tuple(c.shape))  # type: ignore[return-value]
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return value._replace(**{k: _copy(getattr(value, k)) for k in value._fields})
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _dense(value: Any) -> Any:
+    return value.dense() if isinstance(value, SparseMessage) else value
+
+
+def _rows(value: Any, ids: torch.Tensor) -> Any:
+    """A client state restricted to the clients at positions ``ids`` (every tensor field)."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return value._replace(**{k: _rows(getattr(value, k), ids) for k in value._fields})
+    if isinstance(value, torch.Tensor) and value.ndim:
+        return value[ids].clone()
+    return value
+
+
+@pytest.mark.parametrize("label", [c[0] for c in _cases() if c[1].sparse_messages])
+def test_sparse_messages_give_the_dense_results(label: str) -> None:
+    """``sparse_messages`` promises that C(p) only reaches the rules of methods.rules, the
+    Message and the server's additions: one client's round (in place, as in the hook) and the
+    server's direction with SparseMessages equal the dense ones (a kept coordinate x_j ± c_j,
+    the others x_j)."""
+    method, compressor = next((m, c) for lab, m, c in _cases() if lab == label)
+    problem = logistic_regression("a1a", n_clients=3, lam=LAM)
+    bound = method.bind(problem, compressor, 1.0)
+    oracle = ProblemOracle(problem)
+    state, _ = bound.init(problem.x0(), oracle)
+    for _ in range(3):
+        state, _ = bound.step(state, oracle)
+    base = {
+        f.name: getattr(bound.cfg, f.name)
+        for f in dataclasses.fields(Config)
+        if not f.name.startswith("_")
+    }
+    r, ids = state.round + 1, torch.tensor([1])
+    x = torch.zeros(problem.d, dtype=torch.float64)
+    results = []
+    for cfg in (Config(**{**base, "inplace": True}), _SparseConfig(**{**base, "inplace": True})):
+        server = method.server_pre(cfg, _copy(state.server), r)._replace(x=x)
+        clients, msg = method.client_step(cfg, server, _rows(state.clients, ids), oracle, r)
+        assert msg.values is not None and msg.weights is not None
+        values, w = msg.values, float(msg.weights[0])
+        assert isinstance(values, SparseMessage) == isinstance(cfg, _SparseConfig)
+        if isinstance(values, SparseMessage):
+            agg: Any = SparseMessage(values.indices, values.values * w, values.shape)
+        else:
+            agg = (w * values).reshape(-1)
+        new_server, direction = method.server_direction(cfg, server, agg, r)
+        results.append((clients, _dense(values), new_server, _dense(direction)))
+    (c1, m1, s1, d1), (c2, m2, s2, d2) = results
+    assert torch.equal(m1.reshape(-1), m2.reshape(-1))
+    torch.testing.assert_close(d1.reshape(-1), d2.reshape(-1), rtol=0, atol=1e-15)
+    for a, b in zip(_leaves_of(c1) + _leaves_of(s1), _leaves_of(c2) + _leaves_of(s2), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-15)
+    assert float(d1.norm()) > 0
+
+
+def _leaves_of(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return [t for k in value._fields for t in _leaves_of(getattr(value, k))]
+    return [value] if isinstance(value, torch.Tensor) else []
