@@ -46,6 +46,7 @@ __all__ = [
     "NON_FINITE",
     "OK",
     "OVERFLOW",
+    "bernoulli_pairs",
     "bernoulli_rows",
     "bucket_by_chunk",
     "copy_rows",
@@ -249,29 +250,6 @@ def row_stats(  # pragma: no cover - compiled
 # stochastic rounding decisions
 # --------------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
-def _round_up(
-    frac: float, byte: np.uint64, e0: np.uint64, e1: np.uint64, j: int
-) -> bool:  # pragma: no cover
-    """True with probability ``frac`` (to 2⁻⁷²): 8 bits first, 32 + 32 more only on ties."""
-    t = frac * 256.0
-    tb = math.floor(t)
-    b = float(byte)
-    if b < tb:
-        return True
-    if b > tb:
-        return False
-    t2 = (t - tb) * _TWO32
-    w1 = float(bits32(e0, e1, np.uint64(2 * j)))
-    tb2 = math.floor(t2)
-    if w1 < tb2:
-        return True
-    if w1 > tb2:
-        return False
-    w2 = float(bits32(e0, e1, np.uint64(2 * j + 1)))
-    return w2 < (t2 - tb2) * _TWO32
-
-
-@njit(cache=True, inline="always")
 def _tie_up(t: float, tb: float, e0: np.uint64, e1: np.uint64, j: int) -> bool:  # pragma: no cover
     """The rare branch of the draw: the byte equalled ⌊256 f⌋ = tb (t = 256 f)."""
     t2 = (t - tb) * _TWO32
@@ -359,7 +337,7 @@ def _bernoulli_block(  # pragma: no cover - compiled
 ) -> None:
     zero = xs.dtype.type(0.0)
     for i in range(xs.size):
-        v = xs[i] * sc
+        v = xs[i] * sc + zero  # a kept −0.0 becomes +0.0: the message omits kept zeros
         bi = np.int32(byts[i])
         flags[i] = np.uint8(bi == ti) | (np.uint8((v - v) != 0) << np.uint8(1))
         os[i] = v if bi < ti else zero
@@ -1439,6 +1417,7 @@ def bernoulli_rows(  # pragma: no cover - compiled
     Same layout as :func:`round_rows`; the flags also mark non-finite inputs and kept values
     whose scaling overflows."""
     d = x2.shape[1]
+    dt = x2.dtype.type
     sc = scale[0]
     t = p * 256.0
     ti = np.int32(math.floor(t))
@@ -1459,13 +1438,68 @@ def bernoulli_rows(  # pragma: no cover - compiled
             f = flags[i]
             if f:
                 if f & 1 and _tie_up(t, float(ti), lo2[r], hi2[r], j0 + i):
-                    os[i] = xs[i] * sc
+                    os[i] = xs[i] * sc + dt(0.0)
                 if f & 2:
                     xv = xs[i]
                     if (xv - xv) != 0:
                         st = NON_FINITE
                     elif os[i] != 0 and st == OK:
                         st = OVERFLOW
+        status[w] = st
+
+
+@njit(cache=True, nogil=True)
+def bernoulli_pairs(  # pragma: no cover - compiled
+    x2: np.ndarray,
+    p: float,
+    scale: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    lo2: np.ndarray,
+    hi2: np.ndarray,
+    counts: np.ndarray,
+    starts: np.ndarray,
+    idx: np.ndarray,
+    vals: np.ndarray,
+    fill: bool,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """The (index, value) pairs of :func:`bernoulli_rows` for one vector (``x2``: (1, d)),
+    without a dense output: the same draws decide which x_j are kept, and the kept non-zero
+    x_j · scale[0] are either counted per chunk (``fill`` False: ``counts[w]``) or written from
+    ``starts[w]`` on (``fill`` True, after a prefix sum of the counts). Statuses as there."""
+    d = x2.shape[1]
+    sc = scale[0]
+    t = p * 256.0
+    ti = np.int32(math.floor(t))
+    words = np.empty(CHUNK // 4, dtype=np.uint32)
+    byts = words.view(np.uint8)
+    for w in range(w0, w1):
+        j0 = w * CHUNK
+        m = min(d, j0 + CHUNK) - j0
+        xs = x2[0, j0 : j0 + m]
+        fill_words(lo[0], hi[0], j0 // 4, words[: (m + 3) // 4])
+        st = OK
+        o = starts[w] if fill else 0
+        for i in range(m):
+            xv = xs[i]
+            if (xv - xv) != 0:
+                st = NON_FINITE
+                continue
+            bi = np.int32(byts[i])
+            if bi < ti or (bi == ti and _tie_up(t, float(ti), lo2[0], hi2[0], j0 + i)):
+                v = xv * sc
+                if v != 0:
+                    if not (abs(v) < np.inf) and st == OK:
+                        st = OVERFLOW
+                    if fill:
+                        idx[o] = j0 + i
+                        vals[o] = v
+                    o += 1
+        if not fill:
+            counts[w] = o
         status[w] = st
 
 

@@ -14,10 +14,12 @@ __all__ = ["EF", "EFClients"]
 
 
 class EFClients(NamedTuple):
-    """Client state of EF: the error (memory) e_i of every client of the group, (m, d)."""
+    """Client state of EF: the error (memory) e_i of every client of the group, (m, d), and
+    the state of a stateful compressor (PowerSGD's previous Q; None for the others)."""
 
     ids: torch.Tensor
     e: torch.Tensor
+    compressor_state: torch.Tensor | None = None
 
 
 @METHODS.register("ef")
@@ -31,6 +33,7 @@ class EF(Method[XState, EFClients]):
     """
 
     requires = "contractive"
+    carries_compressor_state = True
 
     def theory_formula(self) -> str:
         return "none in methods.md §4: pass a number"
@@ -45,7 +48,8 @@ class EF(Method[XState, EFClients]):
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
     ) -> tuple[EFClients, Message]:
         e = torch.zeros(ids.numel(), cfg.d, dtype=cfg.dtype, device=cfg.device)
-        return EFClients(ids, e), Message(None, None, cfg.no_traffic(ids.numel()))
+        cs = cfg.compressor_state(e, ids)
+        return EFClients(ids, e, cs), Message(None, None, cfg.no_traffic(ids.numel()))
 
     def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
         return XState(x0)
@@ -55,8 +59,9 @@ class EF(Method[XState, EFClients]):
     ) -> tuple[EFClients, Message]:
         ids = clients.ids
         update = cfg.stepsize * oracle.grads(server.x, ids)
-        v, e = ef_update(clients.e, update, lambda p: cfg.compress(p, ids, r))
-        return EFClients(ids, e), cfg.message(v, ids, cfg.compressed_traffic(v))
+        comp = cfg.compressing(ids, r, clients.compressor_state)
+        v, e = ef_update(clients.e, update, comp)
+        return EFClients(ids, e, comp.state), cfg.message(v, ids, cfg.compressed_traffic(v))
 
     def server_post(
         self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int
