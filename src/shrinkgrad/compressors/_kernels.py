@@ -49,8 +49,10 @@ __all__ = [
     "bernoulli_pairs",
     "bernoulli_rows",
     "bucket_by_chunk",
+    "check_rows",
     "copy_rows",
     "dither_rows",
+    "lazy_rows",
     "natural_rows",
     "randk_block",
     "randk_indices",
@@ -1357,6 +1359,84 @@ def _zero_check_block(xs: np.ndarray, os: np.ndarray) -> bool:  # pragma: no cov
 
 
 @njit(cache=True)
+def _check_block(xs: np.ndarray) -> bool:  # pragma: no cover - compiled
+    """Whether xs holds inf or nan, in one vectorizable pass (four interleaved streams)."""
+    q = xs.size // 4
+    b0 = b1 = b2 = b3 = np.uint8(0)
+    for i in range(q):
+        v0 = xs[i]
+        v1 = xs[q + i]
+        v2 = xs[2 * q + i]
+        v3 = xs[3 * q + i]
+        b0 |= np.uint8((v0 - v0) != 0)
+        b1 |= np.uint8((v1 - v1) != 0)
+        b2 |= np.uint8((v2 - v2) != 0)
+        b3 |= np.uint8((v3 - v3) != 0)
+    for i in range(4 * q, xs.size):
+        v0 = xs[i]
+        b0 |= np.uint8((v0 - v0) != 0)
+    return bool((b0 | b1 | b2 | b3) != 0)
+
+
+@njit(cache=True, nogil=True)
+def check_rows(  # pragma: no cover - compiled
+    x2: np.ndarray, w0: int, w1: int, status: np.ndarray
+) -> None:
+    """NON_FINITE for a chunk holding inf or nan: the finiteness check of the contract, alone
+    (the sparse forms read x once, for this, and write O(k))."""
+    d = x2.shape[1]
+    nch = (d + CHUNK - 1) // CHUNK
+    for w in range(w0, w1):
+        r = w // nch
+        j0 = (w % nch) * CHUNK
+        status[w] = NON_FINITE if _check_block(x2[r, j0 : min(d, j0 + CHUNK)]) else OK
+
+
+@njit(cache=True)
+def _scale_check_block(  # pragma: no cover - compiled
+    xs: np.ndarray, sc: float, os: np.ndarray
+) -> int:
+    """os = xs · sc + 0 (signed zeros become +0), the status of the chunk."""
+    zero = os.dtype.type(0.0)
+    bad = np.uint8(0)
+    over = np.uint8(0)
+    for i in range(xs.size):
+        xv = xs[i]
+        v = xv * sc + zero
+        bad |= np.uint8((xv - xv) != 0)
+        over |= np.uint8((v - v) != 0)
+        os[i] = v
+    if bad:
+        return NON_FINITE
+    return OVERFLOW if over else OK
+
+
+@njit(cache=True, nogil=True)
+def lazy_rows(  # pragma: no cover - compiled
+    x2: np.ndarray,
+    fire: np.ndarray,
+    scale: np.ndarray,
+    out: np.ndarray,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """Lazy Bernoulli: out = x · scale[0] (+0 for signed zeros) on the rows that fire, 0 on the
+    others, checking every x finite in the same pass."""
+    d = x2.shape[1]
+    nch = (d + CHUNK - 1) // CHUNK
+    sc = scale[0]
+    for w in range(w0, w1):
+        r = w // nch
+        j0 = (w % nch) * CHUNK
+        j1 = min(d, j0 + CHUNK)
+        if fire[r]:
+            status[w] = _scale_check_block(x2[r, j0:j1], sc, out[r, j0:j1])
+        else:
+            status[w] = NON_FINITE if _zero_check_block(x2[r, j0:j1], out[r, j0:j1]) else OK
+
+
+@njit(cache=True)
 def _copy_check_block(xu: np.ndarray, ou: np.ndarray) -> bool:  # pragma: no cover - compiled
     """ou = xu (bit patterns) and whether xu holds inf or nan, in one vectorizable pass over
     four interleaved streams (see :func:`_flag_block`)."""
@@ -1448,6 +1528,31 @@ def bernoulli_rows(  # pragma: no cover - compiled
         status[w] = st
 
 
+@njit(cache=True)
+def _keep_block(  # pragma: no cover - compiled
+    xs: np.ndarray, byts: np.ndarray, sc: float, ti: np.int32, keep: np.ndarray, tie: np.ndarray
+) -> np.uint8:
+    """keep[i] = x_i kept by the 8-bit draw (byte < ⌊256p⌋) and x_i · sc ≠ 0; tie[i] = the
+    byte ties (resolved later); returns whether xs holds inf or nan (one vectorizable pass)."""
+    bad = np.uint8(0)
+    for i in range(xs.size):
+        xv = xs[i]
+        bi = np.int32(byts[i])
+        nz = np.uint8(xv * sc != 0)
+        keep[i] = np.uint8(bi < ti) & nz
+        tie[i] = np.uint8(bi == ti) & nz
+        bad |= np.uint8((xv - xv) != 0)
+    return bad
+
+
+@njit(cache=True)
+def _count_block(keep: np.ndarray) -> int:  # pragma: no cover - compiled
+    c = 0
+    for i in range(keep.size):
+        c += keep[i]
+    return c
+
+
 @njit(cache=True, nogil=True)
 def bernoulli_pairs(  # pragma: no cover - compiled
     x2: np.ndarray,
@@ -1469,37 +1574,51 @@ def bernoulli_pairs(  # pragma: no cover - compiled
     """The (index, value) pairs of :func:`bernoulli_rows` for one vector (``x2``: (1, d)),
     without a dense output: the same draws decide which x_j are kept, and the kept non-zero
     x_j · scale[0] are either counted per chunk (``fill`` False: ``counts[w]``) or written from
-    ``starts[w]`` on (``fill`` True, after a prefix sum of the counts). Statuses as there."""
+    ``starts[w]`` on (``fill`` True, after a prefix sum of the counts; the draws are made
+    again). Flags are scanned 8 at a time (a kept entry or a tie has probability ≈ p).
+    Statuses as there."""
     d = x2.shape[1]
     sc = scale[0]
     t = p * 256.0
     ti = np.int32(math.floor(t))
     words = np.empty(CHUNK // 4, dtype=np.uint32)
     byts = words.view(np.uint8)
+    keep = np.zeros(CHUNK + 8, dtype=np.uint8)
+    tie = np.zeros(CHUNK + 8, dtype=np.uint8)
+    k64 = keep.view(np.uint64)
+    t64 = tie.view(np.uint64)
     for w in range(w0, w1):
         j0 = w * CHUNK
         m = min(d, j0 + CHUNK) - j0
         xs = x2[0, j0 : j0 + m]
         fill_words(lo[0], hi[0], j0 // 4, words[: (m + 3) // 4])
-        st = OK
-        o = starts[w] if fill else 0
-        for i in range(m):
-            xv = xs[i]
-            if (xv - xv) != 0:
-                st = NON_FINITE
+        if _keep_block(xs, byts[:m], sc, ti, keep[:m], tie[:m]):
+            status[w] = NON_FINITE
+            continue
+        keep[m : (m + 7) & ~7] = 0
+        tie[m : (m + 7) & ~7] = 0
+        for q in range((m + 7) >> 3):
+            if t64[q] == 0:
                 continue
-            bi = np.int32(byts[i])
-            if bi < ti or (bi == ti and _tie_up(t, float(ti), lo2[0], hi2[0], j0 + i)):
-                v = xv * sc
-                if v != 0:
-                    if not (abs(v) < np.inf) and st == OK:
-                        st = OVERFLOW
-                    if fill:
+            for i in range(q << 3, (q << 3) + 8):
+                if tie[i] and _tie_up(t, float(ti), lo2[0], hi2[0], j0 + i):
+                    keep[i] = 1
+        st = OK
+        if not fill:
+            counts[w] = _count_block(keep[:m])
+        else:
+            o = starts[w]
+            for q in range((m + 7) >> 3):
+                if k64[q] == 0:
+                    continue
+                for i in range(q << 3, (q << 3) + 8):
+                    if keep[i]:
+                        v = xs[i] * sc
+                        if not (abs(v) < np.inf):
+                            st = OVERFLOW
                         idx[o] = j0 + i
                         vals[o] = v
-                    o += 1
-        if not fill:
-            counts[w] = o
+                        o += 1
         status[w] = st
 
 

@@ -20,6 +20,7 @@ from .base import (
     _rows,
     _use_numba,
     non_finite_error,
+    take,
 )
 
 __all__ = ["Identity", "TopK", "topk_indices_torch"]
@@ -185,7 +186,7 @@ class TopK(Sparsifier):
 
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._indices(x)
-        return idx, x.gather(-1, idx)
+        return idx, take(x, idx)
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         if _use_numba(x):

@@ -31,6 +31,7 @@ from .base import (
     COMPRESSORS,
     Compressor,
     Sparsifier,
+    take,
     _check_positive_int,
     _emit,
     _keys_rows,
@@ -142,9 +143,15 @@ class _RandKBase(Sparsifier):
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
         assert keys is not None
         d = x.shape[-1]
-        _require_finite(x, self.name)
-        idx = self._idx(keys, d, _use_numba(x))
-        vals = x.gather(-1, idx)
+        numba = _use_numba(x)
+        if numba:  # one parallel read of x: the finiteness check; then O(k)
+            x2 = _rows(x)
+            if K.run(K.check_rows, x2, x2) != K.OK:
+                raise non_finite_error(self.name)
+        else:
+            _require_finite(x, self.name)
+        idx = self._idx(keys, d, numba)
+        vals = take(x, idx)
         if self._scaled:
             vals = vals * torch.tensor(self._scale(d), dtype=x.dtype, device=x.device)
             if not bool(torch.isfinite(vals).all()):
@@ -380,26 +387,37 @@ class LazyBernoulli(Compressor):
     def _bits_for_nnz(self, nnz: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
         return 1.0 + (nnz > 0).to(torch.float64) * (d * float_width(dtype))
 
-    def _sent(self, x: torch.Tensor, keys: Keys) -> torch.Tensor:
-        """Per row: the keyed coin (P = p, the library's draw rule) and x ≠ 0, shape (..., 1)."""
-        fire = draw_up(
-            torch.full((*x.shape[:-1], 1), self.p, dtype=torch.float64, device=x.device), keys
-        )
-        return fire & (x != 0).any(dim=-1, keepdim=True)
+    def _fire(self, x: torch.Tensor, keys: Keys) -> torch.Tensor:
+        """The keyed coin of every row (P = p, the library's draw rule), shape x.shape[:-1]."""
+        frac = torch.full((*x.shape[:-1], 1), self.p, dtype=torch.float64, device=x.device)
+        return draw_up(frac, keys)[..., 0]
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        """x/p (+0 for signed zeros, so that a sent zero vector equals an unsent one) on the
+        rows whose coin fires, 0 elsewhere; every x checked finite."""
         assert keys is not None
+        fire = self._fire(x, keys)
+        if _use_numba(x):
+            res, o2, copy = _out_rows(x, out)
+            sc = np.array([1.0 / self.p], dtype=o2.dtype)
+            x2 = _rows(x)
+            f = fire.reshape(-1).numpy().astype(np.uint8)
+            status = K.run(K.lazy_rows, x2, x2, f, sc, o2)
+            if status == K.NON_FINITE:
+                raise non_finite_error(self.name)
+            if status == K.OVERFLOW:
+                raise _overflow_error(self.name, x.dtype)
+            return _emit(res, out) if copy else res
         _require_finite(x, self.name)
-        sent = self._sent(x, keys)
-        vals = x * torch.tensor(1.0 / self.p, dtype=x.dtype, device=x.device)
-        if not bool(torch.isfinite(vals[sent.expand_as(x)]).all()):
+        vals = x * torch.tensor(1.0 / self.p, dtype=x.dtype, device=x.device) + 0.0
+        res = torch.where(fire[..., None], vals, torch.zeros_like(x))
+        if not bool(torch.isfinite(res).all()):
             raise _overflow_error(self.name, x.dtype)
-        return _emit(torch.where(sent, vals, torch.zeros_like(x)), out)
+        return _emit(res, out)
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
-        assert keys is not None
         y = self._apply(x, keys, None)
-        sent = bool(self._sent(x, keys).all())
+        sent = bool((y != 0).any())  # fired, and x is not the zero vector
         w.add(torch.tensor([int(sent)]), 1)
         if sent:
             w.add_values(y)
