@@ -49,6 +49,7 @@ __all__ = [
     "bernoulli_pairs",
     "bernoulli_rows",
     "bucket_by_chunk",
+    "bucket_positions",
     "check_rows",
     "copy_rows",
     "dither_rows",
@@ -58,6 +59,7 @@ __all__ = [
     "randk_indices",
     "round_rows",
     "row_stats",
+    "sparse_gather",
     "sparse_rows",
     "top1_rows",
     "topk_candidates",
@@ -1309,6 +1311,66 @@ def bucket_by_chunk(  # pragma: no cover - compiled
             c = j >> shift
             order[r, pos[c]] = j
             pos[c] += 1
+
+
+@njit(cache=True)
+def bucket_positions(  # pragma: no cover - compiled
+    idx: np.ndarray, order: np.ndarray, starts: np.ndarray
+) -> None:
+    """As :func:`bucket_by_chunk`, but ``order`` holds the *positions* i (into idx[r]) of the
+    indices of each chunk, so a kernel can fill values in the generation order."""
+    n, k = idx.shape
+    nch = starts.shape[1] - 1
+    pos = np.empty(nch, dtype=np.int64)
+    shift = np.int64(0)
+    while (1 << shift) < CHUNK:
+        shift += 1
+    for r in range(n):
+        s = starts[r]
+        s[:] = 0
+        for i in range(k):
+            s[(idx[r, i] >> shift) + 1] += 1
+        for c in range(nch):
+            s[c + 1] += s[c]
+            pos[c] = s[c]
+        for i in range(k):
+            c = idx[r, i] >> shift
+            order[r, pos[c]] = i
+            pos[c] += 1
+
+
+@njit(cache=True, nogil=True)
+def sparse_gather(  # pragma: no cover - compiled
+    x2: np.ndarray,
+    idx: np.ndarray,
+    order: np.ndarray,
+    starts: np.ndarray,
+    scale: np.ndarray,
+    vals: np.ndarray,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """The sparse form of rand-k without a dense output: chunk by chunk, one vectorizable pass
+    checks x finite (NON_FINITE), then the chunk's kept values (:func:`bucket_positions`) are
+    read while the chunk is in cache, vals[r, i] = x[r, idx[r, i]] · scale[0] (OVERFLOW if a
+    product leaves the dtype's range)."""
+    d = x2.shape[1]
+    nch = (d + CHUNK - 1) // CHUNK
+    sc = scale[0]
+    for w in range(w0, w1):
+        r = w // nch
+        c = w % nch
+        j0 = c * CHUNK
+        st = NON_FINITE if _check_block(x2[r, j0 : min(d, j0 + CHUNK)]) else OK
+        row = x2[r]
+        for t in range(starts[r, c], starts[r, c + 1]):
+            i = order[r, t]
+            v = row[idx[r, i]] * sc
+            if not (abs(v) < np.inf) and st == OK:
+                st = OVERFLOW
+            vals[r, i] = v
+        status[w] = st
 
 
 @njit(cache=True, nogil=True)

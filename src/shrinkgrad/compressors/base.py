@@ -589,15 +589,21 @@ def _emit(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
 
 
 def take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``x.gather(-1, idx)`` for index sets of shape (..., k), as one flat ``index_select``
-    (on CPU ~15× faster than ``gather`` for 10⁵ indices into 10⁷ entries)."""
+    """``x.gather(-1, idx)`` for index sets of shape (..., k): on CPU one numpy fancy index
+    (single-threaded: torch's ``gather`` is ~15× slower for 10⁵ indices into 10⁷ entries, and a
+    small multi-threaded torch op right after a numba kernel waits for torch's OpenMP threads,
+    tens of ms on a loaded 2-core machine); elsewhere one flat ``index_select``."""
     d = x.shape[-1]
+    if x.device.type == "cpu":
+        rows = _rows(x)
+        ii = idx.reshape(rows.shape[0], -1).numpy()
+        return torch.from_numpy(np.take_along_axis(rows, ii, axis=1)).reshape(idx.shape)
     if x.ndim == 1:
         return x.index_select(0, idx)
-    rows = x.reshape(-1, d)
-    base = torch.arange(rows.shape[0], device=x.device, dtype=torch.int64)[:, None] * d
-    flat = (idx.reshape(rows.shape[0], -1) + base).reshape(-1)
-    return rows.reshape(-1).index_select(0, flat).reshape(idx.shape)
+    rows_t = x.reshape(-1, d)
+    base = torch.arange(rows_t.shape[0], device=x.device, dtype=torch.int64)[:, None] * d
+    flat = (idx.reshape(rows_t.shape[0], -1) + base).reshape(-1)
+    return rows_t.reshape(-1).index_select(0, flat).reshape(idx.shape)
 
 
 def non_finite_error(name: str) -> ValueError:

@@ -143,14 +143,23 @@ class _RandKBase(Sparsifier):
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
         assert keys is not None
         d = x.shape[-1]
-        numba = _use_numba(x)
-        if numba:  # one parallel read of x: the finiteness check; then O(k)
+        if _use_numba(x):  # no dense output: one pass checks x and reads the kept values
+            idx = self._idx(keys, d, True)
+            ik = idx.reshape(-1, self._k(d)).numpy()
             x2 = _rows(x)
-            if K.run(K.check_rows, x2, x2) != K.OK:
+            order = np.empty_like(ik)
+            starts = np.empty((ik.shape[0], -(-d // K.CHUNK) + 1), dtype=np.int64)
+            K.bucket_positions(ik, order, starts)
+            vals = np.empty(ik.shape, dtype=x2.dtype)
+            sc = np.array([self._scale(d)], dtype=x2.dtype)
+            status = K.run(K.sparse_gather, x2, x2, ik, order, starts, sc, vals)
+            if status == K.NON_FINITE:
                 raise non_finite_error(self.name)
-        else:
-            _require_finite(x, self.name)
-        idx = self._idx(keys, d, numba)
+            if status == K.OVERFLOW:
+                raise _overflow_error(self.name, x.dtype)
+            return idx, torch.from_numpy(vals).reshape(idx.shape)
+        _require_finite(x, self.name)
+        idx = self._idx(keys, d, False)
         vals = take(x, idx)
         if self._scaled:
             vals = vals * torch.tensor(self._scale(d), dtype=x.dtype, device=x.device)
