@@ -31,7 +31,6 @@ from .base import (
     COMPRESSORS,
     Compressor,
     Sparsifier,
-    take,
     _check_positive_int,
     _emit,
     _keys_rows,
@@ -41,6 +40,7 @@ from .base import (
     _rows,
     _use_numba,
     non_finite_error,
+    take,
 )
 
 __all__ = ["Bernoulli", "LazyBernoulli", "RandK", "RandKScaled", "randk_indices_torch"]
@@ -150,14 +150,14 @@ class _RandKBase(Sparsifier):
             order = np.empty_like(ik)
             starts = np.empty((ik.shape[0], -(-d // K.CHUNK) + 1), dtype=np.int64)
             K.bucket_positions(ik, order, starts)
-            vals = np.empty(ik.shape, dtype=x2.dtype)
+            out = np.empty(ik.shape, dtype=x2.dtype)
             sc = np.array([self._scale(d)], dtype=x2.dtype)
-            status = K.run(K.sparse_gather, x2, x2, ik, order, starts, sc, vals)
+            status = K.run(K.sparse_gather, x2, x2, ik, order, starts, sc, out)
             if status == K.NON_FINITE:
                 raise non_finite_error(self.name)
             if status == K.OVERFLOW:
                 raise _overflow_error(self.name, x.dtype)
-            return idx, torch.from_numpy(vals).reshape(idx.shape)
+            return idx, torch.from_numpy(out).reshape(idx.shape)
         _require_finite(x, self.name)
         idx = self._idx(keys, d, False)
         vals = take(x, idx)
