@@ -49,7 +49,6 @@ __all__ = [
     "bernoulli_pairs",
     "bernoulli_rows",
     "bucket_by_chunk",
-    "bucket_positions",
     "check_rows",
     "copy_rows",
     "dither_rows",
@@ -1288,10 +1287,12 @@ def randk_block(  # pragma: no cover - compiled
 
 @njit(cache=True)
 def bucket_by_chunk(  # pragma: no cover - compiled
-    idx: np.ndarray, order: np.ndarray, starts: np.ndarray
+    idx: np.ndarray, order: np.ndarray, starts: np.ndarray, positions: bool = False
 ) -> None:
     """Counting sort of every row's indices by chunk (j ≫ log₂ CHUNK), keeping their order
-    within a chunk: chunk c of row r holds ``order[r, starts[r, c]:starts[r, c + 1]]``."""
+    within a chunk: chunk c of row r holds ``order[r, starts[r, c]:starts[r, c + 1]]`` — the
+    indices j themselves, or with ``positions`` their positions i in ``idx[r]`` (so that a
+    kernel can fill values in the generation order)."""
     n, k = idx.shape
     nch = starts.shape[1] - 1
     pos = np.empty(nch, dtype=np.int64)
@@ -1309,33 +1310,7 @@ def bucket_by_chunk(  # pragma: no cover - compiled
         for i in range(k):
             j = idx[r, i]
             c = j >> shift
-            order[r, pos[c]] = j
-            pos[c] += 1
-
-
-@njit(cache=True)
-def bucket_positions(  # pragma: no cover - compiled
-    idx: np.ndarray, order: np.ndarray, starts: np.ndarray
-) -> None:
-    """As :func:`bucket_by_chunk`, but ``order`` holds the *positions* i (into idx[r]) of the
-    indices of each chunk, so a kernel can fill values in the generation order."""
-    n, k = idx.shape
-    nch = starts.shape[1] - 1
-    pos = np.empty(nch, dtype=np.int64)
-    shift = np.int64(0)
-    while (1 << shift) < CHUNK:
-        shift += 1
-    for r in range(n):
-        s = starts[r]
-        s[:] = 0
-        for i in range(k):
-            s[(idx[r, i] >> shift) + 1] += 1
-        for c in range(nch):
-            s[c + 1] += s[c]
-            pos[c] = s[c]
-        for i in range(k):
-            c = idx[r, i] >> shift
-            order[r, pos[c]] = i
+            order[r, pos[c]] = i if positions else j
             pos[c] += 1
 
 
@@ -1352,7 +1327,8 @@ def sparse_gather(  # pragma: no cover - compiled
     status: np.ndarray,
 ) -> None:
     """The sparse form of rand-k without a dense output: chunk by chunk, one vectorizable pass
-    checks x finite (NON_FINITE), then the chunk's kept values (:func:`bucket_positions`) are
+    checks x finite (NON_FINITE), then the chunk's kept values (:func:`bucket_by_chunk` with
+    ``positions``) are
     read while the chunk is in cache, vals[r, i] = x[r, idx[r, i]] · scale[0] (OVERFLOW if a
     product leaves the dtype's range)."""
     d = x2.shape[1]

@@ -445,10 +445,12 @@ class PowerSGD(LowRank):
         """PowerSGD's all-reduce of the factors for a tensor of d entries (values in ``dtype``):
         P (m × r) summed over the ranks, P̂ = orthonormalize(P) on every rank, then
         Q_i = Mᵢᵀ P̂ (n × r) summed; the mean result is P̂ (ΣQ_i/n)ᵀ and the next state ΣQ_i/n
-        (shared by all ranks). ``bits`` is what one rank sends: r(m + n) values."""
+        (shared by all ranks). ``bits`` is what one rank sends: r(m + n) values (when that is
+        not less than d, :meth:`dense_message`, a hook does better sending the tensor)."""
         m, n = self.matrix_shape(d)
         stages = (FactorStage("P", (m, self.r), "sum"), FactorStage("Q", (n, self.r), "sum"))
-        return FactorCollective((m, n), self.r, stages, self.bits(d, dtype))
+        bits = float(float_width(dtype) * self.r * (m + n))
+        return FactorCollective((m, n), self.r, stages, bits)
 
     # -- the stateless contract: the first step from the keyed Q -------------------------------
     def _factors(

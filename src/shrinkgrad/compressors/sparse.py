@@ -149,7 +149,7 @@ class _RandKBase(Sparsifier):
             x2 = _rows(x)
             order = np.empty_like(ik)
             starts = np.empty((ik.shape[0], -(-d // K.CHUNK) + 1), dtype=np.int64)
-            K.bucket_positions(ik, order, starts)
+            K.bucket_by_chunk(ik, order, starts, True)
             out = np.empty(ik.shape, dtype=x2.dtype)
             sc = np.array([self._scale(d)], dtype=x2.dtype)
             status = K.run(K.sparse_gather, x2, x2, ik, order, starts, sc, out)
@@ -199,6 +199,15 @@ class _RandKBase(Sparsifier):
             assert keys is not None
             return self._idx(keys.to(r.device), d, r.fast)
         return super()._decode_indices(r, d, keys)
+
+
+def _check_probability(p: float, name: str, what: str) -> float:
+    """``p`` as a float in (0, 1], or an error naming the parameter and its range."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"{name} needs a number p ({what}), got {p!r}")
+    if not (0.0 < float(p) <= 1.0):
+        raise ValueError(f"{name} needs p ({what}) in (0, 1], got p={p}")
+    return float(p)
 
 
 def _overflow_error(name: str, dtype: torch.dtype) -> ValueError:
@@ -270,11 +279,7 @@ class Bernoulli(Compressor):
     bits_formula = "32 + p·d·(32 + ⌈log₂ d⌉) expected (message_bits counts the actual size)"
 
     def __init__(self, p: float) -> None:
-        if isinstance(p, bool) or not isinstance(p, (int, float)):
-            raise TypeError(f"bernoulli needs a number p (the keep probability), got {p!r}")
-        if not (0.0 < float(p) <= 1.0):
-            raise ValueError(f"bernoulli needs p (the keep probability) in (0, 1], got p={p}")
-        self.p = float(p)
+        self.p = _check_probability(p, "bernoulli", "the keep probability")
 
     def omega(self, d: int) -> float:
         return 1.0 / self.p - 1.0
@@ -378,11 +383,7 @@ class LazyBernoulli(Compressor):
     bits_formula = "1 flag bit + 32·d with probability p (expected 1 + 32·p·d)"
 
     def __init__(self, p: float) -> None:
-        if isinstance(p, bool) or not isinstance(p, (int, float)):
-            raise TypeError(f"lazy_bernoulli needs a number p (the send probability), got {p!r}")
-        if not (0.0 < float(p) <= 1.0):
-            raise ValueError(f"lazy_bernoulli needs p (the send probability) in (0, 1], got p={p}")
-        self.p = float(p)
+        self.p = _check_probability(p, "lazy_bernoulli", "the send probability")
 
     def omega(self, d: int) -> float:
         return 1.0 / self.p - 1.0

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..compressors import Compressor, ConstantUnknownError, make_compressor
-from ..compressors._wire import paper_width
+from ..compressors._wire import HALF_DTYPES, paper_width
 from ..registry import Registry
 from ..rng import Keys, KeyStream
 from .stepsize import StepSize, parse_stepsize
@@ -367,12 +367,14 @@ class Config:
             ) from None
 
     # -- stateful compressors (PowerSGD's previous Q): the state lives in the client state -------
-    def compressor_state(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
-        """The initial compressor state of the clients ``ids`` (None for stateless compressors),
-        for vectors shaped like ``x`` (m, d); keyed by (seed, client) only."""
+    def compressor_state(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The initial compressor state of the clients ``ids`` for vectors shaped like ``x``
+        (m, d), keyed by (seed, client) only: PowerSGD's first Q (m, n, r), or an empty (m, 0)
+        tensor for stateless compressors (so that every field of a client state is a tensor
+        with the clients on its first axis: groups can be indexed, concatenated, saved)."""
         C = self.compressor
         if not C.stateful:
-            return None
+            return torch.empty(x.shape[0], 0, dtype=self.dtype, device=x.device)
         keys = self.keys("compressor", ids, 0).fold("state")
         return C.init_state(x, keys)  # type: ignore[attr-defined, no-any-return]
 
@@ -380,11 +382,11 @@ class Config:
         self, x: torch.Tensor, ids: torch.Tensor, round: int, state: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`compress` for methods that carry compressor state: ``(C(x), new state)``;
-        a stateless compressor returns ``(compress(x), None)``."""
+        a stateless compressor returns ``(compress(x), state)`` (the state unchanged)."""
         C = self.compressor
         if not C.stateful:
-            return self.compress(x, ids, round), None
-        if state is None:
+            return self.compress(x, ids, round), state
+        if state is None or state.numel() == 0:
             state = self.compressor_state(x, ids)
         keys = self.keys("compressor", ids, round)
         try:
@@ -439,12 +441,20 @@ class Config:
             up = C.message_bits(c.to(self.wire_dtype)).to(torch.float64).to(self.device)
         else:
             up = self.full(m, float(C.bits(self.d, self.wire_dtype)))
-        paper = self.full(m, float(C.paper_bits(self.d, self.wire_dtype)))
+        paper = self.full(m, float(self.paper_bits(C)))
         down_t = self.full(m, self.dense_bits if down else 0.0)
         if active is not None:
             mask = active.to(torch.float64)
             up, paper, down_t = up * mask, paper * mask, down_t * mask
         return Traffic(up, paper, down_t)
+
+    def paper_bits(self, C: Compressor) -> float:
+        """``C.paper_bits`` for the wire dtype: the dtype is passed for 16-bit wires only (for
+        float32/float64 wires the papers count 32 bits either way, and compressors written
+        before paper_bits took a dtype keep working)."""
+        if self.wire_dtype in HALF_DTYPES:
+            return float(C.paper_bits(self.d, self.wire_dtype))
+        return float(C.paper_bits(self.d))
 
     def no_traffic(self, m: int) -> Traffic:
         z = self.full(m, 0.0)

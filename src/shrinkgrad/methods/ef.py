@@ -15,7 +15,8 @@ __all__ = ["EF", "EFClients"]
 
 class EFClients(NamedTuple):
     """Client state of EF: the error (memory) e_i of every client of the group, (m, d), and
-    the state of a stateful compressor (PowerSGD's previous Q; None for the others)."""
+    the state of the compressor (PowerSGD's previous Q, (m, n, r); an empty (m, 0) tensor for
+    stateless compressors; None only in states built by hand)."""
 
     ids: torch.Tensor
     e: torch.Tensor

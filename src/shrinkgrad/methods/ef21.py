@@ -61,8 +61,9 @@ class EF21Server(NamedTuple):
 
 
 class EF21Clients(NamedTuple):
-    """Client state: the estimators g_i^t of the group, (m, d), and the state of a stateful
-    compressor (PowerSGD's previous Q of every client; None for the others)."""
+    """Client state: the estimators g_i^t of the group, (m, d), and the state of the
+    compressor (PowerSGD's previous Q of every client, (m, n, r); an empty (m, 0) tensor for
+    stateless compressors; None only in states built by hand)."""
 
     ids: torch.Tensor
     g: torch.Tensor
@@ -321,8 +322,8 @@ class EF21(Method[EF21Server, EF21Clients]):
         cs = cfg.compressor_state(target, ids)
         if self.init == "full":
             return EF21Clients(ids, target, cs), cfg.message(target, ids, cfg.dense_traffic(m))
-        c, cs = cfg.compress_with_state(target, ids, 0, cs)
-        return EF21Clients(ids, c, cs), cfg.message(c, ids, cfg.compressed_traffic(c))
+        c, cs_new = cfg.compress_with_state(target, ids, 0, cs)
+        return EF21Clients(ids, c, cs_new), cfg.message(c, ids, cfg.compressed_traffic(c))
 
     def init_server(
         self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
@@ -361,7 +362,7 @@ class EF21(Method[EF21Server, EF21Clients]):
             target = self._targets(cfg, server.x, sel, oracle, r)
             comp = cfg.compressing(sel, r, None if cs is None else cs[part])
             c[part] = ef21_update(g[part], target, comp)[0]
-            if cs is not None:  # the participants' compressor state moves on, the others' stays
+            if cs is not None and cs.numel():  # participants' state moves on, the others' stays
                 assert comp.state is not None
                 cs = cs.clone()
                 cs[part] = comp.state
@@ -397,7 +398,9 @@ class EF21(Method[EF21Server, EF21Clients]):
         self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
     ) -> EF21Clients:
         assert memory is not None
-        return EF21Clients(ids, memory[ids].clone())
+        g = memory[ids].clone()
+        # a restarted worker's compressor state starts afresh (PowerSGD: its keyed first Q)
+        return EF21Clients(ids, g, cfg.compressor_state(g, ids))
 
 
 # --------------------------------------------------------------------------------------------
