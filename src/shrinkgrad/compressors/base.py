@@ -637,6 +637,7 @@ COMPRESSORS: Registry[Compressor] = Registry("compressor", base=Compressor)
 Compressor.__registry__ = COMPRESSORS
 
 
-def make_compressor(spec: str | Compressor) -> Compressor:
-    """Build a compressor from its name, e.g. ``make_compressor("qsgd[s=4]")``."""
-    return COMPRESSORS.make(spec)
+def make_compressor(spec: str | Compressor, **params: Any) -> Compressor:
+    """Build a compressor from its name, e.g. ``make_compressor("qsgd[s=4]")`` or
+    ``make_compressor("qsgd", s=4)``."""
+    return COMPRESSORS.make(spec, **params)

@@ -866,9 +866,10 @@ METHODS: Registry[Method[Any, Any]] = Registry("method", base=Method)
 Method.__registry__ = METHODS
 
 
-def make_method(spec: str | Method[Any, Any]) -> Method[Any, Any]:
-    """Build a method from its name, e.g. ``make_method("ef21_pp[p=0.5]")``."""
-    return METHODS.make(spec)
+def make_method(spec: str | Method[Any, Any], **params: Any) -> Method[Any, Any]:
+    """Build a method from its name, e.g. ``make_method("ef21_pp[p=0.5]")`` or
+    ``make_method("ef21_pp", p=0.5)``."""
+    return METHODS.make(spec, **params)
 
 
 def methods_for(runtime: Runtime) -> list[str]:

@@ -136,11 +136,12 @@ class Problem(abc.ABC):
 PROBLEMS: Registry[Problem] = Registry("problem", base=Problem)
 
 
-def make_problem(spec: str | Spec | Problem) -> Problem:
+def make_problem(spec: str | Spec | Problem, **params: Any) -> Problem:
     """Build a problem by name (see ``shrinkgrad list problems`` for names and parameters).
 
-    Example: ``make_problem("logistic_regression[dataset=a9a,n_clients=20]")``.
+    Example: ``make_problem("logistic_regression[dataset=a9a,n_clients=20]")``, or with keyword
+    arguments ``make_problem("logistic_regression", dataset="a9a", n_clients=20)``.
     """
     from . import linear, synthetic  # noqa: F401  (registers the factories)
 
-    return PROBLEMS.make(spec)
+    return PROBLEMS.make(spec, **params)
