@@ -16,7 +16,7 @@ from methods_fixtures import LeastSquares, UnbiasedRandK, rand_k
 
 from shrinkgrad.compressors import make_compressor
 from shrinkgrad.methods import ProblemOracle, make_method
-from shrinkgrad.sim import COLUMNS, SimulationInterrupted, simulate
+from shrinkgrad.sim import COLUMNS, Divergence, SimulationInterrupted, simulate
 
 
 def no_time(df: pd.DataFrame) -> pd.DataFrame:
@@ -142,7 +142,8 @@ def test_callback_can_stop(lsq: LeastSquares) -> None:
 
 def test_divergence_by_growth_stops_with_a_finite_table(lsq: LeastSquares) -> None:
     with pytest.warns(RuntimeWarning, match="diverged at round"):
-        res = simulate(lsq, "gd", None, 5.0 / lsq.L, rounds=500, divergence_factor=1e6)
+        only_grad = Divergence(grad_factor=1e6, loss_factor=None, iterate_factor=None)
+        res = simulate(lsq, "gd", None, 5.0 / lsq.L, rounds=500, divergence_factor=only_grad)
     t = res.table
     assert res.status == "diverged" and "more than 1e+06x" in res.message
     assert t["grad_norm_sq"].iloc[-1] > 1e6 * t["grad_norm_sq"].iloc[0]

@@ -91,7 +91,10 @@ class LinearModelProblem(Problem):
     Usually built by :func:`logistic_regression`, :func:`least_squares` or
     :func:`~shrinkgrad.problems.synthetic.synthetic_least_squares`; see the module docstring for
     the formulas. ``A`` is the N × d data (CSR or dense), ``targets`` the labels (±1, logistic) or
-    the regression targets, ``parts`` the clients' row indices.
+    the regression targets, ``parts`` the clients' row indices. ``intercept=True`` appends a
+    column of ones to ``A`` (the problem is the linear model on [A, 1]: d + 1 coordinates, the
+    last one the bias, regularized like the others, constants computed on [A, 1]); ``threads``
+    spreads the one-point gradient pass over that many numba threads (same results).
     """
 
     fresh_grads = True  # every gradient oracle allocates its (n, d) result
@@ -112,6 +115,8 @@ class LinearModelProblem(Problem):
         dataset: str = "",
         split: str = "",
         eig_method: Literal["auto", "dense", "lanczos"] = "auto",
+        threads: int = 1,
+        intercept: bool = False,
     ) -> None:
         if loss not in CURVATURE:
             raise ValueError(f"loss must be 'logistic' or 'squared', got {loss!r}")
@@ -127,6 +132,12 @@ class LinearModelProblem(Problem):
             )
         if storage not in ("auto", "sparse", "dense"):
             raise ValueError(f"storage must be 'auto', 'sparse' or 'dense', got {storage!r}")
+        self.threads = _check_threads(threads)
+        if not isinstance(intercept, bool):
+            raise ValueError(f"intercept must be True or False, got {intercept!r}")
+        self.intercept = intercept
+        if intercept:
+            A = _with_intercept(A)
         self.loss_kind: Loss = loss
         self.lam = float(lam)
         self.reg: Regularizer = reg
@@ -188,6 +199,8 @@ class LinearModelProblem(Problem):
             self._ones = False
         self._y = self._y64.astype(np_dtype)
         self._w = self._w64.astype(np_dtype)
+        self._inv_m = 1.0 / sizes.astype(np.float64)
+        self._no_e = np.empty(0, dtype=np_dtype)
         self._torch: dict[str, torch.Tensor] | None = None
         self.backend: Literal["numba", "torch"] = "numba" if self.device.type == "cpu" else "torch"
         self._eig_method = eig_method
@@ -234,6 +247,19 @@ class LinearModelProblem(Problem):
     def x_star(self, value: torch.Tensor | None) -> None:
         self._x_star = value
         self._solved = True
+
+    @property
+    def lazy_solution(self) -> bool:
+        """True when x*/f* are computed on first access (ℓ2 logistic: a Newton solve), so that
+        ``f_lower`` tightens from 0 to f* when they are; a reader that must see the same bound
+        in every run (the simulator's divergence test) uses :attr:`f_lower_a_priori`."""
+        return self.loss_kind == "logistic" and self.reg == "l2" and self.lam > 0
+
+    @property
+    def f_lower_a_priori(self) -> float:
+        """A lower bound on inf f known without solving anything: f* when it was computed at
+        construction (least squares), else 0 (the losses and the regularizers are ≥ 0)."""
+        return 0.0 if self.lazy_solution or self._f_star is None else float(self._f_star)
 
     def _set_solution(self, x: np.ndarray) -> None:
         xt = torch.from_numpy(np.asarray(x, dtype=np.float64))
@@ -391,11 +417,13 @@ class LinearModelProblem(Problem):
         client: np.ndarray,
         weights: np.ndarray | None,
         same_x: bool,
+        e_out: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(z, G): z_k = ⟨a_{rows[k]}, X[client[k]]⟩, G[c] = Σ_k w_k φ'(z_k) a_{rows[k]}.
 
-        Single-threaded kernels throughout (no BLAS call: a multi-threaded BLAS matvec on a
-        shared machine can be 10× slower than one thread, and results stay deterministic).
+        Single-threaded kernels (no BLAS call: a multi-threaded BLAS matvec on a shared machine
+        can be 10× slower than one thread, and results stay deterministic). ``e_out`` (length N)
+        receives exp(−t_k) of the logistic loss, for :meth:`_losses_numba`.
         """
         dt = self._A.dtype
         same = self._zeros_client if rows is self._rows else np.zeros_like(client)
@@ -403,7 +431,8 @@ class LinearModelProblem(Problem):
         y = self._y if rows is self._rows else self._y[rows]
         w = self._w if weights is None else weights
         r = np.empty(z.shape[0], dtype=dt)  # (_dphi_np(loss, z, y) * w).astype(dt), fused
-        K.dphi_weighted(self.loss_kind == "logistic", z, y, w, r)
+        e = self._no_e if e_out is None else e_out
+        K.dphi_weighted(self.loss_kind == "logistic", z, y, w, r, e)
         G = np.zeros((self.n, self.d), dtype=dt)
         if self.storage == "sparse":
             K.scatter_csr(self._indptr, self._indices, self._data, rows, client, r, self._ones, G)
@@ -411,9 +440,57 @@ class LinearModelProblem(Problem):
             K.scatter_dense(self._A, rows, client, r, G)
         return z, G
 
+    def _point_numba(
+        self, x: torch.Tensor, losses: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(G, z, e) of every client at one point x: the serial kernels, or with ``threads`` > 1
+        the same values from :func:`~shrinkgrad.problems._kernels.point_pass_csr` (clients spread
+        over numba threads). ``e`` = exp(−t) of the logistic loss when ``losses`` (else None)."""
+        xn = self._numpy(x)
+        logistic = self.loss_kind == "logistic"
+        e = np.empty(self.n_samples, dtype=self._A.dtype) if losses and logistic else None
+        if self.threads == 1:
+            z, G = self._z_and_scatter_numba(xn[None, :], self._rows, self._client, None, True, e)
+            return G, z, e
+        import numba
+
+        numba.set_num_threads(min(self.threads, getattr(numba.config, "NUMBA_NUM_THREADS", 1)))
+        dt = self._A.dtype
+        z = np.empty(self.n_samples, dtype=dt)
+        r = np.empty(self.n_samples, dtype=dt)
+        G = np.zeros((self.n, self.d), dtype=dt)
+        e_arg = self._no_e if e is None else e
+        if self.storage == "sparse":
+            K.point_pass_csr(
+                self._indptr, self._indices, self._data, self._ones, self.offsets, xn,
+                self._y, self._w, logistic, z, r, e_arg, G,
+            )  # fmt: skip
+        else:
+            K.point_pass_dense(
+                self._A, self.offsets, xn, self._y, self._w, logistic, z, r, e_arg, G
+            )
+        return G, z, e
+
+    def _losses_numba(self, z: np.ndarray, e: np.ndarray | None) -> torch.Tensor:
+        """f_i(x) from the margins z (and exp(−t) of the logistic loss), regularizer excluded."""
+        logistic = self.loss_kind == "logistic"
+        if logistic and e is None:
+            e = np.empty_like(z)
+            K.neg_margin_exp(z, self._y, e)
+        buf = np.empty(self.n_samples, dtype=np.float64)
+        out = np.empty(self.n, dtype=np.float64)
+        e_arg = self._no_e if e is None else e
+        K.client_losses(logistic, z, self._y, e_arg, self.offsets, self._inv_m, buf, out)
+        return torch.from_numpy(out).to(self.dtype)
+
     def _grads_torch(
-        self, X: torch.Tensor, rows: torch.Tensor | None, weights: torch.Tensor | None
-    ) -> torch.Tensor:
+        self,
+        X: torch.Tensor,
+        rows: torch.Tensor | None,
+        weights: torch.Tensor | None,
+        keep_z: bool = False,
+    ) -> Any:
+        """G (and, with ``keep_z``, (G, z)) on the torch backend (``index_add``)."""
         t = self._tensors()
         client = t["client"] if rows is None else t["client"][rows]
         y = t["y"] if rows is None else t["y"][rows]
@@ -427,34 +504,55 @@ class LinearModelProblem(Problem):
                 pos[rows] = local
                 keep = pos[row] >= 0
                 row, col, val = pos[row][keep], col[keep], val[keep]
-            else:
-                row = row
             c_nz = client[row]
             z = torch.zeros(n_rows, dtype=self.dtype, device=self.device)
             z.index_add_(0, row, val * X[c_nz, col])
             r = _dphi_torch(self.loss_kind, z, y) * w
             G = torch.zeros(self.n * self.d, dtype=self.dtype, device=self.device)
             G.index_add_(0, c_nz * self.d + col, val * r[row])
-            return G.view(self.n, self.d)
-        A = t["A"] if rows is None else t["A"][rows]
-        z = (A * X[client]).sum(-1)
-        r = _dphi_torch(self.loss_kind, z, y) * w
-        G = torch.zeros(self.n, self.d, dtype=self.dtype, device=self.device)
-        G.index_add_(0, client, r[:, None] * A)
-        return G
+            G = G.view(self.n, self.d)
+        else:
+            A = t["A"] if rows is None else t["A"][rows]
+            z = (A * X[client]).sum(-1)
+            r = _dphi_torch(self.loss_kind, z, y) * w
+            G = torch.zeros(self.n, self.d, dtype=self.dtype, device=self.device)
+            G.index_add_(0, client, r[:, None] * A)
+        return (G, z) if keep_z else G
+
+    def _margins_torch(self, x: torch.Tensor) -> torch.Tensor:
+        """z = Ax on the torch backend, with the arithmetic of :meth:`_grads_torch` (same bits)."""
+        t = self._tensors()
+        if self.storage == "sparse":
+            z = torch.zeros(self.n_samples, dtype=self.dtype, device=self.device)
+            return z.index_add_(0, t["row"], t["val"] * x[t["col"]])
+        return (t["A"] * x).sum(-1)
 
     # -- oracles --------------------------------------------------------------------------------
     def client_grads(self, x: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(x), in one pass over the data."""
         x = self._point(x)
         if self.backend == "numba":
-            _, G = self._z_and_scatter_numba(
-                self._numpy(x)[None, :], self._rows, self._client, None, True
-            )
-            out = torch.from_numpy(G)
+            out = torch.from_numpy(self._point_numba(x, False)[0])
         else:
             out = self._grads_torch(x.expand(self.n, self.d), None, None)
         return out.add_(self._reg_grad(x))
+
+    def client_grads_and_losses(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``client_grads(x)``, ``client_losses(x)``), bit for bit, from one pass over the data.
+
+        The losses reuse the margins z = Ax and, for the logistic loss, the exp(−t) of the
+        gradient's φ' (:mod:`~shrinkgrad.problems._kernels`): one division and a vectorised
+        polynomial per sample more than the gradient alone. The simulator logs ∇f and f from
+        this (:mod:`shrinkgrad.methods.oracle`).
+        """
+        x = self._point(x)
+        if self.backend == "numba":
+            G, z, e = self._point_numba(x, True)
+            grads, losses = torch.from_numpy(G), self._losses_numba(z, e)
+        else:
+            grads, z = self._grads_torch(x.expand(self.n, self.d), None, None, keep_z=True)
+            losses = self._losses_torch(z)
+        return grads.add_(self._reg_grad(x)), losses + self._reg_value(x)
 
     def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(X[i]), in one pass over the data."""
@@ -472,24 +570,20 @@ class LinearModelProblem(Problem):
         return self.client_grads(x).mean(dim=0)
 
     def client_losses(self, x: torch.Tensor) -> torch.Tensor:
-        """(n,): f_i(x)."""
+        """(n,): f_i(x) (accumulated in float64, returned in the problem's dtype)."""
         x = self._point(x)
         if self.backend == "numba":
             zn = self._rowdot(self._numpy(x)[None, :], self._rows, self._zeros_client)
-            per_n = _phi_np(self.loss_kind, zn, self._y) * self._w
-            out = torch.from_numpy(np.bincount(self._client, weights=per_n, minlength=self.n))
-            out = out.to(self.dtype)
+            out = self._losses_numba(zn, None)
         else:
-            t = self._tensors()
-            if self.storage == "sparse":
-                z = torch.zeros(self.n_samples, dtype=self.dtype, device=self.device)
-                z.index_add_(0, t["row"], t["val"] * x[t["col"]])
-            else:
-                z = t["A"] @ x
-            per = _phi_torch(self.loss_kind, z, t["y"]) * t["w"]
-            out = torch.zeros(self.n, dtype=self.dtype, device=self.device)
-            out.index_add_(0, t["client"], per)
+            out = self._losses_torch(self._margins_torch(x))
         return out + self._reg_value(x)
+
+    def _losses_torch(self, z: torch.Tensor) -> torch.Tensor:
+        t = self._tensors()
+        per = _phi_torch(self.loss_kind, z, t["y"]) * t["w"]
+        out = torch.zeros(self.n, dtype=self.dtype, device=self.device)
+        return out.index_add_(0, t["client"], per)
 
     def loss(self, x: torch.Tensor) -> float:
         """f(x) = (1/n) Σ_i f_i(x)."""
@@ -629,8 +723,11 @@ class LinearModelProblem(Problem):
         sel = np.concatenate(rows)
         sizes = np.array([r.size for r in rows], dtype=np.int64)
         parts = np.split(np.arange(sel.size, dtype=np.int64), np.cumsum(sizes)[:-1])
+        data = self._A64[sel]
+        if self.intercept:  # the constructor appends the column of ones again
+            data = data[:, :-1]
         return LinearModelProblem(
-            self._A64[sel],
+            data,
             self._y64[sel],
             parts,
             loss=self.loss_kind,
@@ -643,6 +740,8 @@ class LinearModelProblem(Problem):
             dataset=self.dataset,
             split=self.split,
             eig_method=self._eig_method,
+            threads=self.threads,
+            intercept=self.intercept,
         )
 
     # -- data access and metadata ----------------------------------------------------------------
@@ -668,6 +767,7 @@ class LinearModelProblem(Problem):
                 "lam": self.lam,
                 "reg": self.reg if self.lam > 0 else "none",
                 "n_samples": self.n_samples,
+                "intercept": self.intercept,
                 "dtype": str(self.dtype).replace("torch.", ""),
             }
         )
@@ -697,6 +797,20 @@ def _csr_parts(A: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _fpc(m: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(m − b)/(b (m − 1)): variance factor of a b-of-m sample mean without replacement."""
     return np.where(m > 1, (m - b) / (b * np.maximum(m - 1, 1)), 0.0)
+
+
+def _with_intercept(A: sp.spmatrix | np.ndarray) -> sp.csr_matrix | np.ndarray:
+    """[A, 1]: the data with a column of ones appended (the intercept's feature)."""
+    ones = np.ones((A.shape[0], 1))
+    if sp.issparse(A):
+        return sp.hstack([sp.csr_matrix(A, dtype=np.float64), ones], format="csr")
+    return np.hstack([np.asarray(A, dtype=np.float64), ones])
+
+
+def _check_threads(threads: Any) -> int:
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1 (1: serial kernels), got {threads!r}")
+    return int(threads)
 
 
 def _default_name(loss: str, lam: float, reg: str) -> str:
@@ -750,28 +864,24 @@ def _from_dataset(
     dataset: str | os.PathLike[str] | Dataset,
     n_clients: int | None,
     split: str | Split | Sequence[Any],
-    lam: float,
-    reg: Regularizer,
-    dtype: str | torch.dtype,
-    device: str | torch.device | None,
-    storage: Storage,
     n_features: int | None,
+    **options: Any,
 ) -> LinearModelProblem:
     data = load(dataset, n_features=n_features)
     parts, split_name = resolve_split(split, data, n_clients)
     return LinearModelProblem(
-        data.X,
-        data.y,
-        parts,
-        loss=loss,
-        lam=lam,
-        reg=reg,
-        dtype=dtype,
-        device=device,
-        storage=storage,
-        dataset=data.name,
-        split=split_name,
+        data.X, data.y, parts, loss=loss, dataset=data.name, split=split_name, **options
     )
+
+
+_OPTIONS_DOC = """
+    ``intercept=True`` appends a feature equal to 1 to every sample (a bias b in a_jᵀw + b, as
+    FL_PyTorch adds; x's last coordinate): the problem is then exactly this linear model on the
+    data [A, 1], the regularizer included (it applies to the bias like to every coordinate), so
+    L_i = κ λ_max(ÃᵢᵀÃᵢ)/m_i + c_R λ and L keep their formulas on Ã = [A, 1] and stay the
+    smallest valid constants; d grows by one. ``threads`` > 1 spreads the one-point gradient
+    pass over numba threads (results bit for bit those of 1 thread, the default).
+"""
 
 
 @PROBLEMS.register("logistic_regression")
@@ -785,6 +895,8 @@ def logistic_regression(
     device: str | torch.device | None = "cpu",
     storage: Storage = "auto",
     n_features: int | None = None,
+    intercept: bool = False,
+    threads: int = 1,
 ) -> LinearModelProblem:
     """Logistic regression over n clients, with the nonconvex (default) or the ℓ2 regularizer.
 
@@ -795,8 +907,10 @@ def logistic_regression(
     index arrays (then ``n_clients`` is implied).
     """
     return _from_dataset(
-        "logistic", dataset, n_clients, split, lam, reg, dtype, device, storage, n_features
-    )
+        "logistic", dataset, n_clients, split, n_features,
+        lam=lam, reg=reg, dtype=dtype, device=device, storage=storage, intercept=intercept,
+        threads=threads,
+    )  # fmt: skip
 
 
 @PROBLEMS.register("least_squares")
@@ -810,6 +924,8 @@ def least_squares(
     device: str | torch.device | None = "cpu",
     storage: Storage = "auto",
     n_features: int | None = None,
+    intercept: bool = False,
+    threads: int = 1,
 ) -> LinearModelProblem:
     """Least squares on a dataset's labels: f_i(x) = (1/m_i)‖A_i x − y_i‖² (+ λR(x)).
 
@@ -817,5 +933,11 @@ def least_squares(
     eigenvalue of the Hessian); with the nonconvex regularizer those are unknown (None).
     """
     return _from_dataset(
-        "squared", dataset, n_clients, split, lam, reg, dtype, device, storage, n_features
-    )
+        "squared", dataset, n_clients, split, n_features,
+        lam=lam, reg=reg, dtype=dtype, device=device, storage=storage, intercept=intercept,
+        threads=threads,
+    )  # fmt: skip
+
+
+logistic_regression.__doc__ = (logistic_regression.__doc__ or "") + _OPTIONS_DOC
+least_squares.__doc__ = (least_squares.__doc__ or "") + _OPTIONS_DOC
