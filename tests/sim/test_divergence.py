@@ -206,3 +206,26 @@ def test_divergence_options() -> None:
             Divergence(loss_factor=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="divergence_factor must be a number > 1"):
         simulate(PROBLEMS["fixture_lsq"], "gd", None, 0.1, rounds=2, divergence_factor=0.5)
+
+
+def test_downstream_claims_treat_a_diverged_run_as_failed() -> None:
+    """The saturated run ends with a smaller ‖∇f‖² than a converging one: the claims must not
+    read that as "reached ε" or as the best final value (issue 12.1: "plots as the best")."""
+    import pandas as pd
+
+    from shrinkgrad.experiments.claims import final_value, reach
+    from shrinkgrad.experiments.reproductions.common import common_tolerance
+
+    p = logistic_regression("w1a", n_clients=10)
+    good = simulate(p, "ef21", "top_k[k=1]", "theory", rounds=20).table.assign(status="completed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        bad = simulate(p, "ef21", "top_k[k=1]", 1e6, rounds=20).table.assign(status="diverged")
+    assert bad["grad_norm_sq"].iloc[-1] < good["grad_norm_sq"].iloc[-1]
+    eps = float(good["grad_norm_sq"].iloc[-1])
+    assert reach(bad, eps) == math.inf and final_value(bad) == math.inf
+    assert reach(good, eps) < math.inf and final_value(good) == eps
+    both = pd.concat(
+        [good.assign(run_id="a", problem_label="w1a"), bad.assign(run_id="b", problem_label="w1a")]
+    )
+    assert common_tolerance(both) == {"w1a": eps}
