@@ -14,16 +14,17 @@ accumulated in the order of the stored non-zeros (rows in order, columns in orde
 do not depend on how the kernels are written.
 
 Losses from the gradient pass (:func:`client_losses`): the logistic loss log(1 + exp(t)),
-t = −y·z, needs exp(−t), which :func:`dphi_weighted` computes for φ'(z) anyway; it stores it
-(``e_out``) when the caller wants the losses too, and :func:`client_losses` finishes with one
-division and a polynomial per sample, in a loop the compiler vectorises (no call into libm). The
-separate evaluation uses the same kernel on the same exp(−t) (:func:`neg_margin_exp`), so the
-fused and the separate losses agree bit for bit.
+t = −y·z, needs exp(−t), which the gradient pass computes for φ'(z) anyway; the one-point pass
+(:func:`point_pass_csr`) stores it when the caller wants the losses too, and
+:func:`client_losses` finishes with one division and a polynomial per sample, in a loop the
+compiler vectorises (no call into libm). The separate evaluation uses the same kernel on the same
+exp(−t) (:func:`neg_margin_exp`), so the fused and the separate losses agree bit for bit.
 
-:func:`point_pass_csr` / :func:`point_pass_dense` do the gradient pass at one point for every
-client with the clients spread over numba threads (``prange`` over clients: each client's rows
-are contiguous, its sums keep the serial order, so the result is the serial kernels' bit for
-bit, for any number of threads).
+:func:`point_pass_csr` / :func:`point_pass_dense` do the whole gradient pass at one point for
+every client in one call (margins, φ', the per-client sums and the regularizer's gradient, with
+the values of the kernels above bit for bit); their ``_threads`` versions spread the clients over
+numba threads (``prange`` over clients: each client's rows are contiguous and its sums keep the
+serial order, so the result is the same bit for bit for any number of threads).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ __all__ = [
     "dphi_weighted",
     "neg_margin_exp",
     "point_pass_csr",
+    "point_pass_csr_threads",
     "point_pass_dense",
+    "point_pass_dense_threads",
     "rowdot_csr",
     "rowdot_dense",
     "scatter_csr",
@@ -91,23 +94,16 @@ def scatter_csr(indptr, indices, data, rows, client, r, ones, G):  # type: ignor
 
 
 @_jit
-def dphi_weighted(logistic, z, y, w, out, e_out):  # type: ignore[no-untyped-def]  # pragma: no cover
+def dphi_weighted(logistic, z, y, w, out):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out_k = φ'(z_k; y_k)·w_k with the arithmetic of the numpy expressions it replaces
     (``-y * expit(-y * z) * w``, expit(t) = 1/(1 + exp(−t)) as scipy computes it, or
-    ``2 * (z - y) * w``), in z's dtype: the same bits, without the temporaries.
-
-    ``e_out`` (length N, or 0 to skip): the logistic pass stores exp(−t_k), t_k = −y_k z_k, for
-    :func:`client_losses`."""
+    ``2 * (z - y) * w``), in z's dtype: the same bits, without the temporaries."""
     one = z.dtype.type(1.0)
     two = z.dtype.type(2.0)
-    keep = e_out.shape[0] > 0
     if logistic:
         for k in range(z.shape[0]):
             ny = -y[k]
-            e = math.exp(-(ny * z[k]))
-            out[k] = (ny * (one / (one + e))) * w[k]
-            if keep:
-                e_out[k] = e
+            out[k] = (ny * (one / (one + math.exp(-(ny * z[k]))))) * w[k]
     else:
         for k in range(z.shape[0]):
             out[k] = (two * (z[k] - y[k])) * w[k]
@@ -115,7 +111,8 @@ def dphi_weighted(logistic, z, y, w, out, e_out):  # type: ignore[no-untyped-def
 
 @_jit
 def neg_margin_exp(z, y, e_out):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """e_k = exp(−t_k), t_k = −y_k z_k: the expression of :func:`dphi_weighted`, the same bits."""
+    """e_k = exp(−t_k), t_k = −y_k z_k: the expression of :func:`dphi_weighted` and of the
+    one-point pass, the same bits."""
     for k in range(z.shape[0]):
         ny = -y[k]
         e_out[k] = math.exp(-(ny * z[k]))
@@ -170,7 +167,7 @@ def _sample_losses(logistic, z, y, e, out):  # type: ignore[no-untyped-def]  # p
 @_jit
 def client_losses(logistic, z, y, e, offsets, inv_m, buf, out):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out_c = (1/m_c) Σ_{k ∈ client c} φ(z_k; y_k) (float64), rows of client c being
-    offsets[c]:offsets[c+1]; ``e`` = exp(−t) of the logistic loss (:func:`dphi_weighted`,
+    offsets[c]:offsets[c+1]; ``e`` = exp(−t) of the logistic loss (:func:`point_pass_csr`,
     :func:`neg_margin_exp`), ``buf`` a float64 scratch of length N."""
     _sample_losses(logistic, z, y, e, buf)
     for c in range(offsets.shape[0] - 1):
@@ -180,17 +177,19 @@ def client_losses(logistic, z, y, e, offsets, inv_m, buf, out):  # type: ignore[
         out[c] = acc * inv_m[c]
 
 
-@_jit_par
-def point_pass_csr(indptr, indices, data, ones, offsets, x, y, w, logistic, z, r, e, G):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """The gradient pass at one point x for every client, clients spread over threads.
+def _point_pass_csr(indptr, indices, data, ones, offsets, x, y, w, logistic, reg, z, r, e, G):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """The gradient pass at one point x for every client (``prange`` over clients).
 
     Per client c (rows offsets[c]:offsets[c+1]): z_k = ⟨a_k, x⟩ as :func:`rowdot_csr`,
     r_k = φ'(z_k)·w_k as :func:`dphi_weighted` (storing exp(−t_k) in ``e`` when it has length
-    N), G[c] += r_k a_k as :func:`scatter_csr`: the serial kernels' values bit for bit.
+    N, for :func:`client_losses`), G[c] = Σ_k r_k a_k as :func:`scatter_csr` into a zeroed
+    row, then G[c] += reg (the regularizer's gradient, as ``G.add_(reg)``): the values of those
+    kernels bit for bit, for any number of threads. G need not be zeroed by the caller.
     """
     one = z.dtype.type(1.0)
     two = z.dtype.type(2.0)
     keep = e.shape[0] > 0
+    d = G.shape[1]
     for c in numba.prange(offsets.shape[0] - 1):
         lo, hi = offsets[c], offsets[c + 1]
         for j in range(lo, hi):
@@ -213,6 +212,8 @@ def point_pass_csr(indptr, indices, data, ones, offsets, x, y, w, logistic, z, r
             for j in range(lo, hi):
                 r[j] = (two * (z[j] - y[j])) * w[j]
         g = G[c]
+        for q in range(d):
+            g[q] = 0.0
         for j in range(lo, hi):
             rk = r[j]
             if rk == 0.0:
@@ -223,11 +224,12 @@ def point_pass_csr(indptr, indices, data, ones, offsets, x, y, w, logistic, z, r
             else:
                 for p in range(indptr[j], indptr[j + 1]):
                     g[np.uint64(indices[p])] += rk * data[p]
+        for q in range(d):
+            g[q] = g[q] + reg[q]
 
 
-@_jit_par
-def point_pass_dense(A, offsets, x, y, w, logistic, z, r, e, G):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """:func:`point_pass_csr` for dense data (:func:`rowdot_dense`, :func:`scatter_dense`)."""
+def _point_pass_dense(A, offsets, x, y, w, logistic, reg, z, r, e, G):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """:func:`_point_pass_csr` for dense data (:func:`rowdot_dense`, :func:`scatter_dense`)."""
     one = z.dtype.type(1.0)
     two = z.dtype.type(2.0)
     keep = e.shape[0] > 0
@@ -249,10 +251,21 @@ def point_pass_dense(A, offsets, x, y, w, logistic, z, r, e, G):  # type: ignore
         else:
             for j in range(lo, hi):
                 r[j] = (two * (z[j] - y[j])) * w[j]
+        for q in range(d):
+            G[c, q] = 0.0
         for j in range(lo, hi):
             rk = r[j]
             for q in range(d):
                 G[c, q] += rk * A[j, q]
+        for q in range(d):
+            G[c, q] = G[c, q] + reg[q]
+
+
+#: the one-point pass, serial (``prange`` is ``range``) and over numba threads
+point_pass_csr = _jit(_point_pass_csr)
+point_pass_dense = _jit(_point_pass_dense)
+point_pass_csr_threads = _jit_par(_point_pass_csr)
+point_pass_dense_threads = _jit_par(_point_pass_dense)
 
 
 @_jit

@@ -417,13 +417,11 @@ class LinearModelProblem(Problem):
         client: np.ndarray,
         weights: np.ndarray | None,
         same_x: bool,
-        e_out: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(z, G): z_k = ⟨a_{rows[k]}, X[client[k]]⟩, G[c] = Σ_k w_k φ'(z_k) a_{rows[k]}.
 
         Single-threaded kernels (no BLAS call: a multi-threaded BLAS matvec on a shared machine
-        can be 10× slower than one thread, and results stay deterministic). ``e_out`` (length N)
-        receives exp(−t_k) of the logistic loss, for :meth:`_losses_numba`.
+        can be 10× slower than one thread, and results stay deterministic).
         """
         dt = self._A.dtype
         same = self._zeros_client if rows is self._rows else np.zeros_like(client)
@@ -431,8 +429,7 @@ class LinearModelProblem(Problem):
         y = self._y if rows is self._rows else self._y[rows]
         w = self._w if weights is None else weights
         r = np.empty(z.shape[0], dtype=dt)  # (_dphi_np(loss, z, y) * w).astype(dt), fused
-        e = self._no_e if e_out is None else e_out
-        K.dphi_weighted(self.loss_kind == "logistic", z, y, w, r, e)
+        K.dphi_weighted(self.loss_kind == "logistic", z, y, w, r)
         G = np.zeros((self.n, self.d), dtype=dt)
         if self.storage == "sparse":
             K.scatter_csr(self._indptr, self._indices, self._data, rows, client, r, self._ones, G)
@@ -443,32 +440,35 @@ class LinearModelProblem(Problem):
     def _point_numba(
         self, x: torch.Tensor, losses: bool
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(G, z, e) of every client at one point x: the serial kernels, or with ``threads`` > 1
-        the same values from :func:`~shrinkgrad.problems._kernels.point_pass_csr` (clients spread
-        over numba threads). ``e`` = exp(−t) of the logistic loss when ``losses`` (else None)."""
+        """(G, z, e) of every client at one point x, the regularizer's gradient included, in one
+        kernel call (:func:`~shrinkgrad.problems._kernels.point_pass_csr`: the values of the
+        row-list kernels bit for bit); with ``threads`` > 1 the clients are spread over numba
+        threads (same values). ``e`` = exp(−t) of the logistic loss when ``losses`` (else None).
+        """
         xn = self._numpy(x)
+        reg = self._numpy(self._reg_grad(x))
         logistic = self.loss_kind == "logistic"
-        e = np.empty(self.n_samples, dtype=self._A.dtype) if losses and logistic else None
-        if self.threads == 1:
-            z, G = self._z_and_scatter_numba(xn[None, :], self._rows, self._client, None, True, e)
-            return G, z, e
-        import numba
-
-        numba.set_num_threads(min(self.threads, getattr(numba.config, "NUMBA_NUM_THREADS", 1)))
         dt = self._A.dtype
+        e = np.empty(self.n_samples, dtype=dt) if losses and logistic else None
+        e_arg = self._no_e if e is None else e
         z = np.empty(self.n_samples, dtype=dt)
         r = np.empty(self.n_samples, dtype=dt)
-        G = np.zeros((self.n, self.d), dtype=dt)
-        e_arg = self._no_e if e is None else e
+        G = np.empty((self.n, self.d), dtype=dt)
+        parallel = self.threads > 1
+        if parallel:
+            import numba
+
+            numba.set_num_threads(min(self.threads, getattr(numba.config, "NUMBA_NUM_THREADS", 1)))
+        y, w = self._y, self._w
         if self.storage == "sparse":
-            K.point_pass_csr(
-                self._indptr, self._indices, self._data, self._ones, self.offsets, xn,
-                self._y, self._w, logistic, z, r, e_arg, G,
+            kernel = K.point_pass_csr_threads if parallel else K.point_pass_csr
+            kernel(
+                self._indptr, self._indices, self._data, self._ones, self.offsets, xn, y, w,
+                logistic, reg, z, r, e_arg, G,
             )  # fmt: skip
         else:
-            K.point_pass_dense(
-                self._A, self.offsets, xn, self._y, self._w, logistic, z, r, e_arg, G
-            )
+            kernel = K.point_pass_dense_threads if parallel else K.point_pass_dense
+            kernel(self._A, self.offsets, xn, y, w, logistic, reg, z, r, e_arg, G)
         return G, z, e
 
     def _losses_numba(self, z: np.ndarray, e: np.ndarray | None) -> torch.Tensor:
@@ -531,11 +531,10 @@ class LinearModelProblem(Problem):
     def client_grads(self, x: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(x), in one pass over the data."""
         x = self._point(x)
-        if self.backend == "numba":
-            out = torch.from_numpy(self._point_numba(x, False)[0])
-        else:
-            out = self._grads_torch(x.expand(self.n, self.d), None, None)
-        return out.add_(self._reg_grad(x))
+        if self.backend == "numba":  # the regularizer's gradient is added in the kernel
+            return torch.from_numpy(self._point_numba(x, False)[0])
+        G: torch.Tensor = self._grads_torch(x.expand(self.n, self.d), None, None)
+        return G.add_(self._reg_grad(x))
 
     def client_grads_and_losses(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(``client_grads(x)``, ``client_losses(x)``), bit for bit, from one pass over the data.
@@ -551,8 +550,8 @@ class LinearModelProblem(Problem):
             grads, losses = torch.from_numpy(G), self._losses_numba(z, e)
         else:
             grads, z = self._grads_torch(x.expand(self.n, self.d), None, None, keep_z=True)
-            losses = self._losses_torch(z)
-        return grads.add_(self._reg_grad(x)), losses + self._reg_value(x)
+            grads, losses = grads.add_(self._reg_grad(x)), self._losses_torch(z)
+        return grads, losses + self._reg_value(x)
 
     def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(X[i]), in one pass over the data."""
