@@ -7,7 +7,8 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import delayed, ef, ef21, gd
+from . import asynchronous, delayed, ef, ef21, gd
+from .asynchronous import Asynchronous
 from .base import (
     METHODS,
     BoundMethod,
@@ -35,6 +36,7 @@ __all__ = [
     "GD",
     "IAG",
     "METHODS",
+    "Asynchronous",
     "BoundMethod",
     "Config",
     "Constants",
@@ -46,6 +48,7 @@ __all__ = [
     "State",
     "StepSize",
     "Traffic",
+    "asynchronous",
     "delayed",
     "ef",
     "ef21",
