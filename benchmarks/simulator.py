@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -222,21 +223,26 @@ def _scale_child(kind: str, n: int, rounds: int) -> dict[str, Any]:
     import resource
 
     from shrinkgrad import simulate
-    from shrinkgrad.problems import logistic_regression, synthetic_least_squares
+    from shrinkgrad.problems import load, logistic_regression, synthetic_least_squares
 
     torch.set_num_threads(1)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if kind != "synthetic":
+        load(kind)  # reading the file: the same for every n, reported apart
+    load_s = time.perf_counter() - t0
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if kind == "synthetic":
         p: Any = synthetic_least_squares(n_clients=n, d=100, m=10, L_var=1e4)
     else:
         p = logistic_regression(kind, n_clients=n, split="contiguous[reuse=true]", lam=LAM)
-    setup = time.perf_counter() - t0
+    setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
     after_setup = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     simulate(p, "ef21", "top_k[k=1]", "theory", rounds=2)  # compilation
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = simulate(p, "ef21", "top_k[k=1]", "theory", rounds=rounds, log_every=10)
     per_round = (time.perf_counter() - t0) / rounds
+    per_round_cpu = (time.process_time() - c0) / rounds
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     nnz = int(p.data_matrix().nnz) if sp.issparse(p.data_matrix()) else p.n_samples * p.d
     return {
@@ -245,8 +251,11 @@ def _scale_child(kind: str, n: int, rounds: int) -> dict[str, Any]:
         "d": p.d,
         "samples": p.n_samples,
         "nnz": nnz,
+        "load_s": load_s,
         "setup_s": setup,
+        "setup_cpu_s": setup_cpu,
         "round_ms": 1e3 * per_round,
+        "round_cpu_ms": 1e3 * per_round_cpu,
         "time_s_ms": 1e3 * float(res.table["time_s"].iloc[-1]) / rounds,
         "rss_start_mb": base / 1024,
         "rss_setup_mb": after_setup / 1024,
@@ -258,25 +267,32 @@ def _scale_child(kind: str, n: int, rounds: int) -> dict[str, Any]:
 def scale(clients: list[int], kinds: list[str], rounds: int) -> None:
     print(
         "EF21 + top_k[k=1], 1 thread, logged every 10 rounds; each configuration in a fresh "
-        "process (peak RSS includes the interpreter and torch, ~0.3-0.4 GB)"
+        "process (peak RSS includes the interpreter and torch, ~0.35 GB); set-up = building the "
+        "problem with its exact L_i (the dataset file is read before); wall (cpu) times"
     )
     print(
-        f"{'problem':<10} {'n':>7} {'d':>4} {'samples':>8} {'nnz':>9} {'set-up s':>9} "
-        f"{'ms/round':>9} {'step ms':>8} {'peak MB':>8} {'ms/round per 1e6 nnz+n·d':>25}"
+        f"{'problem':<10} {'n':>7} {'d':>4} {'samples':>8} {'nnz':>9} {'set-up s (cpu)':>15} "
+        f"{'ms/round (cpu)':>15} {'peak MB':>8} {'cpu ms/round per 10⁶ (nnz + n·d)':>33}"
     )
     for kind in kinds:
         for n in clients:
             cmd = [sys.executable, __file__, "_child", kind, str(n), str(rounds)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            # one BLAS thread: a multi-threaded OpenBLAS on a busy 2-core machine made the set-up's
+            # Gram products 30× slower (docs/platform-notes.md)
+            env = dict(
+                os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"
+            )
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
             if proc.returncode != 0:
                 print(f"{kind:<10} {n:>7}  failed: {proc.stderr.strip().splitlines()[-1:]}")
                 continue
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             work = (r["nnz"] + r["n"] * r["d"]) / 1e6
+            setup = f"{r['setup_s']:.2f} ({r['setup_cpu_s']:.2f})"
+            per = f"{r['round_ms']:.1f} ({r['round_cpu_ms']:.1f})"
             print(
-                f"{kind:<10} {n:>7} {r['d']:>4} {r['samples']:>8} {r['nnz']:>9} "
-                f"{r['setup_s']:>9.2f} {r['round_ms']:>9.2f} {r['time_s_ms']:>8.2f} "
-                f"{r['rss_peak_mb']:>8.0f} {r['round_ms'] / work:>25.3f}"
+                f"{kind:<10} {n:>7} {r['d']:>4} {r['samples']:>8} {r['nnz']:>9} {setup:>15} "
+                f"{per:>15} {r['rss_peak_mb']:>8.0f} {r['round_cpu_ms'] / work:>33.2f}"
             )
 
 

@@ -44,7 +44,7 @@ from . import _kernels as K
 from .base import PROBLEMS, Problem
 from .datasets import Dataset, load
 from .smoothness import DENSE_LIMIT, client_lambda_max, gram_matrix, lambda_max_gram
-from .splits import Split, resolve_split
+from .splits import ClientRows, Split, resolve_split
 
 __all__ = ["LinearModelProblem", "least_squares", "logistic_regression"]
 
@@ -91,7 +91,9 @@ class LinearModelProblem(Problem):
     Usually built by :func:`logistic_regression`, :func:`least_squares` or
     :func:`~shrinkgrad.problems.synthetic.synthetic_least_squares`; see the module docstring for
     the formulas. ``A`` is the N × d data (CSR or dense), ``targets`` the labels (±1, logistic) or
-    the regression targets, ``parts`` the clients' row indices. ``intercept=True`` appends a
+    the regression targets, ``parts`` the clients' row indices (a sequence of index arrays or a
+    :class:`~shrinkgrad.problems.splits.ClientRows`). Data whose rows are already in client order
+    are kept by reference, not copied (10⁵ clients of generated data). ``intercept=True`` appends a
     column of ones to ``A`` (the problem is the linear model on [A, 1]: d + 1 coordinates, the
     last one the bias, regularized like the others, constants computed on [A, 1]); ``threads``
     spreads the one-point gradient pass over that many numba threads (same results).
@@ -148,17 +150,23 @@ class LinearModelProblem(Problem):
         self.name = name or _default_name(loss, self.lam, reg)
 
         # -- clients' rows in client order -------------------------------------------------
-        parts = [np.asarray(p, dtype=np.int64) for p in parts]
-        sizes = np.array([p.size for p in parts], dtype=np.int64)
+        rows = ClientRows.of(parts)  # no Python object per client
+        sizes = rows.sizes
         if sizes.size == 0 or np.any(sizes == 0):
             raise ValueError("every client needs at least one sample")
-        perm = np.concatenate(parts)
+        perm = rows.order
+        # samples already in client order (contiguous chunks, generated data) are not copied
+        in_order = perm.size == A.shape[0] and bool(np.all(perm == np.arange(perm.size)))
         A64: sp.csr_matrix | np.ndarray
         if sp.issparse(A):
-            A64 = sp.csr_matrix(A, dtype=np.float64)[perm]
-            A64.sort_indices()
+            A64 = sp.csr_matrix(A, dtype=np.float64)
+            A64 = A64 if in_order else A64[perm]
+            if not A64.has_sorted_indices:  # on a copy: the caller's matrix is not modified
+                A64 = A64.copy()
+                A64.sort_indices()
         else:
-            A64 = np.ascontiguousarray(np.asarray(A, dtype=np.float64)[perm])
+            A64 = np.asarray(A, dtype=np.float64)
+            A64 = np.ascontiguousarray(A64 if in_order else A64[perm])
         if A64.ndim != 2:
             raise ValueError(f"the data matrix must be 2-D, got shape {A64.shape}")
         y = np.asarray(targets, dtype=np.float64).reshape(-1)
@@ -175,7 +183,7 @@ class LinearModelProblem(Problem):
         self._zeros_client = np.zeros(self.n_samples, dtype=np.int64)
         self._w64 = 1.0 / sizes[self._client].astype(np.float64)
         self._A64 = A64
-        self._y64 = y[perm]
+        self._y64 = y if in_order else y[perm]
 
         # -- storage (CSR until a dense copy is cheaper) -----------------------------------
         np_dtype = np.float64 if self.dtype == torch.float64 else np.float32
@@ -211,7 +219,14 @@ class LinearModelProblem(Problem):
         lam_i = client_lambda_max(A64, self.offsets, method=eig_method)
         self.L_i = torch.from_numpy(kappa * lam_i / sizes + c_reg)
         self._fweights = self._w64 / self.n  # weight of sample j in f
-        self.L = kappa * lambda_max_gram(A64, self._fweights, method=eig_method) + c_reg
+        quadratic = loss == "squared" and (reg == "l2" or self.lam == 0.0)
+        gram = None
+        if quadratic and self.d <= DENSE_LIMIT and eig_method != "lanczos":
+            # the Hessian's data part, needed by the solve anyway: L from it (one Gram, blocked)
+            gram = _weighted_gram(A64, self._fweights)
+            self.L = kappa * max(0.0, float(np.linalg.eigvalsh(gram)[-1])) + c_reg
+        else:
+            self.L = kappa * lambda_max_gram(A64, self._fweights, method=eig_method) + c_reg
         self.f_lower = 0.0
         self.mu = None
         self._f_star: float | None = None
@@ -220,8 +235,8 @@ class LinearModelProblem(Problem):
         self._solved = not (loss == "logistic" and reg == "l2" and self.lam > 0)
         if loss == "logistic" and reg == "l2" and self.lam > 0:
             self.mu = self.lam
-        if loss == "squared" and (reg == "l2" or self.lam == 0.0) and self.d <= DENSE_LIMIT:
-            self._solve_quadratic()
+        if quadratic and self.d <= DENSE_LIMIT:
+            self._solve_quadratic(gram)
 
     # -- known solution (lazy for the logistic loss) ----------------------------------------
     @property
@@ -273,9 +288,12 @@ class LinearModelProblem(Problem):
         per = _phi_np(self.loss_kind, z, self._y64)
         return float(per @ self._fweights) + self.lam * _reg_value_np(self.reg, x)
 
-    def _solve_quadratic(self) -> None:
-        """Least squares (reg none or ℓ2): x* from the normal equations, μ from the spectrum."""
-        H = gram_matrix(self._A64, self._fweights)
+    def _solve_quadratic(self, H: np.ndarray | None = None) -> None:
+        """Least squares (reg none or ℓ2): x* from the normal equations, μ from the spectrum.
+
+        ``H`` = Aᵀ W A when already computed."""
+        if H is None:
+            H = _weighted_gram(self._A64, self._fweights)
         h = (self._A64.T @ (self._fweights * self._y64)).reshape(-1)
         lam2 = self.lam if self.reg == "l2" else 0.0
         hess = 2.0 * H + lam2 * np.eye(self.d)
@@ -718,10 +736,14 @@ class LinearModelProblem(Problem):
             raise ValueError(f"client ids must lie in [0, n={self.n})")
         if torch.unique(idx).numel() != idx.numel():
             raise ValueError("client ids must be distinct")
-        rows = [np.arange(self.offsets[i], self.offsets[i + 1]) for i in idx.tolist()]
-        sel = np.concatenate(rows)
-        sizes = np.array([r.size for r in rows], dtype=np.int64)
-        parts = np.split(np.arange(sel.size, dtype=np.int64), np.cumsum(sizes)[:-1])
+        ids_np = idx.numpy().astype(np.int64)
+        sizes = self._sizes[ids_np]
+        starts = self.offsets[ids_np]
+        # the rows of the chosen clients, client by client, without a per-client loop
+        local = np.arange(int(sizes.sum()), dtype=np.int64)
+        new_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        sel = np.repeat(starts - new_offsets[:-1], sizes) + local
+        parts = ClientRows(local, new_offsets)
         data = self._A64[sel]
         if self.intercept:  # the constructor appends the column of ones again
             data = data[:, :-1]
@@ -796,6 +818,22 @@ def _csr_parts(A: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _fpc(m: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(m − b)/(b (m − 1)): variance factor of a b-of-m sample mean without replacement."""
     return np.where(m > 1, (m - b) / (b * np.maximum(m - 1, 1)), 0.0)
+
+
+#: rows per block of :func:`_weighted_gram` (no weighted copy of a tall dense matrix)
+_GRAM_ROWS = 1 << 16
+
+
+def _weighted_gram(A: sp.csr_matrix | np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Aᵀ diag(w) A (d × d), for dense data by blocks of rows: memory O(d² + block·d) instead of
+    a weighted copy of A (10⁶ × 100 at 10⁵ clients). One block is ``gram_matrix`` exactly."""
+    if sp.issparse(A) or A.shape[0] <= _GRAM_ROWS:
+        return gram_matrix(A, w)
+    out = np.zeros((A.shape[1], A.shape[1]))
+    for lo in range(0, A.shape[0], _GRAM_ROWS):
+        blk = A[lo : lo + _GRAM_ROWS]
+        out += blk.T @ (blk * w[lo : lo + _GRAM_ROWS, None])
+    return out
 
 
 def _with_intercept(A: sp.spmatrix | np.ndarray) -> sp.csr_matrix | np.ndarray:
