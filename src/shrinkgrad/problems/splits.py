@@ -268,12 +268,11 @@ class Dirichlet(Split):
         self.alpha = float(alpha)
         self.seed = seed
 
-    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+    def _parts(self, data: Dataset, n: int) -> ClientRows:
         from scipy.special import gammaincinv
 
-        classes = np.unique(data.y)
-        buckets: list[list[np.ndarray]] = [[] for _ in range(n)]
-        for c, label in enumerate(classes):
+        samples, owners = [], []
+        for c, label in enumerate(np.unique(data.y)):
             idx = np.flatnonzero(data.y == label).astype(np.int64)
             idx = idx[_permutation(self.seed, idx.size, client=2 * c + 1)]
             u = _uniform(self.seed, n, client=2 * c + 2)
@@ -282,20 +281,36 @@ class Dirichlet(Split):
             p = g / total if total > 0 and np.isfinite(total) else (u == u.max()).astype(float)
             cuts = np.rint(np.cumsum(p) * idx.size).astype(np.int64)
             cuts[-1] = idx.size
-            start = 0
-            for i in range(n):
-                end = max(start, int(cuts[i]))
-                buckets[i].append(idx[start:end])
-                start = end
-        parts = [np.concatenate(b) for b in buckets]
-        sizes = np.array([p.size for p in parts])
-        for empty in np.flatnonzero(sizes == 0).tolist():
-            donor = int(np.argmax(sizes))
-            parts[empty] = parts[donor][-1:]
-            parts[donor] = parts[donor][:-1]
-            sizes[empty] = 1
-            sizes[donor] -= 1
-        return parts
+            # client i gets idx[end_{i−1}:end_i], end = the running maximum of the cuts
+            ends = np.minimum(np.maximum.accumulate(cuts), idx.size)
+            samples.append(idx)
+            owners.append(np.searchsorted(ends, np.arange(idx.size), side="right"))
+        sample, owner = np.concatenate(samples), np.concatenate(owners)
+        return _fill_empty(sample, owner, n)
+
+
+def _fill_empty(sample: np.ndarray, owner: np.ndarray, n: int) -> ClientRows:
+    """The clients' samples (client by client, in the order of ``sample``), where each empty
+    client, in turn, receives the last sample of the currently largest client (the first of the
+    largest on ties): a heap of the sizes, O(N + n log n) whatever the number of empty clients."""
+    import heapq
+
+    order = sample[np.argsort(owner, kind="stable")]
+    sizes = np.bincount(owner, minlength=n)
+    empty = np.flatnonzero(sizes == 0)
+    if empty.size == 0:
+        return ClientRows(order, np.concatenate([[0], np.cumsum(sizes)]))
+    client = np.repeat(np.arange(n, dtype=np.int64), sizes)  # the client of each position
+    ends = np.cumsum(sizes)  # one past the last position each client still holds
+    heap = [(-int(sizes[i]), int(i)) for i in np.flatnonzero(sizes > 0)]
+    heapq.heapify(heap)
+    for e in empty.tolist():  # each donor keeps ≥ 1 sample: N ≥ n
+        size, donor = heapq.heappop(heap)
+        ends[donor] -= 1
+        client[ends[donor]] = e
+        heapq.heappush(heap, (size + 1, donor))
+    keep = np.argsort(client, kind="stable")
+    return ClientRows(order[keep], np.concatenate([[0], np.cumsum(np.bincount(client, minlength=n))]))
 
 
 class ExplicitSplit(Split):
