@@ -7,7 +7,7 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import delayed, ef, ef21, gd
+from . import cgd, delayed, ef, ef21, gd
 from .base import (
     METHODS,
     BoundMethod,
@@ -21,6 +21,7 @@ from .base import (
     make_method,
     weighted_sum,
 )
+from .cgd import CGD
 from .delayed import IAG, DelayedDCGD
 from .ef import EF
 from .ef21 import EF21
@@ -29,6 +30,7 @@ from .oracle import ProblemOracle
 from .stepsize import StepSize, parse_stepsize
 
 __all__ = [
+    "CGD",
     "DCGD",
     "EF",
     "EF21",
@@ -46,6 +48,7 @@ __all__ = [
     "State",
     "StepSize",
     "Traffic",
+    "cgd",
     "delayed",
     "ef",
     "ef21",

@@ -6,11 +6,11 @@ server steps x^{t+1} = x^t − γ (1/n) Σ_i (message_i).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
-from .base import METHODS, Config, GradientOracle, Message, Method
+from .base import METHODS, Config, GradientOracle, Message, Method, Requirement
 from .stepsize import theory_function
 
 __all__ = ["DCGD", "GD", "Group", "XState", "dcgd_theory"]
@@ -92,7 +92,7 @@ class DCGD(_GradientStep):
     Theory step: 1/(L + 2ωL_max/n) (``stepsize_dcgd``, convex f_i, (D)).
     """
 
-    requires = "unbiased"
+    requires: ClassVar[Requirement] = "unbiased"
 
     def theory_formula(self) -> str:
         return "1/(L + 2ω L_max/n) (stepsize_dcgd)"

@@ -12,6 +12,18 @@ functions, and f_i is the mean loss over client i's samples plus the regularizer
   lower bound on inf f, e.g. 0 for non-negative losses) and the derived ``L_AM``, ``L_QM``,
   ``L_max``, ``L_var`` (defined once, in :mod:`shrinkgrad.theory`).
 
+Unknown constants are a state, not an error (design.md principle 14): a neural network
+(:func:`~shrinkgrad.problems.model_problem`) has ``L = None`` and ``L_i = None``. Numeric step
+sizes work for every method; what needs a constant (``L_AM``, a theory step size, EF21-W's
+weights) raises :class:`~shrinkgrad.methods.UnknownConstantError` with one message. Local
+estimates (:func:`~shrinkgrad.problems.estimate_smoothness`) can be put on a problem explicitly
+with :meth:`Problem.with_constants`; the copy says ``constants_estimated = True``, and a theory
+step computed from it records ``(estimated L)``.
+
+A problem with a held-out part (rows kept back from the clients) names its metrics in
+``held_out_columns`` (e.g. ``("test_loss", "test_accuracy")``) and evaluates them with
+``held_out(x)``; the simulator appends those columns to its tables.
+
 Problems are built by name from the :data:`PROBLEMS` registry (``make_problem(
 "logistic_regression[dataset=a9a,n_clients=100]")``) or with the functions of
 :mod:`shrinkgrad.problems`.
@@ -20,12 +32,15 @@ Problems are built by name from the :data:`PROBLEMS` registry (``make_problem(
 from __future__ import annotations
 
 import abc
-from typing import Any
+import copy
+import math
+from typing import Any, NoReturn
 
 import torch
 
 from ..registry import Registry, Spec
 from ..rng import Keys
+from ..theory import L_AM, L_QM, L_var
 
 __all__ = ["PROBLEMS", "Problem", "make_problem"]
 
@@ -41,10 +56,14 @@ class Problem(abc.ABC):
     d: int
     dtype: torch.dtype = torch.float64
     device: torch.device = torch.device("cpu")
-    #: smoothness constant of f
-    L: float
-    #: smoothness constants of the f_i, shape (n,), float64 on the CPU
-    L_i: torch.Tensor
+    #: smoothness constant of f; None when unknown (a neural network)
+    L: float | None = None
+    #: smoothness constants of the f_i, shape (n,), float64 on the CPU; None when unknown
+    L_i: torch.Tensor | None = None
+    #: True when ``L`` / ``L_i`` are estimates (:meth:`with_constants`), not bounds
+    constants_estimated: bool = False
+    #: the metrics :meth:`held_out` returns (empty: the problem keeps no rows back)
+    held_out_columns: tuple[str, ...] = ()
     #: strong convexity / PL constant of f when known, else None
     mu: float | None = None
     #: optimal value and point when known, else None
@@ -100,28 +119,83 @@ class Problem(abc.ABC):
         """
         return None
 
-    # -- derived constants ----------------------------------------------------------------------
+    def held_out(self, x: torch.Tensor) -> dict[str, float]:
+        """The held-out metrics at x, one per name of :attr:`held_out_columns` (default: none)."""
+        return {}
+
+    # -- constants ------------------------------------------------------------------------------
+    @property
+    def constants_known(self) -> bool:
+        """True when both ``L`` and ``L_i`` are known (exactly, or as explicit estimates)."""
+        return self.L is not None and self.L_i is not None
+
+    def smoothness(self) -> tuple[float, torch.Tensor]:
+        """(L, L_i), or :class:`~shrinkgrad.methods.UnknownConstantError` when either is unknown."""
+        if self.L is None or self.L_i is None:
+            _unknown()
+        return self.L, self.L_i
+
+    def _known_L_i(self) -> torch.Tensor:
+        if self.L_i is None:
+            _unknown()
+        return self.L_i
+
     @property
     def L_AM(self) -> float:
-        from ..theory import L_AM
-
-        return L_AM(self.L_i)
+        """(1/n) Σ L_i; :class:`~shrinkgrad.methods.UnknownConstantError` when L_i is unknown."""
+        return L_AM(self._known_L_i())
 
     @property
     def L_QM(self) -> float:
-        from ..theory import L_QM
-
-        return L_QM(self.L_i)
+        """√((1/n) Σ L_i²); raises like :attr:`L_AM` when L_i is unknown."""
+        return L_QM(self._known_L_i())
 
     @property
     def L_max(self) -> float:
-        return float(torch.as_tensor(self.L_i).max())
+        """max_i L_i; raises like :attr:`L_AM` when L_i is unknown."""
+        return float(torch.as_tensor(self._known_L_i()).max())
 
     @property
     def L_var(self) -> float:
-        from ..theory import L_var
+        """L_QM² − L_AM²; raises like :attr:`L_AM` when L_i is unknown."""
+        return L_var(self._known_L_i())
 
-        return L_var(self.L_i)
+    def with_constants(
+        self,
+        L: float | None = None,
+        L_i: torch.Tensor | None = None,
+        *,
+        estimated: bool = True,
+    ) -> Problem:
+        """A copy of this problem that carries the smoothness constants ``L`` and ``L_i``.
+
+        The copy shares the data (a shallow copy); only the constants differ. ``estimated=True``
+        (default) marks them as estimates, e.g. from
+        :func:`~shrinkgrad.problems.estimate_smoothness`: step-size rules then record
+        ``(estimated L)`` (:class:`~shrinkgrad.methods.Constants` reads
+        ``constants_estimated``). A value left ``None`` stays unknown.
+        """
+        out = copy.copy(self)
+        if L is not None:
+            value = float(L)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"L must be a finite number > 0, got {L!r}")
+            out.L = value
+        else:
+            out.L = None
+        if L_i is not None:
+            t = torch.as_tensor(L_i, dtype=torch.float64).detach().reshape(-1).cpu().clone()
+            if t.numel() != self.n:
+                raise ValueError(
+                    f"L_i must have one entry per client (n={self.n}), got {t.numel()}"
+                )
+            if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+                raise ValueError("L_i must be finite and > 0 for every client")
+            out.L_i = t
+        else:
+            out.L_i = None
+        out.constants_estimated = bool(estimated)
+        return out
 
     # -- conveniences ---------------------------------------------------------------------------
     def x0(self) -> torch.Tensor:
@@ -133,14 +207,21 @@ class Problem(abc.ABC):
         return {"problem": self.name, "dataset": self.dataset, "n_clients": self.n, "d": self.d}
 
 
+def _unknown() -> NoReturn:
+    # imported here, on the error path only: problems do not depend on methods
+    from ..methods.base import UNKNOWN_L, UnknownConstantError
+
+    raise UnknownConstantError(UNKNOWN_L)
+
+
 PROBLEMS: Registry[Problem] = Registry("problem", base=Problem)
 
 
 def make_problem(spec: str | Spec | Problem) -> Problem:
     """Build a problem by name (see ``shrinkgrad list problems`` for names and parameters).
 
-    Example: ``make_problem("logistic_regression[dataset=a9a,n_clients=20]")``.
+    Example: ``make_problem("logistic_regression[dataset=a9a,n_clients=20]")``. Every factory is
+    registered when the package :mod:`shrinkgrad.problems` is imported, which importing this
+    module already does.
     """
-    from . import linear, synthetic  # noqa: F401  (registers the factories)
-
     return PROBLEMS.make(spec)

@@ -758,6 +758,7 @@ def _from_dataset(
     n_features: int | None,
 ) -> LinearModelProblem:
     data = load(dataset, n_features=n_features)
+    data.require_binary("logistic regression" if loss == "logistic" else "least squares")
     parts, split_name = resolve_split(split, data, n_clients)
     return LinearModelProblem(
         data.X,

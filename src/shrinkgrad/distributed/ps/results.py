@@ -260,7 +260,7 @@ def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem)
         stepsize=plan.stepsize,
         stepsize_rule=plan.cfg.stepsize_rule,
         tau_bound=plan.tau_bound,
-        L=float(problem.L),
+        L=math.nan if problem.L is None else float(problem.L),
         x=log.x,
         bits_up=log.bits_up,
         bits_up_paper=log.bits_up_paper,

@@ -1,0 +1,554 @@
+"""Neural networks as problems: n clients of a torch model, the clients on one tensor axis.
+
+:func:`model_problem` turns any ``torch.nn.Module`` h(x; a) and a dataset split over n clients
+into the objective of the rest of shrinkgrad (methods.md §1, the [EF21] convention)
+
+    f_i(x) = (1/m_i) Σ_{j ∈ client i} ℓ(h(x; a_j), y_j),        f(x) = (1/n) Σ_i f_i(x),
+
+with ℓ one of :data:`~shrinkgrad.problems.model_losses.LOSSES`. The iterate x is the flat vector
+of the model's parameters in ``model.parameters()`` order, the
+:func:`torch.nn.utils.parameters_to_vector` convention, so anyone can check a gradient with plain
+autograd.
+
+Every oracle is **one batched evaluation**: the clients' samples are padded to one length
+(:mod:`~shrinkgrad.problems.model_data`; padded rows have weight 0) and the per-client function
+(x, X_i, y_i, w_i) ↦ Σ_j w_ij ℓ(h(x; X_ij), y_ij) is evaluated with
+:func:`torch.func.functional_call` under :func:`torch.func.vmap` over the client axis:
+``vmap(grad(f_i))`` gives all n gradients at once (x shared: ``client_grads``; one point per
+client: ``client_grads_at``), ``vmap(jvp(grad(f_i)))`` the clients' Hessian-vector products
+(:meth:`ModelProblem.client_hvps`, used by :func:`~shrinkgrad.problems.estimate_smoothness`).
+There is no Python loop over clients; ``batch_size`` only bounds the rows of one batched call
+(then the clients are evaluated in a few chunks).
+
+The model is copied, cast to ``dtype``/``device`` and evaluated in ``eval()`` mode, so f is a
+deterministic function of x (dropout off; normalisation layers use their running statistics,
+which stay fixed). L and L_i are unknown (``None``; design.md principle 14): numeric step sizes
+work for every method, and :func:`~shrinkgrad.problems.estimate_smoothness` estimates local
+constants that :meth:`~shrinkgrad.problems.Problem.with_constants` can put on the problem.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.func import functional_call, grad, jvp, vmap
+
+from ..registry import Spec
+from ..rng import Keys, bits32_torch
+from .base import Problem
+from .datasets import Dataset
+from .linear import as_device, as_dtype
+from .model_data import ClientBatch, PreparedData, TestArg, prepare_data
+from .model_losses import ModelLoss, make_loss
+from .splits import Split
+
+__all__ = ["ModelProblem", "model_problem"]
+
+
+class _Functional:
+    """f_i(x) = Σ_j w_j ℓ(h(x; X_j), y_j) of one client, as a pure function of the flat x, and
+    its vmapped transforms (built once, shared by a problem's restrictions and copies)."""
+
+    def __init__(self, module: torch.nn.Module, loss: ModelLoss) -> None:
+        self.module = module
+        self.loss = loss
+        named = list(module.named_parameters())
+        self.names = [k for k, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+        self.buffers = {k: b for k, b in module.named_buffers()}
+        self.d = sum(self.sizes)
+        fx = self.client_loss
+        self.losses_shared = vmap(fx, in_dims=(None, 0, 0, 0))
+        self.grads_shared = vmap(grad(fx), in_dims=(None, 0, 0, 0))
+        self.grads_each = vmap(grad(fx), in_dims=(0, 0, 0, 0))
+        self.hvps = vmap(self._hvp, in_dims=(None, 0, 0, 0, 0))
+
+    def params(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """x as the model's named parameters (views of x)."""
+        views = torch.split(x, self.sizes)
+        return {k: v.view(s) for k, v, s in zip(self.names, views, self.shapes, strict=True)}
+
+    def forward(self, x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = functional_call(self.module, (self.params(x), self.buffers), (X,))
+        return out
+
+    def client_loss(
+        self, x: torch.Tensor, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        return (w * self.loss.per_sample(self.forward(x, X), y)).sum()
+
+    def _hvp(
+        self, x: torch.Tensor, v: torch.Tensor, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        g = grad(self.client_loss)
+        tangent: torch.Tensor = jvp(lambda z: g(z, X, y, w), (x,), (v,))[1]
+        return tangent
+
+
+class ModelProblem(Problem):
+    """f = (1/n) Σ f_i with f_i the mean loss of a torch model on client i's samples.
+
+    Built by :func:`model_problem` (or the registered ``mlp[...]`` / ``cnn[...]``); see the module
+    docstring for the definition and the batched evaluation. Beyond :class:`Problem`:
+    ``client_hvps`` / ``hvp`` (Hessian-vector products), ``held_out(x)`` (``test_loss`` and, for
+    the classification losses, ``test_accuracy`` on the rows kept back), ``parts`` (each client's
+    rows of ``data``), ``input_shape`` (of one sample), ``module`` (the evaluated copy of the
+    model), ``loss_kind``, ``n_test``, ``to()``.
+    """
+
+    fresh_grads = True  # every oracle returns the new output of a batched evaluation
+    name = "model"
+
+    def __init__(
+        self,
+        functional: _Functional,
+        prepared: PreparedData,
+        x0: torch.Tensor,
+        *,
+        batch_size: int | None,
+        name: str,
+    ) -> None:
+        self._fn = functional
+        self._clients = prepared.clients
+        self._test = prepared.test
+        self._x0 = x0
+        self.parts = prepared.parts
+        self.dataset = prepared.dataset
+        self.split = prepared.split
+        self.n_classes = prepared.n_classes
+        self.name = name
+        self.batch_size = _check_batch_size(batch_size)
+        self.n = self._clients.n
+        #: the evaluation layout (see :meth:`_layout_chunks`): clients of the full problem, and
+        #: this problem's slots in it (None: this is the full problem, slots 0 … n − 1)
+        self._layout_n = self.n
+        self._slots: torch.Tensor | None = None
+        self.d = functional.d
+        self.dtype = x0.dtype
+        self.device = x0.device
+        self.client_sizes: torch.Tensor = self._clients.sizes
+        #: the shape of one sample as the model receives it
+        self.input_shape: tuple[int, ...] = tuple(self._clients.X.shape[2:])
+        self.n_samples = int(self.client_sizes.sum())
+        self.f_lower = 0.0  # every loss here is ≥ 0
+        self.held_out_columns = functional.loss.held_out_columns if self._test is not None else ()
+
+    # -- what the problem is ----------------------------------------------------------------------
+    @property
+    def module(self) -> torch.nn.Module:
+        """The evaluated copy of the model (eval mode, the problem's dtype and device)."""
+        return self._fn.module
+
+    @property
+    def loss_kind(self) -> str:
+        return self._fn.loss.name
+
+    @property
+    def n_test(self) -> int:
+        """The number of held-out samples (0 without a held-out part)."""
+        return 0 if self._test is None else self._test.size
+
+    def x0(self) -> torch.Tensor:
+        """The model's parameters as given (flat, parameters() order): the network's init."""
+        return self._x0.clone()
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out.update(
+            {
+                "split": self.split,
+                "loss": self.loss_kind,
+                "model": type(self.module).__name__,
+                "n_samples": self.n_samples,
+                "n_test": self.n_test,
+                "dtype": str(self.dtype).replace("torch.", ""),
+            }
+        )
+        spec = getattr(self, "spec", None)
+        if spec:
+            out["spec"] = spec
+        return out
+
+    def __repr__(self) -> str:
+        consts = "L unknown" if self.L is None else f"L={self.L:.4g}"
+        if self.constants_estimated:
+            consts += " (estimated)"
+        return (
+            f"<problem {self.name} on {self.dataset or 'data'}: n={self.n} clients, d={self.d}, "
+            f"N={self.n_samples} (+{self.n_test} held out), loss={self.loss_kind}, "
+            f"split={self.split or '?'}, {consts}>"
+        )
+
+    # -- input checks -----------------------------------------------------------------------------
+    def _point(self, x: torch.Tensor, what: str = "x") -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{what} must be a torch tensor of shape ({self.d},), got {type(x).__name__}"
+            )
+        if x.shape != (self.d,):
+            raise ValueError(
+                f"{what} must have shape ({self.d},) (the model's {self.d} parameters, "
+                f"parameters() order), got {tuple(x.shape)}"
+            )
+        return _finite(x.detach().to(device=self.device, dtype=self.dtype), what)
+
+    def _points(self, X: torch.Tensor) -> torch.Tensor:
+        if not isinstance(X, torch.Tensor):
+            raise TypeError(
+                f"X must be a torch tensor of shape ({self.n}, {self.d}), got {type(X).__name__}"
+            )
+        if X.shape == (self.d,):
+            X = X.expand(self.n, self.d)
+        if X.shape != (self.n, self.d):
+            raise ValueError(
+                f"X must have shape (n, d) = ({self.n}, {self.d}) (one point per client) or "
+                f"({self.d},), got {tuple(X.shape)}"
+            )
+        return _finite(X.detach().to(device=self.device, dtype=self.dtype), "X")
+
+    # -- batched evaluation -----------------------------------------------------------------------
+    def _layout_chunks(
+        self, rows_per_client: int
+    ) -> list[tuple[slice | torch.Tensor, torch.Tensor | None, int]]:
+        """The batched calls of one evaluation: (own clients, their slots in the call, its size).
+
+        A problem evaluates its clients in chunks of at most ``batch_size`` padded rows (one
+        chunk without ``batch_size``). A restricted problem keeps the layout of the problem it
+        was cut from: each call has the shape of the full problem's chunk, with this problem's
+        clients in their original slots (the other slots hold copies), so that batched kernels,
+        whose rounding depends on the shapes, compute each client's rows exactly as there.
+        """
+        n_layout = self._layout_n
+        per = n_layout if self.batch_size is None else max(1, self.batch_size // rows_per_client)
+        if self._slots is None:
+            return [(slice(s, min(s + per, self.n)), None, 0) for s in range(0, self.n, per)]
+        chunk = self._slots // per
+        out: list[tuple[slice | torch.Tensor, torch.Tensor | None, int]] = []
+        for k in torch.unique(chunk).tolist():
+            own = torch.nonzero(chunk == k).reshape(-1)
+            out.append((own, self._slots[own] - k * per, min(per, n_layout - k * per)))
+        return out
+
+    def _batched(
+        self,
+        fn: Callable[..., torch.Tensor],
+        x: torch.Tensor,
+        data: ClientBatch,
+        *extra: torch.Tensor,
+    ) -> torch.Tensor:
+        """``fn(x, *extra, X, y, w)`` over the layout's calls; x is (d,) (shared) or (n, d)."""
+        per_client = x.ndim == 2
+        tensors = ((x,) if per_client else ()) + extra + (data.X, data.y, data.w)
+        outs: list[torch.Tensor] = []
+        owners: list[slice | torch.Tensor] = []
+        chunks = self._layout_chunks(data.m_pad)
+        for own, slots, size in chunks:
+            if slots is None and len(chunks) == 1:
+                batch = list(tensors)
+            elif slots is None:
+                # fresh (aligned) copies: the kernels' rounding can depend on the alignment of
+                # their inputs, and a restricted problem's calls are fresh buffers too
+                batch = [t[own].clone() for t in tensors]
+            else:
+                batch = [_place(t, own, slots, size) for t in tensors]
+            res = fn(*batch) if per_client else fn(x, *batch)
+            outs.append(res if slots is None else res[slots])
+            owners.append(own)
+        if self._slots is None:
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
+        result = torch.empty((self.n, *outs[0].shape[1:]), dtype=outs[0].dtype, device=self.device)
+        for own, res in zip(owners, outs, strict=True):
+            result[own] = res
+        return result
+
+    # -- oracles ----------------------------------------------------------------------------------
+    def client_losses(self, x: torch.Tensor) -> torch.Tensor:
+        """(n,): f_i(x)."""
+        with torch.no_grad():
+            return self._batched(self._fn.losses_shared, self._point(x), self._clients)
+
+    def loss(self, x: torch.Tensor) -> float:
+        """f(x) = (1/n) Σ_i f_i(x)."""
+        return float(self.client_losses(x).double().mean())
+
+    def client_grads(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d): row i is ∇f_i(x), one batched ``vmap(grad)`` evaluation."""
+        return self._batched(self._fn.grads_shared, self._point(x), self._clients)
+
+    def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
+        """(n, d): row i is ∇f_i(X[i]) (a point per client: stale gradients, the PS)."""
+        return self._batched(self._fn.grads_each, self._points(X), self._clients)
+
+    def client_stoch_grads(
+        self, X: torch.Tensor, batch_sizes: torch.Tensor | int, keys: Keys
+    ) -> torch.Tensor:
+        """Row i averages ∇ℓ over b_i of client i's m_i samples, without replacement.
+
+        The draw is the linear problems' (docs/problems.md §5): sample j of client i (its j-th
+        row) gets the keyed uniform ``keys[i]`` at counter j and the b_i smallest win, so client
+        i's minibatch depends only on ``keys[i]``. ``X`` is (d,) or (n, d); b_i = m_i gives the
+        exact gradients. The estimator is unbiased: E ĝ_i = ∇f_i.
+        """
+        shared = isinstance(X, torch.Tensor) and X.shape == (self.d,)
+        x = self._point(X) if shared else self._points(X)
+        b = self._batch_sizes(batch_sizes)
+        if bool((b == self._clients.sizes).all()):
+            return self.client_grads(x) if shared else self.client_grads_at(x)
+        batch = self._minibatch(b, keys)
+        fn = self._fn.grads_shared if shared else self._fn.grads_each
+        return self._batched(fn, x, batch)
+
+    def _minibatch(self, b: torch.Tensor, keys: Keys) -> ClientBatch:
+        data, dev = self._clients, self.device
+        keys = keys.expand((self.n,)).to(dev)
+        j = torch.arange(data.m_pad, device=dev)
+        u = bits32_torch(keys.lo[:, None], keys.hi[:, None], j[None, :]).to(torch.float64)
+        sizes = data.sizes.to(dev)
+        u = u.masked_fill(j[None, :] >= sizes[:, None], math.inf)  # padding never wins
+        b_max = int(b.max())
+        sel = torch.argsort(u, dim=1, stable=True)[:, :b_max]
+        rows = torch.arange(self.n, device=dev)[:, None]
+        bd = b.to(dev)
+        w = (torch.arange(b_max, device=dev)[None, :] < bd[:, None]).to(self.dtype)
+        w = w / bd[:, None].to(self.dtype)
+        return ClientBatch(data.X[rows, sel], data.y[rows, sel], w, b.clone())
+
+    def _batch_sizes(self, batch_sizes: torch.Tensor | int) -> torch.Tensor:
+        if isinstance(batch_sizes, bool):
+            raise TypeError("batch_sizes must be an integer or an integer tensor of shape (n,)")
+        b = torch.as_tensor(batch_sizes)
+        if b.dtype.is_floating_point or b.dtype == torch.bool:
+            raise TypeError(f"batch_sizes must be integers, got dtype {b.dtype}")
+        b = b.to(torch.int64).cpu()
+        b = b.expand(self.n).clone() if b.ndim == 0 else b
+        if b.shape != (self.n,):
+            raise ValueError(
+                f"batch_sizes must be one integer or shape ({self.n},), got {tuple(b.shape)}"
+            )
+        sizes = self._clients.sizes
+        bad = (b < 1) | (b > sizes)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ValueError(
+                f"batch size {int(b[i])} for client {i} must be in [1, m_i = "
+                f"{int(sizes[i])}] (the client's number of samples)"
+            )
+        return b
+
+    def client_hvps(self, x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        """(n, d): row i is ∇²f_i(x) V[i] (forward-over-reverse: ``jvp`` of ``grad``, vmapped).
+
+        ``V`` is (n, d), or (d,) for the same direction at every client.
+        """
+        x = self._point(x)
+        if not isinstance(V, torch.Tensor) or V.shape not in ((self.d,), (self.n, self.d)):
+            raise ValueError(f"V must have shape ({self.n}, {self.d}) or ({self.d},)")
+        V = _finite(V.detach().to(device=self.device, dtype=self.dtype), "V")
+        return self._batched(self._fn.hvps, x, self._clients, V.expand(self.n, self.d))
+
+    def hvp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """∇²f(x) v = (1/n) Σ_i ∇²f_i(x) v."""
+        return self.client_hvps(x, v).mean(dim=0)
+
+    # -- held-out metrics -------------------------------------------------------------------------
+    def held_out(self, x: torch.Tensor) -> dict[str, float]:
+        """``test_loss`` (mean ℓ over the held-out samples) and, for cross-entropy and the
+        logistic loss, ``test_accuracy`` (fraction predicted correctly) at x; {} without a
+        held-out part."""
+        if self._test is None:
+            return {}
+        x = self._point(x)
+        t, loss = self._test, self._fn.loss
+        step = t.size if self.batch_size is None else max(1, self.batch_size)
+        total, correct = 0.0, 0
+        with torch.no_grad():
+            for s in range(0, t.size, step):
+                out = self._fn.forward(x, t.X[s : s + step])
+                y = t.y[s : s + step]
+                total += float(loss.per_sample(out, y).double().sum())
+                if loss.correct is not None:
+                    correct += int(loss.correct(out, y).sum())
+        metrics = {"test_loss": total / t.size}
+        if loss.correct is not None:
+            metrics["test_accuracy"] = correct / t.size
+        return metrics
+
+    # -- restriction and conversion ---------------------------------------------------------------
+    def restrict(self, ids: torch.Tensor) -> ModelProblem:
+        """The problem of the clients ``ids`` alone (:meth:`Problem.restrict`), exact to the bit.
+
+        The result holds only these clients' samples, but evaluates them in this problem's
+        batched layout (:meth:`_layout_chunks`): the rounding of batched kernels (matrix
+        products, convolutions) depends on the batch's shape, so each evaluation has the shape of
+        the full problem's chunk holding the clients. A call therefore costs up to one chunk of
+        the full problem: set ``batch_size`` to bound it. Minibatch gradients are exact when the
+        restricted clients' largest batch size is their chunk's (always with one b for all).
+        ``L_i`` (when set) is restricted, ``L`` becomes unknown (that of the subset's average is
+        not the full problem's); the held-out part is shared.
+        """
+        idx = torch.as_tensor(ids).detach().cpu().reshape(-1)
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"client ids must be integers, got {idx.dtype}")
+        if idx.numel() == 0:
+            raise ValueError("restrict needs at least one client id")
+        if int(idx.min()) < 0 or int(idx.max()) >= self.n:
+            raise ValueError(f"client ids must lie in [0, n={self.n})")
+        if torch.unique(idx).numel() != idx.numel():
+            raise ValueError("client ids must be distinct")
+        idx = idx.to(torch.int64)
+        out = copy.copy(self)
+        base = torch.arange(self.n) if self._slots is None else self._slots
+        out._slots = base[idx].clone()
+        out._clients = self._clients.subset(idx)
+        out.parts = [self.parts[i] for i in idx.tolist()]
+        out.n = int(idx.numel())
+        out.client_sizes = out._clients.sizes
+        out.n_samples = int(out.client_sizes.sum())
+        out.L = None
+        out.L_i = None if self.L_i is None else self.L_i[idx].clone()
+        return out
+
+    def to(
+        self, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+    ) -> ModelProblem:
+        """The same problem with its model and data in ``dtype`` on ``device``."""
+        dt = self.dtype if dtype is None else as_dtype(dtype)
+        dev = self.device if device is None else as_device(device)
+        out = copy.copy(self)
+        module = copy.deepcopy(self.module).to(device=dev, dtype=dt)
+        out._fn = _Functional(module, self._fn.loss)
+        out._clients = self._clients.to(dt, dev)
+        out._test = None if self._test is None else self._test.to(dt, dev)
+        out._x0 = self._x0.to(device=dev, dtype=dt)
+        out.dtype, out.device = dt, dev
+        return out
+
+
+def _place(
+    t: torch.Tensor, own: slice | torch.Tensor, slots: torch.Tensor, size: int
+) -> torch.Tensor:
+    """A call's batch of ``size`` slots: rows ``own`` of ``t`` at ``slots``, copies elsewhere."""
+    rows = t[own]
+    buf = rows[:1].expand(size, *t.shape[1:]).clone()
+    buf[slots.to(t.device)] = rows
+    return buf
+
+
+def _finite(x: torch.Tensor, what: str) -> torch.Tensor:
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(
+            f"{what} contains NaN or inf (did the method diverge? try a smaller step size)"
+        )
+    return x
+
+
+def _check_batch_size(batch_size: int | None) -> int | None:
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"batch_size (the most samples of one batched evaluation) must be a positive integer "
+            f"or None (all at once), got {batch_size!r}"
+        )
+    return batch_size
+
+
+# --------------------------------------------------------------------------------------------
+# the factory
+# --------------------------------------------------------------------------------------------
+def model_problem(
+    model: torch.nn.Module,
+    data: str | os.PathLike[str] | Dataset | tuple[Any, Any],
+    *,
+    n_clients: int | None = None,
+    split: str | Spec | Split | Sequence[Any] = "contiguous",
+    loss: str | ModelLoss = "cross_entropy",
+    batch_size: int | None = None,
+    seed: int = 0,
+    test: TestArg = 0.2,
+    dtype: str | torch.dtype = "float64",
+    device: str | torch.device | None = "cpu",
+    input_shape: Sequence[int] | None = None,
+    name: str | None = None,
+) -> ModelProblem:
+    """A torch model on a dataset split over clients, as a :class:`~shrinkgrad.problems.Problem`.
+
+    ``model``: any ``torch.nn.Module`` mapping a batch of inputs (m, …) to outputs (m, …); it is
+    copied (the original is not touched), cast to ``dtype``/``device`` and evaluated in eval
+    mode; its current parameters are the starting point ``x0()``. ``data``: a bundled dataset
+    name ("a9a", "digits", ...), a LIBSVM path, a :class:`~shrinkgrad.problems.Dataset`, or an
+    ``(X, y)`` pair of arrays or tensors. ``split``/``n_clients``: a split name
+    (``"contiguous"``, ``"by_label"``, ``"dirichlet[alpha=0.5]"``, ...) with the number of
+    clients, or explicit per-client lists of rows of ``data`` (n implied). ``loss``:
+    ``"cross_entropy"``, ``"logistic"`` or ``"mse"``. ``test``: the held-out part: a fraction
+    (seeded by ``seed``; default 0.2), explicit row indices, an ``(X, y)`` pair, or ``None``/0.
+    ``input_shape``: the shape one sample is given to the model in (e.g. ``(1, 8, 8)`` for a CNN
+    on digits; default: as stored). ``batch_size``: the most samples one batched evaluation
+    holds (memory; default all).
+
+    Example::
+
+        net = torch.nn.Sequential(torch.nn.Linear(123, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+        p = model_problem(net, "a9a", n_clients=20, split="by_label")
+        G = p.client_grads(p.x0())            # (20, 8066), one vmap(grad) evaluation
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    params = list(model.parameters())
+    if not params:
+        raise ValueError("the model has no parameters: there is nothing to optimise")
+    if any(not p.dtype.is_floating_point for p in params):
+        raise TypeError("every parameter of the model must be a floating-point tensor")
+    dt, dev = as_dtype(dtype), as_device(device)
+    lf = make_loss(loss)
+    prepared = prepare_data(
+        data,
+        loss=lf,
+        n_clients=n_clients,
+        split=split,
+        test=test,
+        seed=seed,
+        input_shape=input_shape,
+        dtype=dt,
+        device=dev,
+    )
+    module = copy.deepcopy(model).to(device=dev, dtype=dt).eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    fn = _Functional(module, lf)
+    x0 = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+    _check_forward(fn, x0, prepared.clients, input_shape)
+    return ModelProblem(
+        fn, prepared, x0, batch_size=batch_size, name=name or type(model).__name__.lower()
+    )
+
+
+def _check_forward(
+    fn: _Functional, x0: torch.Tensor, clients: ClientBatch, input_shape: Sequence[int] | None
+) -> None:
+    """Run the model on two samples: a clear error when it does not fit the data or the loss."""
+    X, y = clients.X[0, :2], clients.y[0, :2]
+    try:
+        with torch.no_grad():
+            out = fn.forward(x0, X)
+    except Exception as e:  # the user's model: any error means "does not fit the data"
+        hint = "" if input_shape is not None else "; image data may need input_shape=(C, H, W)"
+        raise ValueError(
+            f"the model fails on a batch of inputs of shape {tuple(X.shape)}: "
+            f"{type(e).__name__}: {e}{hint}"
+        ) from None
+    why = fn.loss.check_output(tuple(out.shape), tuple(y.shape))
+    if why is not None:
+        raise ValueError(f"the model's output does not fit the loss: {why}")
+    if fn.loss.name == "cross_entropy" and not y.dtype.is_floating_point:
+        classes = int(clients.y.max()) + 1
+        if out.shape[1] < classes:
+            raise ValueError(
+                f"the model has {out.shape[1]} outputs but the labels have {classes} classes"
+            )
