@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -432,3 +433,40 @@ def test_user_mistakes_are_clear_errors() -> None:
         p.client_grads(torch.full((p.d,), float("nan"), dtype=torch.float64))
     with pytest.raises(ValueError, match=r"input_shape=.* does not fit the 64 values"):
         model_problem(torch.nn.Linear(64, 10), "digits", n_clients=2, input_shape=(1, 7, 7))
+
+
+# --------------------------------------------------------------------------------------------
+# a sweep config names a model problem like any other
+# --------------------------------------------------------------------------------------------
+SWEEP = """
+name = "mlp-sweep"
+[problem]
+name = "mlp"
+dataset = "australian_scale"
+hidden = 4
+n_clients = 3
+[problem.sweep]
+split = ["contiguous", "by_label"]
+[run]
+rounds = 4
+log_every = 2
+[grid]
+methods = ["ef21", "cgd"]
+compressors = ["top_k[k=5]"]
+stepsizes = [0.1]
+"""
+
+
+def test_a_sweep_config_runs_a_model_problem(tmp_path: Path) -> None:
+    from shrinkgrad.experiments import run_experiment
+    from shrinkgrad.experiments.config import loads_config
+
+    res = run_experiment(loads_config(SWEEP), tmp_path / "out", jobs=1, progress=False)
+    table = res.table
+    assert res.complete and set(table["method"]) == {"ef21", "cgd"}
+    assert len(set(table["problem_label"])) == 2 and set(table["round"]) == {0, 2, 4}
+    assert table["L"].isna().all() and table["L_AM"].isna().all()  # unknown, not invented
+    assert np.isfinite(table["loss"]).all()
+    theory = loads_config(SWEEP.replace("stepsizes = [0.1]", 'stepsizes = ["theory"]'))
+    with pytest.raises(ValueError, match=r"ef21: L is not known for this problem; pass a number"):
+        run_experiment(theory, tmp_path / "theory", jobs=1, progress=False)
