@@ -13,8 +13,6 @@ import math
 import re
 from pathlib import Path
 
-import pytest
-
 from shrinkgrad.experiments.config import load_config
 from shrinkgrad.experiments.grid import check_runs, expand
 from shrinkgrad.experiments.reproductions import REPRODUCTIONS, config_path, reproduce
