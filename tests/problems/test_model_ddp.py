@@ -84,3 +84,56 @@ def test_ef21_hook_on_an_mlp_follows_the_simulator() -> None:
         assert torch.equal(xs[0][t], xs[1][t])
         torch.testing.assert_close(xs[0][t], xs_sim[t], rtol=0, atol=1e-10)
     assert float((xs_sim[-1] - problem.x0()).norm()) > 1e-2  # the trajectory moves
+
+
+# --------------------------------------------------------------------------------------------
+# the multi-process runner: each rank holds its clients (restrict) of a registered network
+# --------------------------------------------------------------------------------------------
+# The logistic loss (one output): with two-class cross-entropy the output biases' gradients are
+# exact opposites, a tie for Top-k that a 1e-17 difference in the order of the cross-rank sum
+# (the runner all-reduces partial sums) breaks either way, after which the runs differ.
+MLP = (
+    "mlp[dataset=australian_scale,hidden=6,n_clients=6,split=dirichlet[alpha=1.0,seed=1],"
+    "loss=logistic]"
+)
+
+
+def _runner(rank: int, world: int, method: str, compressor: str) -> dict[str, Any]:
+    from shrinkgrad.distributed.runner import run_distributed
+
+    xs: list[torch.Tensor] = []
+    res = run_distributed(
+        MLP,
+        method,
+        compressor,
+        stepsize=0.5,
+        rounds=8,
+        seed=2,
+        log_every=2,
+        callback=lambda r, s: xs.append(s.x.clone()),
+    )
+    return {"xs": xs, "table": res.table}
+
+
+@pytest.mark.parametrize("method", ["ef21", "ef21_sgd[b=3]"])
+def test_the_runner_on_a_network_follows_the_simulator(method: str) -> None:
+    preload()
+    xs_sim: list[torch.Tensor] = []
+    sim = simulate(
+        MLP,
+        method,
+        "top_k[k=9]",
+        stepsize=0.5,
+        rounds=8,
+        seed=2,
+        log_every=2,
+        callback=lambda r, s: xs_sim.append(s.x.clone()),
+    )
+    out = spawn(_runner, 3, (method, "top_k[k=9]"))
+    for t, x in enumerate(xs_sim):
+        assert torch.equal(out[0]["xs"][t], out[2]["xs"][t])
+        assert float((out[0]["xs"][t] - x).abs().max()) <= 1e-10, f"round {t + 1}"
+    for c in ("loss", "grad_norm_sq"):
+        got, want = out[0]["table"][c].to_numpy(), sim.table[c].to_numpy()
+        assert np.allclose(got, want, rtol=1e-9, atol=0)
+    assert float((xs_sim[-1] - xs_sim[0]).norm()) > 1e-3

@@ -30,6 +30,7 @@ constants that :meth:`~shrinkgrad.problems.Problem.with_constants` can put on th
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -43,7 +44,7 @@ from ..rng import Keys, bits32_torch
 from .base import Problem
 from .datasets import Dataset
 from .linear import as_device, as_dtype
-from .model_data import ClientBatch, PreparedData, TestArg, prepare_data
+from .model_data import ClientBatch, ClientGroup, PreparedData, TestArg, prepare_data
 from .model_losses import ModelLoss, make_loss
 from .splits import Split
 
@@ -91,6 +92,22 @@ class _Functional:
         return tangent
 
 
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    """Clients of similar size evaluated together (:class:`~.model_data.ClientGroup`), and the
+    layout of their batched calls: ``layout_n`` clients in the full problem's group, this
+    problem's at ``slots`` of it (None: all of them, in order)."""
+
+    batch: ClientBatch
+    members: torch.Tensor
+    layout_n: int
+    slots: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, g: ClientGroup) -> _Group:
+        return cls(g.batch, g.members, g.batch.n)
+
+
 class ModelProblem(Problem):
     """f = (1/n) Σ f_i with f_i the mean loss of a torch model on client i's samples.
 
@@ -115,7 +132,7 @@ class ModelProblem(Problem):
         name: str,
     ) -> None:
         self._fn = functional
-        self._clients = prepared.clients
+        self._groups = [_Group.of(g) for g in prepared.groups]
         self._test = prepared.test
         self._x0 = x0
         self.parts = prepared.parts
@@ -124,17 +141,13 @@ class ModelProblem(Problem):
         self.n_classes = prepared.n_classes
         self.name = name
         self.batch_size = _check_batch_size(batch_size)
-        self.n = self._clients.n
-        #: the evaluation layout (see :meth:`_layout_chunks`): clients of the full problem, and
-        #: this problem's slots in it (None: this is the full problem, slots 0 … n − 1)
-        self._layout_n = self.n
-        self._slots: torch.Tensor | None = None
+        self.n = len(prepared.parts)
         self.d = functional.d
         self.dtype = x0.dtype
         self.device = x0.device
-        self.client_sizes: torch.Tensor = self._clients.sizes
+        self.client_sizes: torch.Tensor = torch.tensor([p.size for p in self.parts])
         #: the shape of one sample as the model receives it
-        self.input_shape: tuple[int, ...] = tuple(self._clients.X.shape[2:])
+        self.input_shape: tuple[int, ...] = tuple(self._groups[0].batch.X.shape[2:])
         self.n_samples = int(self.client_sizes.sum())
         self.f_lower = 0.0  # every loss here is ≥ 0
         self.held_out_columns = functional.loss.held_out_columns if self._test is not None else ()
@@ -213,65 +226,87 @@ class ModelProblem(Problem):
         return _finite(X.detach().to(device=self.device, dtype=self.dtype), "X")
 
     # -- batched evaluation -----------------------------------------------------------------------
-    def _layout_chunks(
-        self, rows_per_client: int
+    def _calls(
+        self, group: _Group, rows_per_client: int
     ) -> list[tuple[slice | torch.Tensor, torch.Tensor | None, int]]:
-        """The batched calls of one evaluation: (own clients, their slots in the call, its size).
+        """The batched calls of a group: (its clients in the call, their slots, the call's size).
 
-        A problem evaluates its clients in chunks of at most ``batch_size`` padded rows (one
-        chunk without ``batch_size``). A restricted problem keeps the layout of the problem it
-        was cut from: each call has the shape of the full problem's chunk, with this problem's
-        clients in their original slots (the other slots hold copies), so that batched kernels,
-        whose rounding depends on the shapes, compute each client's rows exactly as there.
+        A group is evaluated in chunks of at most ``batch_size`` padded rows (one chunk without
+        ``batch_size``). A restricted problem keeps the layout of the problem it was cut from:
+        each call has the shape of the full problem's chunk, with this problem's clients in their
+        original slots (the other slots hold copies), because batched kernels round differently
+        for different shapes; so each client's rows are computed exactly as there.
         """
-        n_layout = self._layout_n
+        n_layout = group.layout_n
         per = n_layout if self.batch_size is None else max(1, self.batch_size // rows_per_client)
-        if self._slots is None:
-            return [(slice(s, min(s + per, self.n)), None, 0) for s in range(0, self.n, per)]
-        chunk = self._slots // per
+        if group.slots is None:
+            n = group.batch.n
+            return [(slice(s, min(s + per, n)), None, 0) for s in range(0, n, per)]
+        chunk = group.slots // per
         out: list[tuple[slice | torch.Tensor, torch.Tensor | None, int]] = []
         for k in torch.unique(chunk).tolist():
             own = torch.nonzero(chunk == k).reshape(-1)
-            out.append((own, self._slots[own] - k * per, min(per, n_layout - k * per)))
+            out.append((own, group.slots[own] - k * per, min(per, n_layout - k * per)))
         return out
 
     def _batched(
         self,
         fn: Callable[..., torch.Tensor],
         x: torch.Tensor,
-        data: ClientBatch,
+        batches: list[ClientBatch] | None = None,
         *extra: torch.Tensor,
     ) -> torch.Tensor:
-        """``fn(x, *extra, X, y, w)`` over the layout's calls; x is (d,) (shared) or (n, d)."""
+        """Rows i of ``fn(x_i, *extra_i, X_i, y_i, w_i)`` over the groups' batched calls.
+
+        ``x`` is (d,) (shared) or (n, d) (a point per client); ``batches`` replace the groups'
+        samples (minibatches), ``extra`` are further (n, …) per-client arguments.
+        """
         per_client = x.ndim == 2
-        tensors = ((x,) if per_client else ()) + extra + (data.X, data.y, data.w)
-        outs: list[torch.Tensor] = []
-        owners: list[slice | torch.Tensor] = []
-        chunks = self._layout_chunks(data.m_pad)
-        for own, slots, size in chunks:
-            if slots is None and len(chunks) == 1:
-                batch = list(tensors)
-            elif slots is None:
-                # fresh (aligned) copies: the kernels' rounding can depend on the alignment of
-                # their inputs, and a restricted problem's calls are fresh buffers too
-                batch = [t[own].clone() for t in tensors]
+        data = [g.batch for g in self._groups] if batches is None else batches
+        results: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for group, batch in zip(self._groups, data, strict=True):
+            rows = group.members.to(self.device)
+            mine = ((x[rows],) if per_client else ()) + tuple(e[rows] for e in extra)
+            tensors = (*mine, batch.X, batch.y, batch.w)
+            calls = self._calls(group, batch.m_pad)
+            outs = []
+            for own, slots, size in calls:
+                if slots is None and len(calls) == 1:
+                    args = list(tensors)
+                elif slots is None:
+                    # fresh (aligned) copies: kernels' rounding can depend on the alignment of
+                    # their inputs, and a restricted problem's calls are fresh buffers too
+                    args = [t[own].clone() for t in tensors]
+                else:
+                    args = [_place(t, own, slots, size) for t in tensors]
+                res = fn(*args) if per_client else fn(x, *args)
+                outs.append((own, res if slots is None else res[slots]))
+            if len(outs) == 1 and outs[0][1].shape[0] == batch.n:
+                results.append((group.members, outs[0][1]))
             else:
-                batch = [_place(t, own, slots, size) for t in tensors]
-            res = fn(*batch) if per_client else fn(x, *batch)
-            outs.append(res if slots is None else res[slots])
-            owners.append(own)
-        if self._slots is None:
-            return outs[0] if len(outs) == 1 else torch.cat(outs)
-        result = torch.empty((self.n, *outs[0].shape[1:]), dtype=outs[0].dtype, device=self.device)
-        for own, res in zip(owners, outs, strict=True):
-            result[own] = res
-        return result
+                part = torch.empty(
+                    (batch.n, *outs[0][1].shape[1:]), dtype=outs[0][1].dtype, device=self.device
+                )
+                for own, res in outs:
+                    part[own] = res
+                results.append((group.members, part))
+        if (
+            len(results) == 1
+            and results[0][0].numel() == self.n
+            and bool((results[0][0] == torch.arange(self.n)).all())
+        ):
+            return results[0][1]
+        first = results[0][1]
+        out = torch.empty((self.n, *first.shape[1:]), dtype=first.dtype, device=self.device)
+        for members, res in results:
+            out[members.to(self.device)] = res
+        return out
 
     # -- oracles ----------------------------------------------------------------------------------
     def client_losses(self, x: torch.Tensor) -> torch.Tensor:
         """(n,): f_i(x)."""
         with torch.no_grad():
-            return self._batched(self._fn.losses_shared, self._point(x), self._clients)
+            return self._batched(self._fn.losses_shared, self._point(x))
 
     def loss(self, x: torch.Tensor) -> float:
         """f(x) = (1/n) Σ_i f_i(x)."""
@@ -279,11 +314,11 @@ class ModelProblem(Problem):
 
     def client_grads(self, x: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(x), one batched ``vmap(grad)`` evaluation."""
-        return self._batched(self._fn.grads_shared, self._point(x), self._clients)
+        return self._batched(self._fn.grads_shared, self._point(x))
 
     def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(X[i]) (a point per client: stale gradients, the PS)."""
-        return self._batched(self._fn.grads_each, self._points(X), self._clients)
+        return self._batched(self._fn.grads_each, self._points(X))
 
     def client_stoch_grads(
         self, X: torch.Tensor, batch_sizes: torch.Tensor | int, keys: Keys
@@ -298,22 +333,23 @@ class ModelProblem(Problem):
         shared = isinstance(X, torch.Tensor) and X.shape == (self.d,)
         x = self._point(X) if shared else self._points(X)
         b = self._batch_sizes(batch_sizes)
-        if bool((b == self._clients.sizes).all()):
+        if bool((b == self.client_sizes).all()):
             return self.client_grads(x) if shared else self.client_grads_at(x)
-        batch = self._minibatch(b, keys)
+        keys = keys.expand((self.n,)).to(self.device)
+        batches = [self._minibatch(g.batch, b[g.members], keys[g.members]) for g in self._groups]
         fn = self._fn.grads_shared if shared else self._fn.grads_each
-        return self._batched(fn, x, batch)
+        return self._batched(fn, x, batches)
 
-    def _minibatch(self, b: torch.Tensor, keys: Keys) -> ClientBatch:
-        data, dev = self._clients, self.device
-        keys = keys.expand((self.n,)).to(dev)
+    def _minibatch(self, data: ClientBatch, b: torch.Tensor, keys: Keys) -> ClientBatch:
+        """A group's minibatches: client i's b_i rows with the smallest keyed uniforms."""
+        dev = self.device
         j = torch.arange(data.m_pad, device=dev)
         u = bits32_torch(keys.lo[:, None], keys.hi[:, None], j[None, :]).to(torch.float64)
         sizes = data.sizes.to(dev)
         u = u.masked_fill(j[None, :] >= sizes[:, None], math.inf)  # padding never wins
         b_max = int(b.max())
         sel = torch.argsort(u, dim=1, stable=True)[:, :b_max]
-        rows = torch.arange(self.n, device=dev)[:, None]
+        rows = torch.arange(data.n, device=dev)[:, None]
         bd = b.to(dev)
         w = (torch.arange(b_max, device=dev)[None, :] < bd[:, None]).to(self.dtype)
         w = w / bd[:, None].to(self.dtype)
@@ -331,7 +367,7 @@ class ModelProblem(Problem):
             raise ValueError(
                 f"batch_sizes must be one integer or shape ({self.n},), got {tuple(b.shape)}"
             )
-        sizes = self._clients.sizes
+        sizes = self.client_sizes
         bad = (b < 1) | (b > sizes)
         if bool(bad.any()):
             i = int(torch.nonzero(bad)[0])
@@ -350,7 +386,7 @@ class ModelProblem(Problem):
         if not isinstance(V, torch.Tensor) or V.shape not in ((self.d,), (self.n, self.d)):
             raise ValueError(f"V must have shape ({self.n}, {self.d}) or ({self.d},)")
         V = _finite(V.detach().to(device=self.device, dtype=self.dtype), "V")
-        return self._batched(self._fn.hvps, x, self._clients, V.expand(self.n, self.d))
+        return self._batched(self._fn.hvps, x, None, V.expand(self.n, self.d))
 
     def hvp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """∇²f(x) v = (1/n) Σ_i ∇²f_i(x) v."""
@@ -384,7 +420,7 @@ class ModelProblem(Problem):
         """The problem of the clients ``ids`` alone (:meth:`Problem.restrict`), exact to the bit.
 
         The result holds only these clients' samples, but evaluates them in this problem's
-        batched layout (:meth:`_layout_chunks`): the rounding of batched kernels (matrix
+        batched layout (:meth:`_calls`): the rounding of batched kernels (matrix
         products, convolutions) depends on the batch's shape, so each evaluation has the shape of
         the full problem's chunk holding the clients. A call therefore costs up to one chunk of
         the full problem: set ``batch_size`` to bound it. Minibatch gradients are exact when the
@@ -403,12 +439,18 @@ class ModelProblem(Problem):
             raise ValueError("client ids must be distinct")
         idx = idx.to(torch.int64)
         out = copy.copy(self)
-        base = torch.arange(self.n) if self._slots is None else self._slots
-        out._slots = base[idx].clone()
-        out._clients = self._clients.subset(idx)
+        groups = []
+        for g in self._groups:  # new client j is old client idx[j]; keep each group's layout
+            where = torch.nonzero(torch.isin(idx, g.members)).reshape(-1)
+            if where.numel() == 0:
+                continue
+            pos = torch.searchsorted(g.members, idx[where])  # positions within the group
+            slots = pos if g.slots is None else g.slots[pos]
+            groups.append(_Group(g.batch.subset(pos), where, g.layout_n, slots.clone()))
+        out._groups = groups
         out.parts = [self.parts[i] for i in idx.tolist()]
         out.n = int(idx.numel())
-        out.client_sizes = out._clients.sizes
+        out.client_sizes = self.client_sizes[idx].clone()
         out.n_samples = int(out.client_sizes.sum())
         out.L = None
         out.L_i = None if self.L_i is None else self.L_i[idx].clone()
@@ -423,7 +465,7 @@ class ModelProblem(Problem):
         out = copy.copy(self)
         module = copy.deepcopy(self.module).to(device=dev, dtype=dt)
         out._fn = _Functional(module, self._fn.loss)
-        out._clients = self._clients.to(dt, dev)
+        out._groups = [dataclasses.replace(g, batch=g.batch.to(dt, dev)) for g in self._groups]
         out._test = None if self._test is None else self._test.to(dt, dev)
         out._x0 = self._x0.to(device=dev, dtype=dt)
         out.dtype, out.device = dt, dev
@@ -523,17 +565,20 @@ def model_problem(
         p.requires_grad_(False)
     fn = _Functional(module, lf)
     x0 = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
-    _check_forward(fn, x0, prepared.clients, input_shape)
+    _check_forward(fn, x0, prepared.groups, input_shape)
     return ModelProblem(
         fn, prepared, x0, batch_size=batch_size, name=name or type(model).__name__.lower()
     )
 
 
 def _check_forward(
-    fn: _Functional, x0: torch.Tensor, clients: ClientBatch, input_shape: Sequence[int] | None
+    fn: _Functional,
+    x0: torch.Tensor,
+    groups: Sequence[ClientGroup],
+    input_shape: Sequence[int] | None,
 ) -> None:
     """Run the model on two samples: a clear error when it does not fit the data or the loss."""
-    X, y = clients.X[0, :2], clients.y[0, :2]
+    X, y = groups[0].batch.X[0, :2], groups[0].batch.y[0, :2]
     try:
         with torch.no_grad():
             out = fn.forward(x0, X)
@@ -547,7 +592,7 @@ def _check_forward(
     if why is not None:
         raise ValueError(f"the model's output does not fit the loss: {why}")
     if fn.loss.name == "cross_entropy" and not y.dtype.is_floating_point:
-        classes = int(clients.y.max()) + 1
+        classes = max(int(g.batch.y.max()) for g in groups) + 1
         if out.shape[1] < classes:
             raise ValueError(
                 f"the model has {out.shape[1]} outputs but the labels have {classes} classes"

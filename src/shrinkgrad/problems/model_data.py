@@ -4,10 +4,14 @@
 :class:`~shrinkgrad.problems.datasets.Dataset`, or an ``(X, y)`` pair of arrays/tensors) and the
 ``split`` / ``test`` arguments of :func:`~shrinkgrad.problems.model_problem` into
 
-* the clients' samples on one tensor axis, padded to the largest client (:class:`ClientBatch`:
-  ``X`` of shape (n, m_pad, …), targets ``y`` (n, m_pad, …) and weights ``w`` (n, m_pad) with
-  w_ij = 1/m_i on client i's rows and 0 on its padding, which repeats the client's first row so
-  that padded values are always finite);
+* the clients' samples on a tensor axis, in a few groups of similar size (:class:`ClientGroup`):
+  clients whose sizes m_i lie in one octave [2^k, 2^{k+1}) share a :class:`ClientBatch` padded to
+  the group's largest client — ``X`` of shape (n_g, m_g, …), targets ``y`` (n_g, m_g, …) and
+  weights ``w`` (n_g, m_g) with w_ij = 1/m_i on client i's rows and 0 on its padding, which
+  repeats the client's first row so that padded values are always finite. Padding thus costs
+  less than a factor 2 in rows whatever the split (the EF21 authors' ``contiguous`` split gives
+  the remainder to the last client: one client of 593 rows beside 999 of 32 at n = 1000 on
+  a9a, which one common padded length would inflate 18-fold);
 * the held-out rows (:class:`HeldOut`).
 
 Held-out rows (``test=``): a fraction (seeded by ``seed``, stream ``"test_split"``: the rows with
@@ -35,7 +39,7 @@ from .datasets import Dataset, load
 from .model_losses import ModelLoss
 from .splits import Split, resolve_split
 
-__all__ = ["ClientBatch", "HeldOut", "PreparedData", "prepare_data"]
+__all__ = ["ClientBatch", "ClientGroup", "HeldOut", "PreparedData", "group_clients", "prepare_data"]
 
 #: what ``data=`` accepts
 DataArg = str | os.PathLike[str] | Dataset | tuple[Any, Any]
@@ -73,6 +77,15 @@ class ClientBatch:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClientGroup:
+    """Clients of similar size on one padded axis: ``batch`` holds them, ``members`` are their
+    indices among the problem's clients (int64 CPU, increasing)."""
+
+    batch: ClientBatch
+    members: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
 class HeldOut:
     """Held-out samples: inputs ``X`` (N_test, …) and targets ``y``; ``rows`` are their rows of
     ``data`` (None for an own ``(X, y)`` pair)."""
@@ -94,7 +107,7 @@ class HeldOut:
 class PreparedData:
     """What :func:`prepare_data` returns."""
 
-    clients: ClientBatch
+    groups: list[ClientGroup]
     test: HeldOut | None
     #: the clients' rows of ``data`` (int64), in client order
     parts: list[np.ndarray]
@@ -156,7 +169,7 @@ def prepare_data(
         sub_parts, split_name = resolve_split(split, sub, n_clients)
         parts = [train[p] for p in sub_parts]
 
-    clients = _pad(X_all, y_all, parts, dtype, device)
+    groups = group_clients(X_all, y_all, parts, dtype, device)
     held_out: HeldOut | None = None
     if own_pair:
         assert isinstance(test, tuple)
@@ -173,7 +186,7 @@ def prepare_data(
         idx = torch.from_numpy(test_rows)
         tX = torch.from_numpy(X_all)[idx].to(device, dtype)
         held_out = HeldOut(tX, _target_to(y_all[idx], dtype, device), test_rows)
-    return PreparedData(clients, held_out, parts, src.name, split_name, src.n_classes)
+    return PreparedData(groups, held_out, parts, src.name, split_name, src.n_classes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,6 +306,24 @@ def _complement(rows: np.ndarray, N: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # padding
 # --------------------------------------------------------------------------------------------
+def group_clients(
+    X: np.ndarray,
+    y: torch.Tensor,
+    parts: Sequence[np.ndarray],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[ClientGroup]:
+    """The clients in groups of sizes within one octave, each padded to its largest client."""
+    sizes = np.array([p.size for p in parts], dtype=np.int64)
+    octave = np.floor(np.log2(sizes)).astype(np.int64)
+    groups = []
+    for k in np.unique(octave):  # a handful of groups (≤ log2 of the largest client)
+        members = np.flatnonzero(octave == k)
+        batch = _pad(X, y, [parts[i] for i in members], dtype, device)
+        groups.append(ClientGroup(batch, torch.from_numpy(members.astype(np.int64))))
+    return groups
+
+
 def _pad(
     X: np.ndarray,
     y: torch.Tensor,
