@@ -22,7 +22,7 @@ __all__ = ["CGD"]
 
 @METHODS.register("cgd")
 class CGD(DCGD):
-    """Compressed GD with a contractive (biased) compressor and no error feedback (see above)."""
+    """x ← x − γ (1/n) Σ_i C(∇f_i(x)) with a biased compressor, no error feedback (Top-k baseline)."""
 
     requires: ClassVar[Requirement] = "contractive"
 

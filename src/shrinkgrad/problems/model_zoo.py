@@ -119,7 +119,7 @@ def mlp(
     device: str | torch.device | None = "cpu",
     batch_size: int | None = None,
 ) -> ModelProblem:
-    """A fully connected network (``depth`` × ``hidden``, ReLU/tanh) on a dataset's features.
+    """A fully connected network (depth layers of hidden units, ReLU/tanh) on a dataset's features.
 
     Cross-entropy over the classes by default (a LIBSVM file: 2 outputs), or the logistic loss /
     mse with one output; ``test``: the held-out fraction; ``seed``: the keyed initialisation and
