@@ -22,7 +22,7 @@ __all__ = ["CGD"]
 
 @METHODS.register("cgd")
 class CGD(DCGD):
-    """x ← x − γ (1/n) Σ_i C(∇f_i(x)) with a biased compressor, no error feedback (Top-k baseline)."""
+    """x ← x − γ (1/n) Σ_i C(∇f_i(x)) with a biased compressor and no error feedback."""
 
     requires: ClassVar[Requirement] = "contractive"
 
