@@ -197,6 +197,66 @@ class Problem(abc.ABC):
         out.constants_estimated = bool(estimated)
         return out
 
+    # -- input checks shared by the problems ------------------------------------------------------
+    @staticmethod
+    def check_finite(x: torch.Tensor, what: str) -> torch.Tensor:
+        """``x``, or a ValueError when it has NaN or inf entries (a diverged method)."""
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(
+                f"{what} contains NaN or inf (did the method diverge? try a smaller step size)"
+            )
+        return x
+
+    def check_point(self, x: torch.Tensor, what: str = "x", hint: str = "") -> torch.Tensor:
+        """A (d,) point in the problem's dtype and device, or a one-line error saying why not."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{what} must be a torch tensor of shape ({self.d},), got {type(x).__name__}"
+            )
+        if x.shape != (self.d,):
+            extra = f" ({hint})" if hint else " for this problem"
+            raise ValueError(f"{what} must have shape ({self.d},){extra}, got {tuple(x.shape)}")
+        return self.check_finite(x.detach().to(device=self.device, dtype=self.dtype), what)
+
+    def check_points(self, X: torch.Tensor) -> torch.Tensor:
+        """An (n, d) array of points (one per client; a (d,) point is broadcast), checked."""
+        if not isinstance(X, torch.Tensor):
+            raise TypeError(
+                f"X must be a torch tensor of shape ({self.n}, {self.d}), got {type(X).__name__}"
+            )
+        if X.shape == (self.d,):
+            X = X.expand(self.n, self.d)
+        if X.shape != (self.n, self.d):
+            raise ValueError(
+                f"X must have shape (n, d) = ({self.n}, {self.d}) (one point per client) or "
+                f"({self.d},), got {tuple(X.shape)}"
+            )
+        return self.check_finite(X.detach().to(device=self.device, dtype=self.dtype), "X")
+
+    def check_batch_sizes(
+        self, batch_sizes: torch.Tensor | int, sizes: torch.Tensor
+    ) -> torch.Tensor:
+        """Minibatch sizes as an int64 CPU (n,) tensor with 1 ≤ b_i ≤ m_i (``sizes``), checked."""
+        if isinstance(batch_sizes, bool):
+            raise TypeError("batch_sizes must be an integer or an integer tensor of shape (n,)")
+        b = torch.as_tensor(batch_sizes)
+        if b.dtype.is_floating_point or b.dtype == torch.bool:
+            raise TypeError(f"batch_sizes must be integers, got dtype {b.dtype}")
+        b = b.to(torch.int64).cpu()
+        b = b.expand(self.n).clone() if b.ndim == 0 else b
+        if b.shape != (self.n,):
+            raise ValueError(
+                f"batch_sizes must be one integer or shape ({self.n},), got {tuple(b.shape)}"
+            )
+        bad = (b < 1) | (b > sizes)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ValueError(
+                f"batch size {int(b[i])} for client {i} must be in [1, m_i = {int(sizes[i])}] "
+                "(the client's number of samples)"
+            )
+        return b
+
     # -- conveniences ---------------------------------------------------------------------------
     def x0(self) -> torch.Tensor:
         """The default starting point (zeros unless a problem says otherwise)."""

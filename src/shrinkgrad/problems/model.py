@@ -198,32 +198,12 @@ class ModelProblem(Problem):
             f"split={self.split or '?'}, {consts}>"
         )
 
-    # -- input checks -----------------------------------------------------------------------------
+    # -- input checks (Problem's shared ones) ----------------------------------------------------
     def _point(self, x: torch.Tensor, what: str = "x") -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(
-                f"{what} must be a torch tensor of shape ({self.d},), got {type(x).__name__}"
-            )
-        if x.shape != (self.d,):
-            raise ValueError(
-                f"{what} must have shape ({self.d},) (the model's {self.d} parameters, "
-                f"parameters() order), got {tuple(x.shape)}"
-            )
-        return _finite(x.detach().to(device=self.device, dtype=self.dtype), what)
+        return self.check_point(x, what, hint=f"the model's {self.d} parameters")
 
     def _points(self, X: torch.Tensor) -> torch.Tensor:
-        if not isinstance(X, torch.Tensor):
-            raise TypeError(
-                f"X must be a torch tensor of shape ({self.n}, {self.d}), got {type(X).__name__}"
-            )
-        if X.shape == (self.d,):
-            X = X.expand(self.n, self.d)
-        if X.shape != (self.n, self.d):
-            raise ValueError(
-                f"X must have shape (n, d) = ({self.n}, {self.d}) (one point per client) or "
-                f"({self.d},), got {tuple(X.shape)}"
-            )
-        return _finite(X.detach().to(device=self.device, dtype=self.dtype), "X")
+        return self.check_points(X)
 
     # -- batched evaluation -----------------------------------------------------------------------
     def _calls(
@@ -356,26 +336,7 @@ class ModelProblem(Problem):
         return ClientBatch(data.X[rows, sel], data.y[rows, sel], w, b.clone())
 
     def _batch_sizes(self, batch_sizes: torch.Tensor | int) -> torch.Tensor:
-        if isinstance(batch_sizes, bool):
-            raise TypeError("batch_sizes must be an integer or an integer tensor of shape (n,)")
-        b = torch.as_tensor(batch_sizes)
-        if b.dtype.is_floating_point or b.dtype == torch.bool:
-            raise TypeError(f"batch_sizes must be integers, got dtype {b.dtype}")
-        b = b.to(torch.int64).cpu()
-        b = b.expand(self.n).clone() if b.ndim == 0 else b
-        if b.shape != (self.n,):
-            raise ValueError(
-                f"batch_sizes must be one integer or shape ({self.n},), got {tuple(b.shape)}"
-            )
-        sizes = self.client_sizes
-        bad = (b < 1) | (b > sizes)
-        if bool(bad.any()):
-            i = int(torch.nonzero(bad)[0])
-            raise ValueError(
-                f"batch size {int(b[i])} for client {i} must be in [1, m_i = "
-                f"{int(sizes[i])}] (the client's number of samples)"
-            )
-        return b
+        return self.check_batch_sizes(batch_sizes, self.client_sizes)
 
     def client_hvps(self, x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇²f_i(x) V[i] (forward-over-reverse: ``jvp`` of ``grad``, vmapped).
@@ -385,7 +346,7 @@ class ModelProblem(Problem):
         x = self._point(x)
         if not isinstance(V, torch.Tensor) or V.shape not in ((self.d,), (self.n, self.d)):
             raise ValueError(f"V must have shape ({self.n}, {self.d}) or ({self.d},)")
-        V = _finite(V.detach().to(device=self.device, dtype=self.dtype), "V")
+        V = self.check_finite(V.detach().to(device=self.device, dtype=self.dtype), "V")
         return self._batched(self._fn.hvps, x, None, V.expand(self.n, self.d))
 
     def hvp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -480,14 +441,6 @@ def _place(
     buf = rows[:1].expand(size, *t.shape[1:]).clone()
     buf[slots.to(t.device)] = rows
     return buf
-
-
-def _finite(x: torch.Tensor, what: str) -> torch.Tensor:
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(
-            f"{what} contains NaN or inf (did the method diverge? try a smaller step size)"
-        )
-    return x
 
 
 def _check_batch_size(batch_size: int | None) -> int | None:

@@ -319,7 +319,7 @@ def group_clients(
     groups = []
     for k in np.unique(octave):  # a handful of groups (≤ log2 of the largest client)
         members = np.flatnonzero(octave == k)
-        batch = _pad(X, y, [parts[i] for i in members], dtype, device)
+        batch = _pad(X, y, [parts[int(i)] for i in members], dtype, device)
         groups.append(ClientGroup(batch, torch.from_numpy(members.astype(np.int64))))
     return groups
 
