@@ -9,7 +9,8 @@ independent reference loss in :data:`REFERENCES` fails the autograd check. Prope
   directional derivative of ``client_losses`` (a functional check of the pair);
 * ``restrict`` is exact to the bit (losses, gradients, gradients at points, minibatches);
 * L_i (and L) are upper bounds on random pairs when the problem knows them;
-* ``client_grads_at`` with equal rows is ``client_grads``;
+* ``client_grads_at`` with equal rows is ``client_grads``; a fused ``client_grads_and_losses``
+  (optional) is the separate evaluation, bit for bit;
 * minibatch gradients are unbiased: Monte-Carlo over keys, the error measured in units of the
   sample's own standard error (a χ²-like ratio per client), and exact when b_i = m_i.
 """
@@ -151,6 +152,16 @@ def test_mean_of_client_gradients_is_grad(problem: Problem) -> None:
         problem.grad(x), problem.client_grads(x).mean(0), rtol=1e-12, atol=1e-15
     )
     assert problem.loss(x) == pytest.approx(float(problem.client_losses(x).mean()), rel=1e-13)
+
+
+def test_a_fused_gradient_and_loss_pass_is_the_separate_evaluation(problem: Problem) -> None:
+    fused = getattr(problem, "client_grads_and_losses", None)
+    if fused is None:
+        return  # optional (the simulator's metrics then take a separate pass)
+    x = _point(problem)
+    G, losses = fused(x)
+    assert torch.equal(G, problem.client_grads(x))
+    assert torch.equal(losses, problem.client_losses(x))
 
 
 def test_client_grads_at_with_equal_rows_is_client_grads(problem: Problem) -> None:

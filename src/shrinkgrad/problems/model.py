@@ -33,11 +33,12 @@ import copy
 import dataclasses
 import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.func import functional_call, grad, jvp, vmap
+from torch.func import functional_call, grad, grad_and_value, jvp, vmap
 
 from ..registry import Spec
 from ..rng import Keys, bits32_torch
@@ -68,7 +69,15 @@ class _Functional:
         self.losses_shared = vmap(fx, in_dims=(None, 0, 0, 0))
         self.grads_shared = vmap(grad(fx), in_dims=(None, 0, 0, 0))
         self.grads_each = vmap(grad(fx), in_dims=(0, 0, 0, 0))
+        self.grads_and_losses = vmap(grad_and_value(fx), in_dims=(None, 0, 0, 0))
         self.hvps = vmap(self._hvp, in_dims=(None, 0, 0, 0, 0))
+
+    def grads_and_losses_flat(
+        self, x: torch.Tensor, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        """(m, d + 1): each client's gradient and, in the last column, its loss."""
+        g, v = self.grads_and_losses(x, X, y, w)
+        return torch.cat([g, v[:, None].to(g.dtype)], dim=1)
 
     def params(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """x as the model's named parameters (views of x)."""
@@ -296,6 +305,12 @@ class ModelProblem(Problem):
         """(n, d): row i is ∇f_i(x), one batched ``vmap(grad)`` evaluation."""
         return self._batched(self._fn.grads_shared, self._point(x))
 
+    def client_grads_and_losses(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(client_grads(x), client_losses(x)) from one pass (the forward of the gradient)."""
+        x = self._point(x)
+        both = self._batched(self._fn.grads_and_losses_flat, x)
+        return both[:, : self.d].contiguous(), both[:, self.d].contiguous()
+
     def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(X[i]) (a point per client: stale gradients, the PS)."""
         return self._batched(self._fn.grads_each, self._points(X))
@@ -347,7 +362,9 @@ class ModelProblem(Problem):
         if not isinstance(V, torch.Tensor) or V.shape not in ((self.d,), (self.n, self.d)):
             raise ValueError(f"V must have shape ({self.n}, {self.d}) or ({self.d},)")
         V = self.check_finite(V.detach().to(device=self.device, dtype=self.dtype), "V")
-        return self._batched(self._fn.hvps, x, None, V.expand(self.n, self.d))
+        with warnings.catch_warnings():  # torch.func.jvp's internals call torch.jit.script
+            warnings.filterwarnings("ignore", ".*torch.jit.script.*", DeprecationWarning)
+            return self._batched(self._fn.hvps, x, None, V.expand(self.n, self.d))
 
     def hvp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """∇²f(x) v = (1/n) Σ_i ∇²f_i(x) v."""
