@@ -58,11 +58,11 @@ def test_run_then_plot(config: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     out = tmp_path / "out"
     assert run_cli(["run", str(config), "--out", str(out), "-j", "1", "--no-progress"]) == 0
     text = capsys.readouterr().out
-    assert "8 runs (8 completed); 8 run now, 0 already finished" in text
+    assert "8 runs (8 completed): 8 started, 0 already finished" in text
     assert (out / "results.parquet").exists() and (out / "config.toml").exists()
     # same command again: nothing left to run
     assert run_cli(["run", str(config), "--out", str(out), "-j", "1", "--no-progress"]) == 0
-    assert "0 run now, 8 already finished" in capsys.readouterr().out
+    assert "0 started, 8 already finished" in capsys.readouterr().out
     assert run_cli(["plot", str(out), "--x", "rounds", "--y", "loss"]) == 0
     printed = capsys.readouterr().out.split()
     assert printed == [

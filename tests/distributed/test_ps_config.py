@@ -8,25 +8,27 @@ import pytest
 import torch
 
 from shrinkgrad.distributed.ps import (
-    ClientOracle,
     PSConfig,
-    client_problem,
+    client_oracle,
     load_ps_config,
     plan_run,
+    prepare,
 )
 from shrinkgrad.distributed.ps.wire import (
+    COMPRESSED,
     HEADER_BYTES,
     MODEL,
+    RESUME,
     STOP,
-    grad_header,
     model_message,
     pack_model,
-    read_header,
+    read_reply,
+    reply_header,
     unpack_model,
 )
 from shrinkgrad.methods.delayed import delayed_theory
 from shrinkgrad.methods.gd import dcgd_theory
-from shrinkgrad.problems import make_problem
+from shrinkgrad.problems import Problem, make_problem
 from shrinkgrad.theory import stepsize_delayed
 
 A1A = "logistic_regression[dataset=a1a]"
@@ -43,9 +45,12 @@ def a1a3() -> object:
     [
         ({"workers": 0}, "workers"),
         ({"tau_max": 1, "workers": 3}, r"tau_max must be an integer >= 2"),
-        ({"stepsize": "theory", "workers": 3}, "needs a delay bound"),
-        ({"mode": "sync", "method": "iag"}, "method='dcgd'"),
+        ({"mode": "sync", "method": "iag"}, "incremental"),
         ({"mode": "sync", "method": "dcgd", "tau_max": 3}, "sync runs have none"),
+        ({"method": "ef12"}, "did you mean 'ef21'"),
+        ({"method": "delayed_dcgd[tau=2]"}, r"staleness is real.*run on a parameter server: dcgd"),
+        ({"method": "ef21_pp[p=0.5]"}, "every arrival takes part"),
+        ({"method": "iag[order=sideways]"}, "'order' must be one of"),
         ({"speeds": (1.0, 2.0), "workers": 3, "tau_max": 2}, "one entry per worker"),
         ({"speeds": (1.0, -1.0), "workers": 2, "tau_max": 1}, "speeds"),
         ({"problem": "logistic_regression[dataset=a1a,n_clients=5]", "tau_max": 3}, "n_clients=5"),
@@ -60,13 +65,42 @@ def test_config_mistakes_are_named(changes: dict[str, object], match: str) -> No
         PSConfig(**changes)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        # the first real problem is reported, not the step size's missing delay bound
+        ({"speeds": (1.0, 2.0)}, "one entry per worker"),
+        ({"updates": -5}, "updates"),
+        ({"compressor": "top_k[k=2]"}, "unbiased"),
+        ({"compressor": "qsgd[s=4]", "method": "ef21"}, "contractive"),
+        ({}, "needs a delay bound"),
+        ({"method": "ef21", "compressor": "top_k[k=2]"}, "no theory step size with stale"),
+    ],
+)
+def test_the_first_real_problem_is_reported(
+    changes: dict[str, object], match: str, a1a3: object
+) -> None:
+    cfg = {"problem": A1A, "workers": 3, "stepsize": "theory", **changes}
+    with pytest.raises((ValueError, TypeError), match=match):
+        plan_run(PSConfig(**cfg), a1a3)  # type: ignore[arg-type]
+
+
 def test_problem_spec_gets_one_client_per_worker() -> None:
     cfg = PSConfig(problem=A1A, workers=3, tau_max=2)
     assert cfg.problem_spec() == "logistic_regression[dataset=a1a,n_clients=3]"
-    assert cfg.first_counter == 0  # iag's initial table message is round 0
-    assert cfg.replace(init="zero").first_counter == 1
-    assert cfg.replace(method="dcgd").first_counter == 1
     assert cfg.replace(speeds=(1, 1, 5), delay=0.01).worker_delay(2) == pytest.approx(0.05)
+    sync = cfg.replace(method="dcgd", mode="sync", tau_max=None)
+    assert cfg.run_method == "async_iag" and sync.run_method == "sync_dcgd"
+    assert cfg.replace(method="iag[init=zero]").run_method == "async_iag[init=zero]"
+
+
+def test_the_default_compressor_compresses_and_fits_the_method() -> None:
+    cfg = PSConfig(workers=2, tau_max=1)
+    assert cfg.compressor is None and cfg.compressor_spec == "qsgd[s=8]"
+    assert cfg.replace(method="ef21").compressor_spec == "scaled(qsgd[s=8])"
+    assert cfg.replace(compressor="rand_k[k=3]").compressor_spec == "rand_k[k=3]"
+    with pytest.raises(ValueError, match=r"iag\[init=zero\]"):
+        PSConfig.from_dict({"init": "zero"})
 
 
 def test_toml_shares_the_experiment_format_and_names_unknown_keys() -> None:
@@ -123,48 +157,87 @@ def test_biased_compressors_are_refused_before_anything_starts(a1a3: object) -> 
         plan_run(PSConfig(problem=A1A, workers=3, tau_max=2, compressor="top_k[k=2]"), a1a3)
 
 
+def test_one_worker_with_tau_max_0_admits_its_own_theory_step() -> None:
+    """``--workers 1 --tau-max 0``: the theory step is the DCGD rule (no staleness) and the
+    check at the measured delay 0 is that rule's (non-strict), not the delay rule's γ < 1/L."""
+    one = make_problem("logistic_regression[dataset=a1a,n_clients=1]")
+    for method in ("iag", "dcgd"):
+        plan = plan_run(PSConfig(problem=A1A, workers=1, tau_max=0, method=method), one)
+        assert plan.tau_bound == 0 and plan.cfg.stepsize_rule == "stepsize_dcgd"
+        bound, holds = plan.inner.async_admissible(plan.cfg, plan.stepsize, 0)
+        assert holds and bound == plan.stepsize
+        assert not plan.inner.async_admissible(plan.cfg, plan.stepsize * 1.01, 0)[1]
+    # with staleness the [K18] rule is strict: its own bound is not admitted
+    plan = plan_run(PSConfig(problem=A1A, workers=1, tau_max=0, stepsize=1.0), one)
+    bound, _ = plan.inner.async_admissible(plan.cfg, 1.0, 3)
+    assert bound == pytest.approx(stepsize_delayed(one.L, 3))
+    assert plan.inner.async_admissible(plan.cfg, bound, 3) == (bound, False)
+
+
 # -- wire format ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_model_message_round_trip(dtype: torch.dtype) -> None:
     x = torch.linspace(-3, 3, 17, dtype=dtype)
     buf = model_message(17, dtype)
     assert buf.numel() == HEADER_BYTES + 17 * x.element_size()
-    kind, version, y = unpack_model(pack_model(buf, MODEL, 12345678901, x), dtype)
-    assert (kind, version) == (MODEL, 12345678901) and torch.equal(y, x)
+    kind, version, counter, nbytes, y = unpack_model(pack_model(buf, MODEL, 12345678901, x), dtype)
+    assert (kind, version, counter, nbytes) == (MODEL, 12345678901, 0, 0) and torch.equal(y, x)
     assert unpack_model(pack_model(buf, STOP, 3, None), dtype)[:2] == (STOP, 3)
+    resume = unpack_model(pack_model(buf, RESUME, 40, x, counter=17, nbytes=256), dtype)
+    assert resume[:4] == (RESUME, 40, 17, 256)
     with pytest.raises(ValueError, match="does not fit"):
         pack_model(buf, MODEL, 0, torch.zeros(5, dtype=dtype))
-    assert read_header(grad_header(1, 7, 5, 99)) == (1, 7, 5, 99)
+    traffic = (1234.0, 0.1 + 0.2, 2.0**60)  # floats travel bit for bit
+    *ints, got = read_reply(reply_header(1, 7, 5, 99, COMPRESSED, 6, traffic))
+    assert ints == [1, 7, 5, 99, COMPRESSED, 6]
+    assert tuple(float(t[0]) for t in got) == traffic
 
 
 # -- a worker's own data -------------------------------------------------------------------------
 @pytest.mark.parametrize("split", ["contiguous", "shuffled[seed=3]"])
-def test_client_problem_is_the_clients_share_bit_for_bit(split: str) -> None:
-    spec = f"logistic_regression[dataset=a1a,split={split}]"
+def test_a_worker_holds_its_clients_data_bit_for_bit(split: str) -> None:
     full = make_problem(f"logistic_regression[dataset=a1a,n_clients=3,split={split}]")
-    cfg = PSConfig(problem=spec, workers=3, tau_max=2)
     x = torch.linspace(-0.2, 0.3, full.d, dtype=torch.float64)
     for i in range(3):
-        own = client_problem(cfg, i)
-        assert own is not None and own.n == 1
-        assert int(own.client_sizes[0]) == int(full.client_sizes[i])  # type: ignore[index]
-        oracle = ClientOracle(own, i)
+        oracle = client_oracle(full, i)
+        assert oracle.local is not None and oracle.local.n == 1  # Problem.restrict
         assert torch.equal(oracle.grads(x, torch.tensor([i]))[0], full.client_grads(x)[i])
-        with pytest.raises(ValueError, match="only holds its own data"):
+        with pytest.raises(ValueError, match="not held by this rank"):
             oracle.grads(x, torch.tensor([(i + 1) % 3]))
 
 
-def test_non_dataset_problems_fall_back_to_the_full_problem() -> None:
-    cfg = PSConfig(problem="synthetic_least_squares[d=5]", workers=2, tau_max=1)
-    assert client_problem(cfg, 0) is None
+class _Whole(Problem):
+    """A problem that cannot be cut to one client (``restrict`` returns None)."""
+
+    def __init__(self, inner: Problem) -> None:
+        self.inner = inner
+        self.n, self.d, self.L, self.L_i = inner.n, inner.d, inner.L, inner.L_i
+        self.name, self.dataset = inner.name, inner.dataset
+
+    def loss(self, x: torch.Tensor) -> float:
+        return self.inner.loss(x)
+
+    def client_grads(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner.client_grads(x)
+
+    def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
+        return self.inner.client_grads_at(X)
 
 
-def test_nonfinite_model_is_a_divergence_not_a_crash() -> None:
-    own = client_problem(PSConfig(problem=A1A, workers=2, tau_max=1), 0)
-    assert own is not None
-    x = torch.full((own.d,), math.nan, dtype=torch.float64)
-    with pytest.raises(ValueError, match="non-finite"):
-        ClientOracle(own, 0).grads(x, torch.tensor([0]))
+def test_a_problem_that_cannot_be_cut_is_said_and_still_exact(a1a3: object) -> None:
+    whole = _Whole(a1a3)  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match="cannot be cut to one client"):
+        prepare(PSConfig(problem=A1A, workers=3, tau_max=2), whole)
+    x = torch.linspace(-0.2, 0.3, whole.d, dtype=torch.float64)
+    oracle = client_oracle(whole, 1)
+    assert oracle.local is None
+    assert torch.equal(oracle.grads(x, torch.tensor([1]))[0], a1a3.client_grads(x)[1])  # type: ignore[attr-defined]
+
+
+def test_nonfinite_model_is_a_divergence_not_a_crash(a1a3: object) -> None:
+    x = torch.full((a1a3.d,), math.nan, dtype=torch.float64)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="NaN or inf"):
+        client_oracle(a1a3, 0).grads(x, torch.tensor([0]))  # type: ignore[arg-type]
 
 
 def test_cli_set_reads_dotted_keys_and_toml_values() -> None:
@@ -186,3 +259,35 @@ def test_config_is_a_hashable_value() -> None:
     b = PSConfig(tau_max=3, kill_workers={"1": 3})  # TOML keys are strings
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     assert a.replace(tau_max=4) != a
+
+
+def _readme_ps_commands() -> list[list[str]]:
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    found = re.findall(r"shrinkgrad ps (--[^`#\n]*)", text)
+    return [shlex.split(cmd) for cmd in found]
+
+
+def test_the_readme_parameter_server_examples_show_a_slow_worker_and_compress() -> None:
+    """Issue 12 item 3: the README's example used to do nothing (no delay, no compression)."""
+    from shrinkgrad.cli.ps import build_config, ps_cmd
+    from shrinkgrad.compressors import make_compressor
+
+    commands = _readme_ps_commands()
+    assert len(commands) >= 2
+    for argv in commands:
+        params = ps_cmd.make_context("ps", argv).params
+        flags = {
+            k: v
+            for k, v in params.items()
+            if k not in ("config", "sets", "out", "no_plot", "no_progress", "as_json", "speeds")
+            and k != "resume"
+        }
+        cfg = build_config(params["config"], params["sets"], params["speeds"], flags)
+        assert cfg.speeds is not None and len(set(cfg.speeds)) > 1, argv
+        assert cfg.delay > 0, argv  # the speeds make one worker slower
+        C = make_compressor(cfg.compressor_spec)
+        assert C.kind == "unbiased" and C.omega(100) > 0, argv  # it compresses

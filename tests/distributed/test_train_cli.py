@@ -105,8 +105,8 @@ def test_config_mistakes_are_one_line_errors(
 
 
 def _train_with_progress(rank: int, world: int, cfg_path: Path, out: Path) -> list[str]:
-    from shrinkgrad.distributed.train import train_config
     from shrinkgrad.experiments.config import load_config
+    from shrinkgrad.experiments.distributed_sweep import train_config
 
     lines: list[str] = []
     train_config(load_config(cfg_path), out, progress=lines.append, progress_every=0.0)
@@ -119,10 +119,53 @@ def test_progress_lines_come_from_rank_0_at_logged_rounds(tmp_path: Path) -> Non
     cfg = _write_config(tmp_path)
     by_rank = spawn(_train_with_progress, 2, (cfg, tmp_path / "dist"))
     assert by_rank[1] == []
-    from shrinkgrad.distributed.train import plan
     from shrinkgrad.experiments.config import load_config
+    from shrinkgrad.experiments.distributed_sweep import plan
 
     runs, _, _ = plan(load_config(cfg))
     assert len(runs) == 2
     want = [f"{run.run_id} {run.label}: round {r}/12" for run in runs for r in (4, 8, 12)]
     assert by_rank[0] == want
+
+
+def test_train_is_validated_before_any_process_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _write_config(tmp_path)
+    out = tmp_path / "dist"
+    # more ranks than clients: one line naming the problem, nothing written
+    with pytest.raises(SystemExit) as info:
+        main(["train", str(cfg), "--nproc", "6", "--out", str(out)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--nproc 6" in err[0] and "n=5 clients" in err[0]
+    assert "--nproc <= 5" in err[0] and "resume" not in err[0] and not out.exists()
+
+
+def test_a_resume_on_another_nproc_is_refused_and_env_json_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from shrinkgrad.experiments.config import load_config
+    from shrinkgrad.experiments.grid import expand
+
+    cfg = _write_config(tmp_path)
+    out = tmp_path / "dist"
+    main(["train", str(cfg), "--nproc", "2", "--out", str(out)])
+    env = json.loads((out / "env.json").read_text())
+    assert env["world_size"] == 2 and env["runs"] == {"total": 2, "already_finished": 0, "ran": 2}
+    assert env["executor"] == "torch.distributed (gloo, 2 ranks)" and "git_commit" in env
+    # an interrupted 3-process run: a 2-process resume is refused, naming the directory
+    run = expand(load_config(cfg))[0]
+    run_dir = out / "runs" / run.run_id
+    (run_dir / "done.json").unlink()
+    for r in range(3):
+        (run_dir / f"checkpoint.pt.rank{r}-of-3").write_bytes(b"")
+    before = (out / "results.parquet").read_bytes()
+    with pytest.raises(SystemExit) as info:
+        main(["train", str(cfg), "--nproc", "2", "--out", str(out)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(run_dir) in err[0] and "resume it with --nproc 3" in err[0]
+    assert (out / "results.parquet").read_bytes() == before

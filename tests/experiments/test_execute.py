@@ -33,13 +33,12 @@ def test_a_prepared_run_is_simulate_with_the_resolved_step_and_tolerance(tmp_pat
     g0 = prepared.problem.grad(prepared.problem.x0())
     assert prepared.tol == 1e-3 * float(g0 @ g0)
     ef21_step = simulate(prepared.problem, "ef21", "top_k[k=1]", rounds=0).stepsize
-    assert prepared.stepsize == 4 * ef21_step and prepared.rule == "stepsize_ef21*4 of ef21"
+    assert prepared.stepsize == "theory(ef21)*4"  # resolved by Method.bind, the one grammar
     plain = prepare_run(ef21, prepared.problem)  # a given problem is used as it is
-    assert plain.problem is prepared.problem
-    assert (plain.stepsize, plain.rule) == ("theory", "")
+    assert plain.problem is prepared.problem and plain.stepsize == "theory"
 
     result, wall = prepared.execute(simulate)
-    assert wall > 0
+    assert wall > 0 and result.stepsize == 4 * ef21_step
     direct = simulate(
         prepared.problem,
         "ef",

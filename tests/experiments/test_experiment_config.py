@@ -16,7 +16,6 @@ from shrinkgrad.experiments.config import (
     load_config,
     loads_config,
     parse_override,
-    resolve_stepsize,
 )
 from shrinkgrad.experiments.grid import check_runs, expand
 
@@ -309,17 +308,35 @@ def test_a_problem_that_cannot_be_built_is_a_config_error() -> None:
     assert info.value.key == "problem" and "exceeds the 690 samples" in info.value.reason
 
 
-def test_stepsize_resolution_of_the_config_extensions() -> None:
+def test_the_config_step_sizes_are_the_one_grammar_of_bind() -> None:
+    """theory(other)*m and c/L resolve in Method.bind (methods/stepsize.py): no copy here."""
     from shrinkgrad.methods import make_method
     from shrinkgrad.problems import make_problem
 
     p = make_problem("logistic_regression[dataset=a1a,n_clients=3]")
-    step, rule = resolve_stepsize("theory(ef21)*2", "ef", "top_k[k=1]", p)
+    got = make_method("ef").bind(p, "top_k[k=1]", "theory(ef21)*2").cfg
     ref = make_method("ef21").bind(p, "top_k[k=1]", "theory").cfg
-    assert step == pytest.approx(2 * ref.stepsize, rel=1e-15)
-    assert rule == "stepsize_ef21*2 of ef21"
-    assert resolve_stepsize("0.5/L_max", "gd", "identity", p) == (0.5 / p.L_max, "0.5/L_max")
-    assert resolve_stepsize("theory*3", "ef21", "top_k[k=1]", p) == ("theory*3", "")
+    assert got.stepsize == 2 * ref.stepsize
+    assert got.stepsize_rule == "stepsize_ef21*2 of ef21"
+    cfg = make_method("gd").bind(p, "identity", "0.5/L_max").cfg
+    assert (cfg.stepsize, cfg.stepsize_rule) == (0.5 / p.L_max, "0.5/L_max")
+    with pytest.raises(ValueError, match=r"L_min.*L, L_AM, L_QM, L_max"):
+        make_method("gd").bind(p, "identity", "1/L_min")
+    # the config keeps the canonical spelling (it is part of the run ids)
+    cfg2 = loads_config(
+        'problem = "logistic_regression[dataset=a1a,n_clients=3]"\n'
+        '[grid]\nmethods = ["ef"]\ncompressors = ["top_k[k=1]"]\n'
+        'stepsizes = ["theory( ef21 ) * 2", "1 / L", "0.10"]\n'
+    )
+    assert [a.stepsize for a in cfg2.arms] == ["theory(ef21)*2", "1/L", "0.10"]
+    config_source = (Path(shrinkgrad_src()) / "experiments" / "config.py").read_text()
+    assert "re.compile" not in config_source  # no second step-size parser
+
+
+def shrinkgrad_src() -> Path:
+    import shrinkgrad
+
+    return Path(shrinkgrad.__file__).parent
 
 
 def test_the_annotated_example_of_the_docs_is_valid() -> None:

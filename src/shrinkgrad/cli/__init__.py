@@ -10,12 +10,16 @@ without a traceback; ``--debug`` (or ``SHRINKGRAD_DEBUG=1``) shows the traceback
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
 import sys
 from typing import Any
 
 import click
+
+from ..storage import StorageError
 
 __all__ = ["COMMANDS", "main"]
 
@@ -69,6 +73,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 #: exceptions that mean "the user asked for something impossible"; shown without a traceback
 USER_ERRORS: tuple[type[BaseException], ...] = (
+    StorageError,  # an --out that cannot be written (read-only, full, in use): says which and why
     ValueError,
     TypeError,
     FileNotFoundError,
@@ -78,16 +83,27 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def _exit_interrupted(word: str) -> None:
+    """Exit with status 130 after Ctrl-C; a further Ctrl-C while exiting is ignored (it would
+    otherwise end the process by SIGINT, not with the status)."""
+    with contextlib.suppress(ValueError):  # not the main thread: nothing to protect
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    click.echo(word, err=True)
+    sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Entry point of the ``shrinkgrad`` console script."""
     try:
         return cli.main(args=argv, prog_name="shrinkgrad", standalone_mode=False)
     except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
+        _exit_interrupted("aborted")
     except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+        _exit_interrupted("interrupted")
+    except click.exceptions.UsageError as e:  # one line, like every other user mistake
+        where = e.ctx.command_path if e.ctx is not None else "shrinkgrad"
+        click.echo(f"error: {e.format_message()} (see '{where} --help')", err=True)
+        sys.exit(e.exit_code)
     except click.exceptions.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

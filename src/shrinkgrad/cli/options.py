@@ -88,6 +88,8 @@ def load_run_config(
 
     cfg = load_config(config, profile=profile, overrides=list(overrides))
     out_dir = out if out is not None else Path("runs") / f"{cfg.name or config.stem}{suffix}"
-    if out_dir.exists() and not out_dir.is_dir():
+    from ..storage import is_file
+
+    if is_file(out_dir):
         raise NotADirectoryError(f"--out {str(out_dir)!r} is a file; give a directory")
     return cfg, out_dir

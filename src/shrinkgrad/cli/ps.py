@@ -5,12 +5,14 @@ Examples::
     shrinkgrad ps --workers 4 --method iag --compressor "qsgd[s=4]" --tau-max 6 \
         --speeds 1,1,1,5 --delay 0.01 --updates 2000 --out ps-out/
     shrinkgrad ps ps.toml --set ps.tau_max=9 --out ps-out/
+    shrinkgrad ps ps.toml --out ps-out/ --resume        # continue after a killed server
 
 One server and W worker processes (forked, gloo on 127.0.0.1). A TOML config uses the format of
 the experiment configs (``problem``, ``[run]``) plus a ``[ps]`` table (docs/parameter_server.md);
 flags override it. Prints a summary (status, updates per second, the step size and its rule, the
-measured staleness and delay, and whether γ satisfies the delay rule at the measured delay) and,
-with ``--out``, writes table.csv, staleness.csv, events.csv, summary.json and staleness.png.
+measured staleness and delay, and whether γ satisfies the theory at the measured delay) and,
+with ``--out``, writes table.csv, staleness.csv, events.csv, summary.json and staleness.png; the
+server snapshots the run into ``--out``'s checkpoint/ as it goes, so ``--resume`` continues it.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from ..distributed.ps import PSConfig
 
 if sys.version_info >= (3, 11):  # pragma: no cover - version dependent
     import tomllib
 else:  # pragma: no cover - version dependent
     import tomli as tomllib
 
-__all__ = ["ps_cmd"]
+__all__ = ["build_config", "ps_cmd"]
 
 
 def _speeds(text: str | None) -> tuple[float, ...] | None:
@@ -58,6 +63,15 @@ def _set_value(item: str) -> tuple[str, Any]:
     return key, value
 
 
+def _rule(s: dict[str, Any]) -> str:
+    """The theory's verdict on γ at the measured delay, in words."""
+    bound, holds = s["stepsize_bound_measured"], s["rule_holds_at_measured_delay"]
+    if holds is None:
+        return f"no theory step for {s['method']} at that delay (numeric steps only)"
+    verdict = "holds" if holds else "VIOLATED"
+    return f"theory at the measured delay: γ ≤ {bound:.6g} ({verdict})"
+
+
 def _summary_lines(s: dict[str, Any], out: str | None) -> list[str]:
     lines = [
         f"status: {s['status']} ({s['message']})",
@@ -66,8 +80,7 @@ def _summary_lines(s: dict[str, Any], out: str | None) -> list[str]:
         f"stepsize: {s['stepsize']:.6g} ({s['stepsize_rule']}); assumed delay bound: "
         f"{s['tau_bound']}",
         f"measured: staleness max {s['staleness_max']}, [K18] delay max {s['delay_max']}; "
-        f"delay rule at the measured delay: γ < {s['stepsize_bound_measured']:.6g} "
-        f"({'holds' if s['rule_holds_at_measured_delay'] else 'VIOLATED'})",
+        + _rule(s),
         "mean staleness per worker: "
         + ", ".join(f"{w}: {v:.2f}" for w, v in s["mean_staleness"].items()),
     ]
@@ -76,18 +89,36 @@ def _summary_lines(s: dict[str, Any], out: str | None) -> list[str]:
         lines.append(f"grad_norm_sq: {first:.4g} -> {last:.4g}")
     if s["workers_lost"]:
         lines.append(f"workers lost: {s['workers_lost']}")
+    lines.extend(s["resumed"])
     if out:
         lines.append(f"results: {out}")
     return lines
+
+
+def build_config(
+    config: str | None, sets: tuple[str, ...], speeds: str | None, flags: dict[str, Any]
+) -> PSConfig:
+    """The run the command line describes: the config file, then the flags, then ``--set``."""
+    from ..distributed.ps import load_ps_config
+
+    overrides: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    if speeds is not None:
+        overrides["speeds"] = _speeds(speeds)
+    for item in sets:
+        key, value = _set_value(item)
+        overrides[key] = value
+    return load_ps_config(config, overrides=overrides)
 
 
 @click.command("ps")
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--problem", help="problem spec, e.g. 'logistic_regression[dataset=a1a]'.")
 @click.option("--workers", type=int, help="number of worker processes W (one client each).")
-@click.option("--method", type=click.Choice(["iag", "dcgd"]), help="compressed IAG or DCGD.")
+@click.option(
+    "--method", help="a method that runs on a parameter server: iag (default), dcgd, ef21, ..."
+)
 @click.option("--mode", type=click.Choice(["async", "sync"]), help="apply on arrival / rounds.")
-@click.option("--compressor", help="unbiased compressor spec, e.g. 'qsgd[s=4]'.")
+@click.option("--compressor", help="compressor spec (default qsgd[s=8]; EF21: scaled(qsgd[s=8])).")
 @click.option("--stepsize", help="a number, 'theory' or 'theory*m'.")
 @click.option("--tau-max", type=int, help="bound on the staleness (>= W - 1).")
 @click.option("--assume-tau", type=int, help="delay the theory step assumes when unbounded.")
@@ -100,8 +131,10 @@ def _summary_lines(s: dict[str, Any], out: str | None) -> list[str]:
 @click.option("--log-every", type=int, help="snapshot x every N updates.")
 @click.option("--wire-dtype", type=click.Choice(["float32", "float64"]))
 @click.option("--timeout", type=float, help="seconds before a silent process counts as lost.")
+@click.option("--snapshot-every", type=int, help="snapshot the server every N updates (200).")
 @click.option("--set", "sets", multiple=True, help="override a config key: ps.tau_max=6.")
 @click.option("--out", type=click.Path(file_okay=False), help="directory for the results.")
+@click.option("--resume", is_flag=True, help="continue the run in --out from its last snapshot.")
 @click.option("--no-plot", is_flag=True, help="skip staleness.png.")
 @click.option(
     "--no-progress", is_flag=True, help="no progress lines (shown on a terminal, every 5 s)."
@@ -115,21 +148,29 @@ def ps_cmd(
     no_progress: bool,
     as_json: bool,
     speeds: str | None,
+    resume: bool,
     **flags: Any,
 ) -> None:
-    """Run an asynchronous parameter server: W workers push compressed, stale gradients."""
-    from ..distributed.ps import load_ps_config, run_ps
+    """Run an asynchronous parameter server: W workers push compressed, stale messages."""
+    from ..distributed.ps import PSServerLost, run_ps
     from ..distributed.ps.launch import PROGRESS_EVERY
 
-    overrides: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
-    if speeds is not None:
-        overrides["speeds"] = _speeds(speeds)
-    for item in sets:
-        key, value = _set_value(item)
-        overrides[key] = value
-    cfg = load_ps_config(config, overrides=overrides)
+    cfg = build_config(config, sets, speeds, flags)
+    if cfg.speeds is not None and cfg.delay == 0:
+        click.echo(
+            "warning: speeds without a delay change nothing: a worker spends delay x speed "
+            "seconds per message and delay is 0; add e.g. --delay 0.01",
+            err=True,
+        )
     show = not no_progress and sys.stderr.isatty()
-    result = run_ps(cfg, progress_every=PROGRESS_EVERY if show else None)
+    try:
+        result = run_ps(
+            cfg, progress_every=PROGRESS_EVERY if show else None, out=out, resume=resume
+        )
+    except PSServerLost as e:
+        hint = f"; continue it with the same command and --resume (--out {out})" if out else ""
+        click.echo(f"error: {e}{hint}", err=True)
+        raise SystemExit(1) from None
     summary = result.summary()
     if out:
         result.save(out, plot=not no_plot)

@@ -5,6 +5,8 @@ Example::
     shrinkgrad run sweep.toml --out runs/sweep --jobs 2
     shrinkgrad run sweep.toml --out runs/sweep --set run.rounds=5000 --set 'run.seeds=5'
     shrinkgrad run sweep.toml --dry-run          # validate and list the runs, run nothing
+    shrinkgrad run sweep.toml --executor dask    # a dask LocalCluster (shrinkgrad[dask])
+    shrinkgrad run sweep.toml --executor "dask[address=tcp://host:8786]"   # an existing cluster
 
 Writes DIR/results.parquet (every run's table), DIR/runs.csv (one row per run),
 DIR/config.toml (the resolved config) and DIR/env.json; re-running the same command skips the
@@ -42,6 +44,14 @@ __all__ = ["run_cmd"]
 @format_option()
 @profile_option()
 @set_option()
+@click.option(
+    "--executor",
+    default="local",
+    show_default=True,
+    metavar="SPEC",
+    help="where the runs execute: local (--jobs processes), dask (a LocalCluster of --jobs "
+    "workers) or dask[address=tcp://host:8786] (an existing dask.distributed scheduler)",
+)
 @click.option("--dry-run", is_flag=True, help="validate the config and list the runs only")
 @click.option("--no-progress", is_flag=True, help="no progress bar or per-run lines")
 def run_cmd(
@@ -51,13 +61,16 @@ def run_cmd(
     fmt: str | None,
     profile: str | None,
     overrides: tuple[str, ...],
+    executor: str,
     dry_run: bool,
     no_progress: bool,
 ) -> None:
     """Run the grid of simulations described in CONFIG (a TOML file)."""
+    from ..experiments.executors import make_executor
     from ..experiments.grid import check_runs, expand
 
     cfg, out_dir = load_run_config(config, out, profile, overrides)
+    execu = make_executor(executor, jobs)  # a bad --executor is an error before anything runs
     if dry_run:
         runs, notes, infos = check_runs(cfg, expand(cfg))
         print_plan(runs, notes, infos, out_dir)
@@ -68,6 +81,7 @@ def run_cmd(
         cfg,
         out_dir,
         jobs=jobs,
+        executor=execu,
         fmt=fmt,  # type: ignore[arg-type]
         progress=not no_progress,
         command=["shrinkgrad", *sys.argv[1:]],
@@ -79,13 +93,7 @@ def report(result: ExperimentResult) -> None:
     """Print the outcome of a sweep; exit 1 on failed runs and 130 when interrupted."""
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
-    counts = result.runs["status"].value_counts().to_dict()
-    total = len(result.runs)
-    detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    click.echo(
-        f"{total} runs ({detail}); {result.ran} run now, {result.skipped} already finished → "
-        f"{result.results_path}"
-    )
+    click.echo(summary_line(result))
     for f in result.failed:
         click.echo(f"failed: {f.run.label} [{f.run.run_id}]: {f.message}", err=True)
     if result.interrupted:
@@ -97,6 +105,21 @@ def report(result: ExperimentResult) -> None:
         sys.exit(130)
     if result.failed:
         sys.exit(1)
+
+
+def summary_line(result: ExperimentResult) -> str:
+    """``12 runs (12 completed): 6 started, 3 resumed from checkpoints, 3 already finished → …``"""
+    counts = result.runs["status"].value_counts().to_dict()
+    total = len(result.runs)
+    detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    parts = [f"{result.started} started"]
+    if result.resumed:
+        parts.append(f"{result.resumed} resumed from checkpoints")
+    parts.append(f"{result.skipped} already finished")
+    left = total - result.skipped - result.ran
+    if left:
+        parts.append(f"{left} not reached")
+    return f"{total} runs ({detail}): {', '.join(parts)} → {result.results_path}"
 
 
 def print_plan(

@@ -65,28 +65,43 @@ def train_cmd(
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _under_torchrun(cfg, out_dir, fmt, timeout, show)
         return
-    from ..distributed.launch import WorkerError, preload, spawn
-    from ..distributed.train import plan
+    from ..distributed.launch import WorkerError, spawn
+    from ..experiments.distributed_sweep import check_world, plan
+    from ..experiments.executors import default_jobs
+    from ..storage import DirectoryLock, probe_writable
 
     problems: dict[str, Any] = {}
-    runs, notes, _ = plan(cfg, problems)  # checks everything (and loads the data) before forking
+    runs, notes, infos = plan(cfg, problems)  # checks everything (and loads the data) first
+    check_world(cfg, runs, infos, out_dir, nproc)  # ranks > clients, a resume on other --nproc
+    probe_writable(out_dir)
+    command = ["shrinkgrad", *sys.argv[1:]]
     for note in notes:
         click.echo(f"note: {note}", err=True)
-    preload()
-    try:
-        spawn(
-            _rank_main,
-            nproc,
-            (cfg, out_dir, fmt, problems, show),
-            timeout=365 * 24 * 3600.0,
-            pg_timeout=timeout,
+    cores = default_jobs()
+    if nproc > cores:
+        click.echo(
+            f"note: --nproc {nproc} on {cores} cores: every round's all-reduce waits until the OS "
+            f"has scheduled all {nproc} processes (measured: 4 ranks on 2 cores ~15x slower "
+            f"per round than the simulator, docs/distributed.md); --nproc {cores} is faster here",
+            err=True,
         )
-    except WorkerError as e:
-        first = e.failures[0]
-        raise click.ClickException(
-            f"{e}\nfinished runs are saved in {out_dir}; run the same command again to resume"
-            + (f"\n\nrank {first.rank}'s traceback:\n{first.traceback}" if first.traceback else "")
-        ) from None
+    # (no launch.preload(): it imports torch._dynamo for DDP, which the method runner never uses)
+    with DirectoryLock(out_dir, " ".join(command)):
+        try:
+            spawn(
+                _rank_main,
+                nproc,
+                (cfg, out_dir, fmt, problems, show, command),
+                timeout=365 * 24 * 3600.0,
+                pg_timeout=timeout,
+            )
+        except WorkerError as e:
+            first = e.failures[0]
+            debug = os.environ.get("SHRINKGRAD_DEBUG") and first.traceback
+            raise click.ClickException(
+                f"{e}\nfinished runs are saved in {out_dir}; run the same command again to resume"
+                + (f"\n\nrank {first.rank}'s traceback:\n{first.traceback}" if debug else "")
+            ) from None
     click.echo(f"{len(runs)} runs on {nproc} processes → {out_dir / 'results'}.{fmt or 'parquet'}")
 
 
@@ -102,27 +117,44 @@ def _rank_main(
     fmt: Any,
     problems: dict[str, Any],
     show: bool,
+    command: list[str],
 ) -> None:
-    from ..distributed.train import train_config
+    from ..experiments.distributed_sweep import train_config
 
     def log(line: str) -> None:
         print(line, flush=True)
 
     progress = _progress_line if show else None
-    train_config(cfg, out_dir, fmt=fmt, problems=problems, log=log, progress=progress)
+    train_config(
+        cfg,
+        out_dir,
+        fmt=fmt,
+        problems=problems,
+        log=log,
+        progress=progress,
+        command=command,
+        locked=True,
+    )
 
 
 def _under_torchrun(cfg: Any, out_dir: Path, fmt: Any, timeout: float, show: bool) -> None:
     import torch.distributed as dist
 
     from ..distributed.launch import init_from_env, worker_setup
-    from ..distributed.train import train_config
+    from ..experiments.distributed_sweep import train_config
 
     worker_setup(int(os.environ.get("SHRINKGRAD_THREADS", "1")))
     rank, world = init_from_env(timeout=timeout)
     try:
         progress = _progress_line if show else None
-        train_config(cfg, out_dir, fmt=fmt, log=lambda line: click.echo(line), progress=progress)
+        train_config(
+            cfg,
+            out_dir,
+            fmt=fmt,
+            log=lambda line: click.echo(line),
+            progress=progress,
+            command=["torchrun", "-m", "shrinkgrad.distributed", *sys.argv[1:]],
+        )
         if rank == 0:
             click.echo(f"{world} processes → {out_dir / 'results'}.{fmt or 'parquet'}")
     finally:

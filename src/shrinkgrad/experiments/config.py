@@ -36,10 +36,10 @@ annotated schema is in docs/experiments.md; in short::
     [profiles.quick]                  # a partial config merged over the file by --quick
     run.rounds = 200
 
-Step sizes (:func:`resolve_stepsize`): everything :func:`shrinkgrad.methods.parse_stepsize`
-accepts (a number, ``"theory"``, ``"theory*m"``), plus ``"theory(method)*m"`` (the theory step of
-another method for the same problem and compressor, e.g. classic EF at the EF21 step) and
-``"c/L"`` with L one of ``L``, ``L_AM``, ``L_QM``, ``L_max`` of the problem (e.g. ``"1/L"``).
+Step sizes: the grammar of :func:`shrinkgrad.methods.parse_stepsize` (a number, ``"theory"``,
+``"theory*m"``, ``"theory(method)*m"`` — the theory step of another method for the same problem
+and compressor, e.g. classic EF at the EF21 step — and ``"c/L"`` with L one of ``L``, ``L_AM``,
+``L_QM``, ``L_max``), resolved by ``Method.bind`` like every other runtime's.
 
 Everything is checked before anything runs: unknown keys (with a did-you-mean), wrong types,
 unknown component names or parameters (the registries' own messages), and impossible
@@ -82,7 +82,6 @@ __all__ = [
     "loads_config",
     "parse_config",
     "parse_override",
-    "resolve_stepsize",
 ]
 
 
@@ -395,6 +394,7 @@ def _build(doc: dict[str, Any], source: str, profile: str | None) -> ExperimentC
     name = doc.get("name", "")
     if not isinstance(name, str):
         raise ConfigError(source, "name", f"must be a string, got {_show(name)}")
+    _check_name(name, source)
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(source, "description", f"must be a string, got {_show(description)}")
@@ -431,6 +431,32 @@ def _build(doc: dict[str, Any], source: str, profile: str | None) -> ExperimentC
         data={},
         profile=profile,
     )
+
+
+#: longest experiment name: one directory name (255 bytes on common file systems) with room for
+#: the ``-distributed`` / ``-quick`` suffixes of the default output directories
+NAME_BYTES = 200
+
+
+def _check_name(name: str, source: str) -> None:
+    """The name is the default output directory ``runs/<name>``: one directory name."""
+    bad = [c for c in ("/", "\\", "\0") if c in name]
+    if bad or name in (".", ".."):
+        what = f"contains {bad[0]!r}" if bad else f"is {name!r}"
+        raise ConfigError(
+            source,
+            "name",
+            f"{_show(name)} {what}; the name is the default output directory runs/<name>, one "
+            "directory name: use letters, digits, spaces and - _ . (or give --out)",
+        )
+    if len(name.encode("utf-8")) > NAME_BYTES:
+        raise ConfigError(
+            source,
+            "name",
+            f"is {len(name.encode('utf-8'))} bytes long; the name is the default output directory "
+            f"runs/<name>, and file systems hold at most 255 bytes per name: keep it <= "
+            f"{NAME_BYTES} bytes",
+        )
 
 
 # -- problems --------------------------------------------------------------------------------
@@ -886,64 +912,14 @@ def _stepsizes(specs: list[str], source: str, key: str) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # step sizes
 # --------------------------------------------------------------------------------------------
-_OTHER = re.compile(r"^\s*theory\s*\((?P<method>.+)\)\s*(?:\*\s*(?P<m>[0-9.eE+\-]+)\s*)?$")
-_OVER_L = re.compile(r"^\s*(?P<c>[0-9.eE+\-]+)\s*/\s*(?P<L>L|L_AM|L_QM|L_max)\s*$")
-
-
 def _check_stepsize(text: str) -> str:
-    """Validate a step-size spec and return it in a canonical form (no spaces)."""
-    from ..methods import make_method, parse_stepsize
+    """Validate a step-size spec (:func:`shrinkgrad.methods.parse_stepsize`, the one grammar)
+    and return it in canonical form; a plain number is kept as written (it is part of run ids)."""
+    from ..methods import parse_stepsize
 
-    m = _OTHER.match(text)
-    if m is not None:
-        method = make_method(m.group("method").strip()).name
-        mult = m.group("m")
-        factor = _positive_number(mult, text) if mult is not None else 1.0
-        return f"theory({method})" + ("" if factor == 1.0 else f"*{factor:g}")
-    m = _OVER_L.match(text)
-    if m is not None:
-        c = _positive_number(m.group("c"), text)
-        return f"{c:g}/{m.group('L')}"
     s = parse_stepsize(text)
-    return str(s) if s.theory else text.strip()
-
-
-def _positive_number(text: str, spec: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise ValueError(f"cannot read the step size {spec!r}: {text!r} is not a number") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"cannot read the step size {spec!r}: {text!r} must be a number > 0")
-    return v
-
-
-def resolve_stepsize(
-    spec: str, method: str, compressor: str, problem: Any, seed: int = 0
-) -> tuple[float | str, str]:
-    """Turn a config step size into what :func:`shrinkgrad.simulate` takes, and its rule name.
-
-    ``"theory"``/``"theory*m"``/numbers pass through (the simulator resolves them and records
-    the rule); ``"theory(other)*m"`` becomes m × the theory step of ``other`` bound to the same
-    problem and compressor, with rule ``"<other's rule>*m of <other>"``; ``"c/L"`` becomes c/L of
-    the problem. Returns ``(stepsize, rule)`` where ``rule`` is ``""`` when the simulator names it.
-    """
-    from ..methods import make_method
-
-    m = _OTHER.match(spec)
-    if m is not None:
-        other = make_method(m.group("method").strip())
-        factor = float(m.group("m")) if m.group("m") else 1.0
-        bound = other.bind(problem, compressor, "theory", seed)
-        rule = bound.cfg.stepsize_rule + (f"*{factor:g}" if factor != 1.0 else "")
-        return bound.cfg.stepsize * factor, f"{rule} of {other.name}"
-    m = _OVER_L.match(spec)
-    if m is not None:
-        c = float(m.group("c"))
-        which = m.group("L")
-        value = float(getattr(problem, which))
-        return c / value, f"{c:g}/{which}"
-    return spec, ""
+    plain = not s.theory and s.of is None and s.over is None
+    return text.strip() if plain else str(s)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Progress of a sweep: rich bars on a terminal, one line per finished run otherwise.
 
 On a terminal: a bar over runs (finished / total, elapsed, remaining) and one transient bar per
-active run over its rounds. Elsewhere (a log file, ``nohup``): a line per finished run, so a long
-sweep's log says what finished and how. ``progress=False`` shows nothing.
+active run over its rounds. A failed run (an exception, a worker process that died) and a run
+rescheduled on another worker (dask) are printed the moment it happens. Elsewhere (a log file,
+``nohup``): a line per finished run, so a long sweep's log says what finished and how.
+``progress=False`` shows nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any, Protocol
 from .grid import RunSpec
 
 __all__ = ["Display", "LineDisplay", "NullDisplay", "RichDisplay", "make_display"]
+
+RESCHEDULED = "its worker was lost; resumed from its last checkpoint on another worker"
 
 
 class Display(Protocol):
@@ -67,6 +71,8 @@ class LineDisplay:
             self._print(f"[failed] {run.label}: {payload.get('message', '')}")
         elif kind == "interrupted":
             self._print(f"[interrupted] {run.label}: checkpoint saved")
+        elif kind == "rescheduled":
+            self._print(f"[rescheduled] {run.label}: {RESCHEDULED}")
 
     def stop(self) -> None:
         pass
@@ -109,6 +115,9 @@ class RichDisplay:
     def event(self, kind: str, run: RunSpec, payload: dict[str, Any]) -> None:
         p = self.progress
         if kind == "start":
+            old = self.tasks.pop(run.run_id, None)  # a rescheduled run starts again
+            if old is not None:
+                p.remove_task(old)
             room = max(20, min(70, self.console.width - 48))  # leave room for bar and counts
             label = run.label if len(run.label) <= room else run.label[: room - 1] + "…"
             self.tasks[run.run_id] = p.add_task("  " + label, total=payload.get("rounds", 1))
@@ -122,6 +131,8 @@ class RichDisplay:
                 p.advance(self.overall)
             elif kind == "failed":
                 p.console.print(f"[failed] {run.label}: {payload.get('message', '')}", markup=False)
+        elif kind == "rescheduled":
+            p.console.print(f"[rescheduled] {run.label}: {RESCHEDULED}", markup=False)
 
     def stop(self) -> None:
         self.progress.stop()

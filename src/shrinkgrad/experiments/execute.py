@@ -1,14 +1,18 @@
 """One run of a sweep, whichever runtime runs it: ``shrinkgrad run`` (the simulator, in worker
 processes) and ``shrinkgrad train`` (torch.distributed ranks) share everything here.
 
-* :func:`prepare_run` builds the run's problem and resolves its step size (and the rule of a
-  sweep-resolved one) and its absolute stopping tolerance (``run.tol_rel`` × ‖∇f(x⁰)‖²);
+* :func:`prepare_run` builds the run's problem and its absolute stopping tolerance
+  (``run.tol_rel`` × ‖∇f(x⁰)‖²); the step-size spec goes to the runtime as written;
   :meth:`PreparedRun.execute` calls :func:`~shrinkgrad.sim.simulate` or
   :func:`~shrinkgrad.distributed.run_distributed` with them;
 * :func:`finish_run` turns the result into the run's table (the simulator's columns plus the
   sweep's, :data:`~shrinkgrad.experiments.results.RESULT_COLUMNS`) and its summary
   (``done.json``, one row of ``runs.csv``); :func:`write_run` writes both;
-* :func:`collect_results` concatenates the finished runs of a config and summarises every run.
+* :func:`collect_results` concatenates the finished runs of a config and summarises every run;
+  :func:`run_state` says whether a run directory holds a finished run, a checkpoint or nothing
+  (and names the file when a finished run's files cannot be read);
+* :func:`execute_run` runs one :class:`RunTask` with the simulator into its directory: what every
+  executor (in-process, local worker processes, dask) calls.
 """
 
 from __future__ import annotations
@@ -17,14 +21,15 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
-from .config import resolve_stepsize
 from .grid import ProblemInfo, RunSpec, build_problem
 from .results import (
+    CorruptFileError,
     Format,
     concat_tables,
     find_run_table,
@@ -37,7 +42,21 @@ from .results import (
 if TYPE_CHECKING:
     from ..sim import SimResult
 
-__all__ = ["PreparedRun", "collect_results", "finish_run", "prepare_run", "write_run"]
+__all__ = [
+    "Emit",
+    "PreparedRun",
+    "RunTask",
+    "collect_results",
+    "execute_run",
+    "finish_run",
+    "prepare_run",
+    "run_state",
+    "write_run",
+]
+
+#: event callback of a running run: ``emit(kind, run_id, payload)`` with kind ``start``
+#: (``rounds``, ``label``, ``resumed``), ``progress`` (``round``), ``done`` (the summary)
+Emit = Callable[[str, str, dict[str, Any]], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +65,13 @@ class PreparedRun:
 
     run: RunSpec
     problem: Any
-    #: what the simulator takes: a number, ``"theory"`` or ``"theory*m"``
-    stepsize: float | str
-    #: the rule of a step size the sweep resolved (``"stepsize_ef21*4 of ef21"``, ``"1/L"``);
-    #: ``""`` when the simulator names it
-    rule: str
     tol: float | None
+
+    @property
+    def stepsize(self) -> str:
+        """The step-size spec as written in the config; ``Method.bind`` resolves it (the one
+        grammar of :mod:`shrinkgrad.methods.stepsize`) and the run records its rule."""
+        return self.run.arm.stepsize
 
     def arguments(self) -> dict[str, Any]:
         """The arguments of ``simulate`` / ``run_distributed`` for this run, except the
@@ -88,16 +108,15 @@ class PreparedRun:
 
 
 def prepare_run(run: RunSpec, problem: Any = None) -> PreparedRun:
-    """Resolve ``run``'s step size and tolerance on ``problem`` (built from the spec if None)."""
+    """Build ``run``'s problem (unless given) and make its tolerance absolute."""
     s = run.settings
     if problem is None:
         problem = build_problem(run.problem.spec, s.dtype)
-    step, rule = resolve_stepsize(run.arm.stepsize, run.arm.method, run.arm.compressor, problem)
     tol = s.tol
     if s.tol_rel is not None:
         g0 = problem.grad(problem.x0())
         tol = s.tol_rel * float(g0 @ g0)
-    return PreparedRun(run, problem, step, rule, tol)
+    return PreparedRun(run, problem, tol)
 
 
 def finish_run(
@@ -109,10 +128,8 @@ def finish_run(
     **extra: Any,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The run's table and summary; ``extra`` entries are appended to the summary."""
-    run, rule = prepared.run, prepared.rule
+    run = prepared.run
     table = result.table.copy()
-    if rule:
-        table["stepsize_rule"] = rule
     columns = {
         "run_id": run.run_id,
         "experiment": experiment,
@@ -133,7 +150,7 @@ def finish_run(
         "compressor": run.arm.compressor,
         "stepsize_spec": run.arm.stepsize,
         "stepsize": result.stepsize,
-        "stepsize_rule": rule or result.stepsize_rule,
+        "stepsize_rule": result.stepsize_rule,
         "seed_index": run.seed_index,
         "seed": run.seed,
         "status": result.status,
@@ -154,21 +171,60 @@ def write_run(run_dir: Path, table: pd.DataFrame, summary: dict[str, Any], fmt: 
     write_json(run_dir / "done.json", summary)
 
 
+RunState = Literal["finished", "checkpoint", "new"]
+
+
+def run_state(run_dir: Path) -> RunState:
+    """``finished`` (a readable ``done.json`` and table), ``checkpoint`` (a simulator or ranks'
+    checkpoint to resume) or ``new``. A finished run whose files cannot be read raises
+    :class:`~shrinkgrad.experiments.results.CorruptFileError` naming the file and the fix."""
+    fix = f"delete the directory {run_dir} to run this run again"
+    done = run_dir / "done.json"
+    if done.exists():
+        try:
+            summary = read_json(done)
+        except CorruptFileError as e:
+            raise e.with_fix(fix) from None
+        if not isinstance(summary, dict) or summary.get("run_id") != run_dir.name:
+            raise CorruptFileError(done, "it is not the summary of this run", fix)
+        if find_run_table(run_dir) is None:
+            raise CorruptFileError(done, "the run's table.parquet/table.csv is missing", fix)
+        return "finished"
+    if (run_dir / "checkpoint.pt").exists() or any(run_dir.glob("checkpoint.pt.rank*")):
+        return "checkpoint"
+    return "new"
+
+
+def _read_finished(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    fix = f"delete the directory {run_dir} to run this run again"
+    path = find_run_table(run_dir)
+    if path is None:
+        raise CorruptFileError(run_dir / "done.json", "the run's table is missing", fix)
+    try:
+        return read_table(path), read_json(run_dir / "done.json")
+    except CorruptFileError as e:
+        raise e.with_fix(fix) from None
+
+
 def collect_results(
-    out_dir: Path, runs: Sequence[RunSpec], experiment: str
+    out_dir: Path,
+    runs: Sequence[RunSpec],
+    experiment: str,
+    cache: dict[str, tuple[pd.DataFrame, dict[str, Any]]] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Concatenate the finished runs' tables (config order) and summarise every run.
 
     The presentation columns (``problem_label``, ``experiment``) are taken from the current
     config, so relabelling a problem does not require re-running it. A run that has not finished
     is ``interrupted`` when it left a checkpoint (the simulator's ``checkpoint.pt`` or the ranks'
-    ``checkpoint.pt.rank*``), else ``pending``.
+    ``checkpoint.pt.rank*``), else ``pending``. ``cache`` (run id → (table, summary)) keeps the
+    finished runs already read, so a sweep can rewrite its results often.
     """
+    cache = {} if cache is None else cache
     tables = []
     rows = []
     for r in runs:
         run_dir = out_dir / "runs" / r.run_id
-        path = find_run_table(run_dir)
         base = {
             "run_id": r.run_id,
             "problem": r.problem.label,
@@ -178,16 +234,93 @@ def collect_results(
             "seed_index": r.seed_index,
             "seed": r.seed,
         }
-        if path is None:
-            started = (run_dir / "checkpoint.pt").exists() or any(
-                run_dir.glob("checkpoint.pt.rank*")
-            )
-            rows.append({**base, "status": "interrupted" if started else "pending"})
-            continue
-        t = read_table(path)
+        if r.run_id not in cache:
+            if find_run_table(run_dir) is None:
+                started = (run_dir / "checkpoint.pt").exists() or any(
+                    run_dir.glob("checkpoint.pt.rank*")
+                )
+                rows.append({**base, "status": "interrupted" if started else "pending"})
+                continue
+            cache[r.run_id] = _read_finished(run_dir)
+        table, done = cache[r.run_id]
+        t = table.copy()
         t["problem_label"] = r.problem.label
         t["experiment"] = experiment
         tables.append(t)
-        done = read_json(run_dir / "done.json")
         rows.append({**base, **{k: v for k, v in done.items() if k not in base}})
     return concat_tables(tables), pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# one run with the simulator (what every executor calls)
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RunTask:
+    """One run of a sweep with everything a worker (local or remote) needs to execute it."""
+
+    run: RunSpec
+    run_dir: str
+    info: ProblemInfo
+    experiment: str
+    fmt: Format
+
+
+@lru_cache(maxsize=2)
+def _problem(spec: str, dtype: str) -> Any:
+    return build_problem(spec, dtype)
+
+
+def execute_run(
+    task: RunTask,
+    emit: Emit,
+    progress_every: float = 0.25,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """Run ``task`` with the simulator into its directory (resuming its checkpoint) and return
+    its summary.
+
+    Idempotent: a run that already finished there (another worker got to it first, or a worker
+    died after writing it) returns its summary without running again. Writes ``run.json``, then
+    (through the simulator) ``checkpoint.pt``; when the run ends ``table.<fmt>`` and ``done.json``
+    (each atomically), and removes the checkpoint. A KeyboardInterrupt leaves the checkpoint and
+    propagates; ``should_stop()`` returning True at a logged round is one (a worker asked to stop
+    stops at a safe point, not in the middle of a library call).
+    """
+    from ..sim import simulate
+
+    run, run_dir = task.run, Path(task.run_dir)
+    s = run.settings
+    state = run_state(run_dir)
+    if state == "finished":
+        summary: dict[str, Any] = read_json(run_dir / "done.json")
+        emit("done", run.run_id, summary)
+        return summary
+    write_json(run_dir / "run.json", {"run_id": run.run_id, "label": run.label, **run.identity()})
+    prepared = prepare_run(run, _problem(run.problem.spec, s.dtype))
+    emit(
+        "start",
+        run.run_id,
+        {"rounds": s.rounds, "label": run.label, "resumed": state == "checkpoint"},
+    )
+    last = [0.0]
+
+    def callback(r: int, _state: Any) -> bool:
+        if should_stop is not None and should_stop():
+            raise KeyboardInterrupt
+        now = time.monotonic()
+        if now - last[0] >= progress_every:
+            last[0] = now
+            emit("progress", run.run_id, {"round": r})
+        return False
+
+    result, wall = prepared.execute(
+        simulate,
+        # a run shorter than a checkpoint interval is simply rerun after an interruption
+        checkpoint=run_dir / "checkpoint.pt" if s.rounds > s.checkpoint_every else None,
+        callback=callback,
+    )
+    table, summary = finish_run(prepared, result, wall, task.info, task.experiment)
+    write_run(run_dir, table, summary, task.fmt)
+    (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+    emit("done", run.run_id, summary)
+    return summary

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import Arm, ConfigError, ExperimentConfig, ProblemCase, RunSettings, resolve_stepsize
+from .config import Arm, ConfigError, ExperimentConfig, ProblemCase, RunSettings
 
 __all__ = ["ProblemInfo", "RunSpec", "check_runs", "expand", "problem_info"]
 
@@ -163,8 +163,7 @@ def check_runs(
             if not arm.applies_to(problem):
                 continue
             try:
-                step, _ = resolve_stepsize(arm.stepsize, arm.method, arm.compressor, built)
-                make_method(arm.method).bind(built, arm.compressor, step, 0)
+                make_method(arm.method).bind(built, arm.compressor, arm.stepsize, 0)
             except (ValueError, TypeError) as e:
                 if arm.origin == "grid" and config.skip_incompatible:
                     bad.add((problem.spec, arm))

@@ -9,8 +9,10 @@ Layout of an output directory ``DIR`` (docs/experiments.md):
 * ``DIR/runs/<run-id>/`` — ``run.json`` (what the run is), ``checkpoint.pt`` while it runs,
   ``table.parquet`` and ``done.json`` once it finished.
 
-Every file is written to a temporary name and renamed, so an interruption never leaves a torn
-file; ``results.parquet`` is rebuilt from the per-run tables, so nothing finished is lost.
+Every file is written by :func:`shrinkgrad.storage.atomic_write` (a temporary file, fsync,
+rename), so a crash never leaves a torn file; ``results.parquet`` is rebuilt from the per-run
+tables, so nothing finished is lost. A file that exists but cannot be read raises
+:class:`CorruptFileError`, a ValueError naming the file.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from typing import Any, Literal
 import pandas as pd
 
 from ..sim import COLUMNS
+from ..storage import atomic_write, atomic_write_text
 
 __all__ = [
     "CONFIG_COLUMNS",
     "RESULT_COLUMNS",
+    "CorruptFileError",
     "Format",
     "concat_tables",
     "default_format",
@@ -70,38 +74,55 @@ def default_format() -> Format:
     return "parquet"
 
 
-def _atomic(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_table(table: pd.DataFrame, stem: Path, fmt: Format) -> Path:
     """Write ``table`` to ``stem.parquet`` or ``stem.csv`` atomically; return the path."""
     path = stem.with_name(stem.name + ("." + fmt))
     if fmt == "parquet":
-        _atomic(path, lambda p: table.to_parquet(p, index=False))
-    else:
-        _atomic(path, lambda p: table.to_csv(p, index=False))
-    return path
+        return atomic_write(path, lambda p: table.to_parquet(p, index=False))
+    return atomic_write(path, lambda p: table.to_csv(p, index=False))
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    """Read a table written by :func:`write_table`."""
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)
-    return pd.read_csv(path)
+    """Read a table written by :func:`write_table`; a file that is not one is a ValueError
+    naming it."""
+    try:
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        return pd.read_csv(path)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # pyarrow / pandas parser errors of every kind
+        raise CorruptFileError(path, f"{type(e).__name__}: {e}") from None
 
 
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON atomically."""
     text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
-    _atomic(path, lambda p: p.write_text(text, encoding="utf-8"))
+    atomic_write_text(path, text)
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
+    """Read a JSON file; one that cannot be read is a :class:`CorruptFileError` naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as e:
+        raise CorruptFileError(path, f"{type(e).__name__}: {e}") from None
+
+
+class CorruptFileError(ValueError):
+    """A results file exists but cannot be read (edited, truncated by hand, another program's)."""
+
+    def __init__(self, path: Path, reason: str, fix: str = "") -> None:
+        short = reason if len(reason) <= 160 else reason[:157] + "..."
+        super().__init__(f"{path}: cannot read it ({short})" + (f"; {fix}" if fix else ""))
+        self.path = path
+        self.reason = reason
+
+    def with_fix(self, fix: str) -> CorruptFileError:
+        """The same error with ``fix`` (what to do) appended."""
+        return CorruptFileError(self.path, self.reason, fix)
 
 
 def find_run_table(run_dir: Path) -> Path | None:

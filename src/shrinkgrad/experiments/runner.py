@@ -1,13 +1,15 @@
-"""The sweep runner: every run of a config in parallel worker processes, resumable.
+"""The sweep runner: every run of a config, resumable, crash-safe, on any executor.
 
 :func:`run_experiment` validates the config (:func:`~shrinkgrad.experiments.grid.check_runs`),
-skips runs that already finished in the output directory, and runs the rest — in this process
-when ``jobs == 1``, else in ``jobs`` worker processes started with ``forkserver`` (``spawn``
-where that is unavailable): forking a parent that already ran multi-threaded torch code can
-hang, and each worker pins its thread pools to one thread (:mod:`._preload`). Every run
-checkpoints through the simulator (``DIR/runs/<id>/checkpoint.pt``); on Ctrl-C the workers save
-their checkpoint and stop, the results table is rebuilt from the finished runs, and running the
-same command again resumes exactly where it stopped.
+checks by writing that the output directory takes files (:func:`~shrinkgrad.storage.
+probe_writable`) and locks it against a second sweep (:class:`~shrinkgrad.storage.DirectoryLock`),
+skips runs that already finished there, resumes interrupted ones from their checkpoints and runs
+the rest on an executor (:mod:`~shrinkgrad.experiments.executors`: this process, local worker
+processes, or a dask cluster). Every file is written atomically; ``results.parquet`` and
+``runs.csv`` are rewritten from the finished runs while the sweep goes (at most every
+``flush_every`` seconds) and at the end, so a sweep killed at any moment leaves a readable results
+file of complete runs, and running the same command again finishes it with the table of an
+uninterrupted sweep. On Ctrl-C the workers save their checkpoints and stop.
 """
 
 from __future__ import annotations
@@ -15,32 +17,45 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
-import multiprocessing as mp
 import os
 import platform
-import queue
-import signal
 import socket
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ..storage import (
+    DirectoryLock,
+    StorageError,
+    atomic_write,
+    is_file,
+    probe_writable,
+    remove_stale_temporaries,
+)
 from .config import ExperimentConfig, dump_config
-from .execute import collect_results, finish_run, prepare_run, write_run
-from .grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
-from .results import Format, default_format, find_run_table, write_json, write_table
+from .execute import RunTask, collect_results, run_state
+from .executors import Executor, default_jobs, make_executor
+from .grid import RunSpec, check_runs, expand
+from .results import Format, default_format, write_json, write_table
 
-__all__ = ["ExperimentResult", "RunFailure", "default_jobs", "environment", "run_experiment"]
+__all__ = [
+    "ExperimentResult",
+    "RunFailure",
+    "default_jobs",
+    "duplicate_seed_notes",
+    "environment",
+    "run_experiment",
+]
 
 #: event callback: ``emit(kind, run_id, payload)``
 Emit = Callable[[str, str, dict[str, Any]], None]
+#: statuses of a finished run
+FINISHED = ("completed", "converged", "diverged", "stopped")
 
 
 @dataclasses.dataclass
@@ -57,9 +72,11 @@ class ExperimentResult:
     """What :func:`run_experiment` did.
 
     ``table``: the results table of every finished run of the config (also in
-    ``DIR/results.*``); ``runs``: one row per run (``DIR/runs.csv``); ``skipped``: runs that had
-    finished before this call; ``failed``: runs that raised; ``interrupted``: whether Ctrl-C
-    stopped the sweep (re-run to resume); ``notes``: combinations the config asked to skip.
+    ``DIR/results.*``); ``runs``: one row per run (``DIR/runs.csv``); ``ran``: runs executed by
+    this call, of which ``resumed`` continued from a checkpoint (``ran - resumed`` started from
+    round 0); ``skipped``: runs that had finished before this call; ``failed``: runs that raised
+    or whose worker died; ``interrupted``: whether Ctrl-C stopped the sweep (re-run to resume);
+    ``notes``: combinations the config asked to skip, and arms whose seeds gave identical runs.
     """
 
     config: ExperimentConfig
@@ -72,126 +89,18 @@ class ExperimentResult:
     interrupted: bool
     notes: list[str]
     results_path: Path
+    resumed: int = 0
+    executor: str = ""
 
     @property
     def complete(self) -> bool:
         """All runs of the config finished."""
         return not self.failed and not self.interrupted
 
-
-def default_jobs() -> int:
-    """The number of cores this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-# --------------------------------------------------------------------------------------------
-# one run (worker side)
-# --------------------------------------------------------------------------------------------
-@lru_cache(maxsize=2)
-def _problem(spec: str, dtype: str) -> Any:
-    return build_problem(spec, dtype)
-
-
-def execute_run(
-    run: RunSpec,
-    run_dir: Path,
-    info: ProblemInfo,
-    experiment: str,
-    fmt: Format,
-    emit: Emit,
-    progress_every: float = 0.25,
-) -> dict[str, Any]:
-    """Run one simulation into ``run_dir`` (resuming its checkpoint) and return its summary.
-
-    Writes ``run.json`` first, then (through the simulator) ``checkpoint.pt``; when the run
-    ends, ``table.<fmt>`` and ``done.json``, and removes the checkpoint. A KeyboardInterrupt
-    leaves the checkpoint and propagates.
-    """
-    from ..sim import simulate
-
-    s = run.settings
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "run.json", {"run_id": run.run_id, "label": run.label, **run.identity()})
-    prepared = prepare_run(run, _problem(run.problem.spec, s.dtype))
-    emit("start", run.run_id, {"rounds": s.rounds, "label": run.label})
-    last = [0.0]
-
-    def callback(r: int, state: Any) -> bool:
-        now = time.monotonic()
-        if now - last[0] >= progress_every:
-            last[0] = now
-            emit("progress", run.run_id, {"round": r})
-        return False
-
-    result, wall = prepared.execute(
-        simulate,
-        # a run shorter than a checkpoint interval is simply rerun after an interruption
-        checkpoint=run_dir / "checkpoint.pt" if s.rounds > s.checkpoint_every else None,
-        callback=callback,
-    )
-    table, summary = finish_run(prepared, result, wall, info, experiment)
-    write_run(run_dir, table, summary, fmt)
-    (run_dir / "checkpoint.pt").unlink(missing_ok=True)
-    emit("done", run.run_id, summary)
-    return summary
-
-
-@dataclasses.dataclass(frozen=True)
-class _Task:
-    run: RunSpec
-    run_dir: str
-    info: ProblemInfo
-    experiment: str
-    fmt: Format
-
-
-def _worker_main(tasks: Any, events: Any) -> None:
-    """Loop of a worker process: take a task, run it, report events; stop on None or Ctrl-C."""
-    from ._preload import pin_threads  # threads = 1, heavy imports
-
-    pin_threads()  # again: a forkserver started by someone else may not have preloaded us
-
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # terminate = Ctrl-C: checkpoint
-
-    def emit(kind: str, run_id: str, payload: dict[str, Any]) -> None:
-        if kind == "start":
-            payload = {**payload, "pid": os.getpid()}
-        events.put((kind, run_id, payload))
-
-    try:
-        while True:
-            task = tasks.get()
-            if task is None:
-                break
-            try:
-                execute_run(
-                    task.run, Path(task.run_dir), task.info, task.experiment, task.fmt, emit
-                )
-            except KeyboardInterrupt:
-                emit("interrupted", task.run.run_id, {})
-                break
-            except Exception as e:  # report and go on with the next run
-                emit(
-                    "failed",
-                    task.run.run_id,
-                    {"message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()},
-                )
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _context() -> Any:
-    methods = mp.get_all_start_methods()
-    if "forkserver" in methods:
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["shrinkgrad.experiments._preload"])
-        return ctx
-    return mp.get_context("spawn")  # pragma: no cover - Windows
+    @property
+    def started(self) -> int:
+        """Runs of this call that started from round 0."""
+        return self.ran - self.resumed
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,68 +115,137 @@ def run_experiment(
     progress: bool = True,
     command: Sequence[str] | None = None,
     display: Any = None,
+    executor: str | Executor | None = None,
+    flush_every: float = 10.0,
 ) -> ExperimentResult:
     """Run every run of ``config`` into the directory ``out`` and return the results.
 
-    ``jobs``: worker processes (default: the number of cores; 1 runs in this process);
-    ``fmt``: ``"parquet"`` (default when pyarrow is available) or ``"csv"`` for the tables;
-    ``progress``: show a progress bar (on a terminal) or one line per finished run (otherwise);
-    ``command``: recorded in env.json (default ``sys.argv``). Finished runs already in ``out``
-    are skipped; interrupted ones resume from their checkpoints. Raises
-    :class:`~shrinkgrad.experiments.config.ConfigError` before running anything when the config
-    cannot run.
+    ``jobs``: worker processes of the default ``local`` executor (default: the number of cores;
+    1 runs in this process) and the default size of a dask ``LocalCluster``; ``executor``: where
+    the runs execute (``"local"``, ``"dask"``, ``"dask[address=tcp://host:8786]"``, or an
+    :class:`~shrinkgrad.experiments.executors.Executor`); ``fmt``: ``"parquet"`` (default when
+    pyarrow is available) or ``"csv"`` for the tables; ``progress``: show a progress bar (on a
+    terminal) or one line per finished run (otherwise); ``command``: recorded in env.json
+    (default ``sys.argv``); ``flush_every``: seconds between rewrites of ``results.*`` while the
+    sweep runs. Finished runs already in ``out`` are skipped; interrupted ones resume from their
+    checkpoints.
+
+    Raises, before running anything: :class:`~shrinkgrad.experiments.config.ConfigError` when
+    the config cannot run; :class:`~shrinkgrad.storage.StorageError` when ``out`` cannot be
+    written (read-only, full, a name too long) or another process is using it
+    (:class:`~shrinkgrad.storage.DirectoryBusy`);
+    :class:`~shrinkgrad.experiments.results.CorruptFileError` when a finished run's files in
+    ``out`` cannot be read. A disk that fills up during the sweep stops it with a StorageError
+    (finished runs are kept; running ones keep their last checkpoint).
     """
     from .display import make_display
 
     out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
+    if is_file(out_dir):
         raise NotADirectoryError(f"--out {str(out_dir)!r} is a file; give a directory")
     fmt = fmt or default_format()
     runs = expand(config)
     runs, notes, infos = check_runs(config, runs)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.toml").write_text(dump_config(config), encoding="utf-8")
+    execu = make_executor(executor, jobs)
+    probe_writable(out_dir)
+    with DirectoryLock(out_dir, " ".join(command) if command is not None else ""):
+        return _sweep(
+            config,
+            out_dir,
+            runs,
+            notes,
+            infos,
+            execu,
+            fmt,
+            progress,
+            command,
+            display,
+            flush_every,
+            make_display,
+        )
+
+
+def _sweep(
+    config: ExperimentConfig,
+    out_dir: Path,
+    runs: list[RunSpec],
+    notes: list[str],
+    infos: dict[str, Any],
+    execu: Executor,
+    fmt: Format,
+    progress: bool,
+    command: Sequence[str] | None,
+    display: Any,
+    flush_every: float,
+    make_display: Callable[..., Any],
+) -> ExperimentResult:
+    remove_stale_temporaries(out_dir)
+    for run in runs:
+        remove_stale_temporaries(out_dir / "runs" / run.run_id)
+    atomic_write(out_dir / "config.toml", lambda p: p.write_text(dump_config(config), "utf-8"))
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    todo = [r for r in runs if find_run_table(out_dir / "runs" / r.run_id) is None]
-    n_jobs = max(1, min(jobs or default_jobs(), len(todo) or 1))
-    env = environment(config, n_jobs, command)
+    states = {r.run_id: run_state(out_dir / "runs" / r.run_id) for r in runs}
+    todo = [r for r in runs if states[r.run_id] != "finished"]
+    cache: dict[str, Any] = {}
+    collect_results(out_dir, runs, config.name, cache)  # reads (checks) every finished run now
+    env = environment(config, execu.workers(len(todo) or 1), command)
+    env["executor"] = execu.describe()
     env["started"] = started
     write_json(out_dir / "env.json", env)
 
     disp = display or make_display(progress, total=len(runs), done=len(runs) - len(todo))
     by_id = {r.run_id: r for r in runs}
     failed: list[RunFailure] = []
-    interrupted = False
+    ran: set[str] = set()
+    resumed: set[str] = set()
+    last_flush = [time.monotonic()]
+
+    def flush() -> tuple[pd.DataFrame, pd.DataFrame, Path]:
+        table, summary = collect_results(out_dir, runs, config.name, cache)
+        path = write_table(table, out_dir / "results", fmt)
+        atomic_write(out_dir / "runs.csv", lambda p: summary.to_csv(p, index=False))
+        last_flush[0] = time.monotonic()
+        return table, summary, path
 
     def emit(kind: str, run_id: str, payload: dict[str, Any]) -> None:
         run = by_id.get(run_id)
         if run is None:  # pragma: no cover - events only come for our runs
             return
+        if kind == "start":
+            ran.add(run_id)
+            if payload.get("resumed"):
+                resumed.add(run_id)
         if kind == "failed":
             failed.append(RunFailure(run, payload["message"], payload.get("traceback", "")))
         disp.event(kind, run, payload)
+        if kind == "done" and time.monotonic() - last_flush[0] >= flush_every:
+            flush()
 
     tasks = [
-        _Task(r, str(out_dir / "runs" / r.run_id), infos[r.problem.spec], config.name, fmt)
+        RunTask(r, str(out_dir / "runs" / r.run_id), infos[r.problem.spec], config.name, fmt)
         for r in todo
     ]
+    interrupted = False
     try:
         disp.start()
-        if tasks and n_jobs == 1:
-            interrupted = _run_here(tasks, emit)
-        elif tasks:
-            interrupted = _run_pool(tasks, n_jobs, emit)
+        if tasks:
+            interrupted = execu.run(tasks, emit)
+    except StorageError:
+        disp.stop()
+        with contextlib.suppress(StorageError, ValueError):  # keep what finished, if possible
+            flush()
+        raise
     finally:
         disp.stop()
-    table, summary = collect_results(out_dir, runs, config.name)
-    results_path = write_table(table, out_dir / "results", fmt)
-    summary.to_csv(out_dir / "runs.csv", index=False)
+    table, summary, results_path = flush()
+    notes = notes + duplicate_seed_notes(table, runs)
     env["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     env["runs"] = {
         "total": len(runs),
-        "finished": int(
-            summary["status"].isin(["completed", "converged", "diverged", "stopped"]).sum()
-        ),
+        "finished": int(summary["status"].isin(FINISHED).sum()),
+        "already_finished": len(runs) - len(todo),
+        "ran": len(ran),
+        "resumed": len(resumed),
         "failed": len(failed),
         "interrupted": interrupted,
     }
@@ -277,135 +255,54 @@ def run_experiment(
         out=out_dir,
         table=table,
         runs=summary,
-        ran=len(todo),
+        ran=len(ran),
         skipped=len(runs) - len(todo),
         failed=failed,
         interrupted=interrupted,
         notes=notes,
         results_path=results_path,
+        resumed=len(resumed),
+        executor=execu.describe(),
     )
 
 
-def _run_here(tasks: list[_Task], emit: Emit) -> bool:
-    """Run the tasks one after another in this process; True when interrupted."""
-    for task in tasks:
-        try:
-            execute_run(task.run, Path(task.run_dir), task.info, task.experiment, task.fmt, emit)
-        except KeyboardInterrupt:
-            emit("interrupted", task.run.run_id, {})
-            return True
-        except Exception as e:
-            emit(
-                "failed",
-                task.run.run_id,
-                {"message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()},
-            )
-    return False
+#: columns that legitimately differ between the seeds of a deterministic arm
+_PER_SEED = ("seed", "seed_index", "run_id", "time_s")
 
 
-def _run_pool(tasks: list[_Task], jobs: int, emit: Emit) -> bool:
-    """Run the tasks in ``jobs`` worker processes; True when interrupted."""
-    ctx = _context()
-    task_q = ctx.Queue()
-    event_q = ctx.Queue()
-    for t in tasks:
-        task_q.put(t)
-    for _ in range(jobs):
-        task_q.put(None)
-    pending = {t.run.run_id for t in tasks}
-    current: dict[int, str] = {}  # worker pid -> run id it is running
-    workers: list[Any] = []
+def duplicate_seed_notes(table: pd.DataFrame, runs: Sequence[RunSpec]) -> list[str]:
+    """One note per arm whose seeds all gave the same run (nothing in it is random).
 
-    def start_worker() -> None:
-        p = ctx.Process(target=_worker_main, args=(task_q, event_q), daemon=True)
-        p.start()
-        workers.append(p)
-
-    def handle(event: tuple[str, str, dict[str, Any]]) -> None:
-        kind, run_id, payload = event
-        if kind == "start":
-            current[payload.get("pid", -1)] = run_id
-        if kind in ("done", "failed", "interrupted"):
-            pending.discard(run_id)
-        emit(kind, run_id, payload)
-
-    for _ in range(jobs):
-        start_worker()
-    interrupted = False
-    try:
-        while pending:
-            try:
-                handle(event_q.get(timeout=0.5))
-                continue
-            except queue.Empty:
-                pass
-            alive = [p for p in workers if p.is_alive()]
-            if len(alive) == len(workers):
-                continue
-            # a worker exited: normally after its sentinel; abnormally (killed) mid-run
-            for p in [p for p in workers if not p.is_alive()]:
-                workers.remove(p)
-                if p.exitcode not in (0, None):
-                    _drain(event_q, handle)
-                    lost = _lost_runs(pending, current, p.pid)
-                    for run_id in lost:
-                        handle(
-                            (
-                                "failed",
-                                run_id,
-                                {"message": f"the worker process died (exit code {p.exitcode})"},
-                            )
-                        )
-                    if pending:
-                        task_q.put(None)
-                        start_worker()
-            if not workers:
-                _drain(event_q, handle)
-                break
-    except KeyboardInterrupt:
-        interrupted = True
-        _stop_workers(workers, event_q, handle)
-    finally:
-        for p in workers:  # after their sentinel, workers exit by themselves
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-        task_q.cancel_join_thread()
-        event_q.cancel_join_thread()
-    return interrupted
-
-
-def _lost_runs(pending: set[str], current: dict[int, str], pid: int | None) -> list[str]:
-    run_id = current.pop(pid if pid is not None else -1, None)
-    return [run_id] if run_id is not None and run_id in pending else []
-
-
-def _drain(event_q: Any, handle: Callable[[tuple[str, str, dict[str, Any]]], None]) -> None:
-    while True:
-        try:
-            handle(event_q.get_nowait())
-        except queue.Empty:
-            return
-
-
-def _stop_workers(
-    workers: list[Any], event_q: Any, handle: Callable[[tuple[str, str, dict[str, Any]]], None]
-) -> None:
-    """Ctrl-C: let every worker save its checkpoint (SIGINT), then wait for them briefly."""
-    for p in workers:
-        if p.is_alive() and p.pid is not None:
-            with contextlib.suppress(ProcessLookupError):  # raced with its exit
-                os.kill(p.pid, signal.SIGINT)
-    deadline = time.monotonic() + 30.0
-    while any(p.is_alive() for p in workers) and time.monotonic() < deadline:
-        try:
-            handle(event_q.get(timeout=0.2))
-        except queue.Empty:
-            pass
-        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
-            break
-    _drain(event_q, handle)
+    A deterministic compressor (Top-k, identity, scaled sign, ...) with a deterministic method
+    (full gradients, every client every round) does not use the seed at all: ``run.seeds = 3``
+    then runs three copies. Measured, not predicted: the finished tables of an arm's seeds are
+    compared (without the seed, run id and time columns).
+    """
+    groups: dict[tuple[str, str, str, str], list[RunSpec]] = {}
+    for r in runs:
+        key = (r.problem.spec, r.arm.method, r.arm.compressor, r.arm.stepsize)
+        groups.setdefault(key, []).append(r)
+    by_run = dict(tuple(table.groupby("run_id", sort=False))) if len(table) else {}
+    same: dict[str, tuple[str, int]] = {}
+    for group in groups.values():
+        if len(group) < 2 or any(r.run_id not in by_run for r in group):
+            continue
+        frames = [
+            by_run[r.run_id]
+            .drop(columns=[c for c in _PER_SEED if c in table.columns])
+            .reset_index(drop=True)
+            for r in group
+        ]
+        if all(f.equals(frames[0]) for f in frames[1:]):
+            label = group[0].arm.label
+            count = same.get(label, (label, 0))[1]
+            same[label] = (label, max(count, len(group)))
+    return [
+        f"{label}: its {k} seeds gave identical runs (nothing in this arm is random: a "
+        "deterministic compressor and method); one seed is enough (run.seeds = 1, or a "
+        "[[pairs]] entry for it)"
+        for label, k in same.values()
+    ]
 
 
 # --------------------------------------------------------------------------------------------

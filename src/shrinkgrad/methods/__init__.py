@@ -7,7 +7,8 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import cgd, delayed, ef, ef21, gd
+from . import asynchronous, cgd, delayed, ef, ef21, gd
+from .asynchronous import Asynchronous
 from .base import (
     METHODS,
     BoundMethod,
@@ -37,6 +38,7 @@ __all__ = [
     "GD",
     "IAG",
     "METHODS",
+    "Asynchronous",
     "BoundMethod",
     "Config",
     "Constants",
@@ -48,6 +50,7 @@ __all__ = [
     "State",
     "StepSize",
     "Traffic",
+    "asynchronous",
     "cgd",
     "delayed",
     "ef",

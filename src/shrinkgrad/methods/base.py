@@ -452,8 +452,10 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         """Fix the problem constants, compressor, step size and seed of a run.
 
         ``stepsize`` is a positive number, ``"theory"`` (the rule of methods.md §4 for this
-        method, resolved from the problem's and compressor's constants), or ``"theory*m"``
-        (m times the theory step). ``compressor`` defaults to ``identity``.
+        method, resolved from the problem's and compressor's constants), ``"theory*m"``
+        (m times the theory step), ``"theory(other)*m"`` (m times another method's theory step)
+        or ``"c/L"`` (also ``L_AM``, ``L_QM``, ``L_max``): the grammar of
+        :mod:`shrinkgrad.methods.stepsize`. ``compressor`` defaults to ``identity``.
         """
         method = self.for_problem(problem, stepsize)
         consts = problem if isinstance(problem, Constants) else Constants.of(problem)
@@ -489,7 +491,16 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
             weights=weights,
         )
         spec = parse_stepsize(stepsize)
-        if spec.theory:
+        if spec.of is not None:  # "theory(other)*m": another method's rule on this problem
+            other = make_method(spec.of).bind(
+                problem, comp, "theory", seed, dtype=dt, device=dev, wire_dtype=wire_dtype
+            )
+            gamma = other.cfg.stepsize * spec.multiplier
+            times = f"*{spec.multiplier:g}" if spec.multiplier != 1.0 else ""
+            rule = f"{other.cfg.stepsize_rule}{times} of {other.method.name}"
+        elif spec.over is not None:  # "c/L"
+            gamma, rule = spec.value / spec.constant(consts), str(spec)
+        elif spec.theory:
             if not consts.known:
                 raise UnknownConstantError(f"{method.name}: {UNKNOWN_L}")
             gamma, rule = method.theory_stepsize(cfg)
@@ -577,6 +588,83 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
     def client_weights(self, consts: Constants) -> torch.Tensor:
         """Reduction weight of every client: 1/n (the average), overridden by EF21-W (w_i)."""
         return torch.full((consts.n,), 1.0 / consts.n, dtype=torch.float64)
+
+    # -- asynchronous execution ([K18]'s parameter server; methods/asynchronous.py) -------------
+    # An asynchronous update applies ONE client's message, computed at a stale model x^v: the
+    # client runs this method's own ``client_step`` (ids = [i], the round = its message counter),
+    # sends the vector it compressed, and the server maps it to the reduction values below, then
+    # applies the method's own ``server_post`` / ``server_pre``. Methods that fit declare
+    # ``unsupported("ps") is None`` and override what differs from these defaults (which fit a
+    # method without server-side memory, such as DCGD). A method's client step may read only
+    # ``server.x`` of the server state (a worker receives the model x, nothing else).
+
+    #: the server keeps one vector per client (IAG's table ĝ_i, EF21's g_i): every update then
+    #: uses every client's last message, so its [K18] delay is the age of the oldest one
+    async_memory: ClassVar[bool] = False
+    #: one client acts per round (IAG): the method has no synchronous every-client round
+    incremental: ClassVar[bool] = False
+
+    def async_form(self) -> Method[ServerT, ClientT]:
+        """The method whose client step the arriving client runs (IAG: the arrival order)."""
+        return self
+
+    def async_delay(self, staleness: int) -> int:
+        """The [K18] delay of an update when no applied message is more than ``staleness``
+        updates stale: the staleness, or 2·staleness with server memory (an entry is replaced at
+        the latest staleness + 1 updates after its client got a model, and was itself at most
+        staleness stale; docs/parameter_server.md)."""
+        return 2 * staleness if self.async_memory else staleness
+
+    def async_receive(
+        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor, sent: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(reduction values (m, d), new memory) of the vectors ``sent`` (m, d) of clients ``ids``.
+
+        The server's aggregate is ``weighted_sum(values, cfg.weights[ids])``, the reduction of
+        the synchronous method. Default: the sent vectors themselves (DCGD: w_i·Q_i).
+        """
+        return sent, memory
+
+    def async_forget(
+        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(reduction values, new memory) that remove lost clients' contributions from the
+        server's state, applied with the next update; None when nothing is left to remove.
+
+        Default: a memory entry m_i is the client's share of the server's aggregate
+        (Σ_i w_i m_i: IAG's s, EF21's g), so −m_i removes it and m_i ← 0; without memory the
+        server keeps nothing of a client."""
+        if memory is None:
+            return None, memory
+        return -memory[ids], memory.index_fill(0, ids, 0.0)
+
+    def async_clients(self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor) -> ClientT:
+        """The client state of ``ids`` implied by the server's memory: what a restarted worker
+        continues from when a parameter-server run resumes from a snapshot."""
+        raise NotImplementedError(f"{self.name} cannot restore its clients from the server")
+
+    def async_theory(self, cfg: Config, delay: int | None) -> tuple[float, str]:
+        """The theory step of an asynchronous run whose updates are at most ``delay`` stale
+        (None: unbounded). Default: no staleness is the method's own rule; none otherwise."""
+        if delay == 0:
+            return self.theory_stepsize(cfg)
+        raise ValueError(
+            f"{self.name} has no theory step size with stale messages (its analysis covers "
+            "synchronous rounds only); pass a number"
+        )
+
+    def async_admissible(
+        self, cfg: Config, stepsize: float, delay: int
+    ) -> tuple[float, bool] | None:
+        """(the largest step the theory admits at ``delay``, whether ``stepsize`` is admitted),
+        or None when no theory covers that delay. Default: the method's own rule at delay 0."""
+        if delay != 0:
+            return None
+        try:
+            bound = self.theory_stepsize(cfg)[0]
+        except ValueError:
+            return None
+        return bound, stepsize <= bound
 
     # -- the parts ---------------------------------------------------------------------------
     def theory_formula(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .base import METHODS, Config, Requirement
+from .base import METHODS, Config, Requirement, Runtime
 from .gd import DCGD
 
 __all__ = ["CGD"]
@@ -34,3 +34,11 @@ class CGD(DCGD):
             "cgd (compressed GD without error feedback) has no theory step size: with a biased "
             "compressor it is not guaranteed to converge; pass a number, or use ef21"
         )
+
+    def unsupported(self, runtime: Runtime) -> str | None:
+        if runtime == "ps":  # DCGD's asynchronous rule is for unbiased compressors ([K18])
+            return (
+                "cgd is the no-feedback baseline for biased compressors; the asynchronous server's "
+                "delay rule ([K18]) is for unbiased ones (use dcgd)"
+            )
+        return super().unsupported(runtime)

@@ -1,8 +1,10 @@
-"""Stale gradients ([K18]): delayed DCGD with delay models, and the compressed IAG.
+"""Stale gradients ([K18]): delayed DCGD with delay models, the compressed IAG, the delay rule.
 
 Delayed DCGD keeps a ring buffer of the last τ + 1 iterates in the (replicated) server state;
 client i's message in round t + 1 is Q_i(∇f_i(x^{t − τ_i^t})) with 0 ≤ τ_i^t ≤ τ drawn by a delay
 model. The compressed IAG updates one client's entry of a table of compressed gradients per round.
+Real staleness (an asynchronous parameter server, or the replay of one) is not a delay model but
+an execution: :mod:`shrinkgrad.methods.asynchronous`; the delay rule here gives its step size.
 """
 
 from __future__ import annotations
@@ -11,11 +13,21 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from .base import METHODS, Config, GradientOracle, Init, Message, Method
-from .gd import Group, dcgd_theory
+from .base import METHODS, Config, GradientOracle, Init, Message, Method, Runtime
+from .gd import DelayRule, Group, dcgd_theory
 from .stepsize import theory_function
 
-__all__ = ["IAG", "DelayModel", "DelayedDCGD", "HistState", "IAGClients", "IAGServer"]
+__all__ = [
+    "IAG",
+    "DelayModel",
+    "DelayedDCGD",
+    "HistState",
+    "IAGClients",
+    "IAGServer",
+    "async_delayed_theory",
+    "delayed_admissible",
+    "delayed_theory",
+]
 
 DelayModel = Literal["fixed", "random", "speeds", "cyclic"]
 
@@ -42,6 +54,35 @@ def delayed_theory(cfg: Config, tau: int) -> tuple[float, str]:
     L = cfg.constants.smoothness()[0]
     g_delay = STRICT_FACTOR * float(theory_function("stepsize_delayed")(L, tau))
     return min(g_dcgd, g_delay), f"min(stepsize_dcgd,{STRICT_FACTOR}*stepsize_delayed[tau={tau}])"
+
+
+def async_delayed_theory(name: str, cfg: Config, delay: int | None) -> tuple[float, str]:
+    """:func:`delayed_theory` for an asynchronous run of ``name``: its updates are at most
+    ``delay`` stale; None (nothing bounds the delay) is the error that says what to give."""
+    if delay is None:
+        raise ValueError(
+            f"stepsize='theory' for asynchronous {name} needs a delay bound: set tau_max "
+            "(enforced by the server), or assume_tau (e.g. the maximal delay measured by a pilot "
+            "run, see benchmarks/ps.py), or give a number"
+        )
+    return delayed_theory(cfg, delay)
+
+
+def delayed_admissible(cfg: Config, stepsize: float, tau: int) -> tuple[float, bool]:
+    """The region :func:`delayed_theory` draws its step from, at delay τ: (its supremum, whether
+    γ = ``stepsize`` lies in it).
+
+    The region is γ ≤ 1/(L + 2ωL_max/n) (the DCGD rule, a non-strict bound: ``stepsize_dcgd``)
+    and, for τ > 0, γ < 2/[L(1 + √(1 + 8τ(τ+1)))] (the strict [K18] delay rule, (?)). At τ = 0
+    only the DCGD rule applies, so the DCGD step itself is admitted (the delay rule at τ = 0,
+    γ < 1/L, would reject gradient descent's own 1/L).
+    """
+    g_dcgd = dcgd_theory(cfg)[0]
+    if tau == 0:
+        return g_dcgd, stepsize <= g_dcgd
+    L = cfg.constants.smoothness()[0]
+    g_delay = float(theory_function("stepsize_delayed")(L, tau))
+    return min(g_dcgd, g_delay), stepsize <= g_dcgd and stepsize < g_delay
 
 
 class HistState(NamedTuple):
@@ -88,6 +129,14 @@ class DelayedDCGD(Method[HistState, Group]):
 
     def default_spec(self) -> str:
         return f"delayed_dcgd[tau={self.tau},model={self.model}]"
+
+    def unsupported(self, runtime: Runtime) -> str | None:
+        if runtime == "ps":
+            return (
+                f"{self.name} draws its delays from a delay model, while a parameter server's "
+                "staleness is real: run dcgd there"
+            )
+        return super().unsupported(runtime)
 
     def theory_formula(self) -> str:
         return "min{1/(L + 2ω L_max/n), 0.99·2/[L(1 + √(1 + 8τ(τ+1)))]} ([K18], (?))"
@@ -160,8 +209,11 @@ class IAGClients(NamedTuple):
     table: torch.Tensor
 
 
+Order = Literal["cyclic", "random", "arrival"]
+
+
 @METHODS.register("iag")
-class IAG(Method[IAGServer, IAGClients]):
+class IAG(DelayRule[IAGServer, IAGClients]):
     """Compressed incremental aggregated gradient ([K18]; methods.md §3).
 
     The server keeps ĝ_i for every client and S = Σ_i ĝ_i. Round t + 1: one client i_t
@@ -170,15 +222,20 @@ class IAG(Method[IAGServer, IAGClients]):
     Initial table (``init``): ``compressed`` Q(∇f_i(x⁰)) (default), ``full`` ∇f_i(x⁰), ``zero``.
     With the identity compressor this is the classic IAG. Entries are at most n − 1 rounds stale
     under the cyclic order.
+
+    ``order=arrival`` is the order of an asynchronous execution (:mod:`.asynchronous`: the
+    parameter server, or the replay of its log): the client asked is the active one, and its
+    message is computed at the stale model it was sent. There the server keeps the table
+    (:meth:`async_receive`: the reduction value of Q_i is Q_i − ĝ_i, then ĝ_i ← Q_i).
     """
 
     requires = "unbiased"
+    async_memory = True
+    incremental = True
 
-    def __init__(
-        self, order: Literal["cyclic", "random"] = "cyclic", init: Init = "compressed"
-    ) -> None:
-        if order not in ("cyclic", "random"):
-            raise ValueError(f"iag: order must be cyclic or random, got {order!r}")
+    def __init__(self, order: Order = "cyclic", init: Init = "compressed") -> None:
+        if order not in ("cyclic", "random", "arrival"):
+            raise ValueError(f"iag: order must be cyclic, random or arrival, got {order!r}")
         if init not in ("full", "compressed", "zero"):
             raise ValueError(f"iag: init must be full, compressed or zero, got {init!r}")
         self.order = order
@@ -196,14 +253,30 @@ class IAG(Method[IAGServer, IAGClients]):
                 "iag[order=random] has no theory step size: its delays are unbounded (the "
                 "[K18] rule needs a maximal delay τ); use order=cyclic (τ = n − 1) or a number"
             )
+        if self.order == "arrival":
+            raise ValueError(
+                "iag[order=arrival]: the delays are those of the asynchronous run; its theory "
+                "step comes from the staleness bound (tau_max) of the run"
+            )
         return delayed_theory(cfg, cfg.n - 1)
 
     def active_client(self, cfg: Config, r: int) -> int:
-        """i_t for the step producing round ``r`` (t = r − 1)."""
+        """i_t for the step producing round ``r`` (t = r − 1); cyclic and random orders."""
         if self.order == "cyclic":
             return (r - 1) % cfg.n
         zero = torch.zeros(1, dtype=torch.int64)
         return int(_randint(cfg, "order", zero, r, cfg.n)[0])
+
+    def _active(self, cfg: Config, ids: torch.Tensor, r: int) -> torch.Tensor:
+        if self.order != "arrival":
+            return ids == self.active_client(cfg, r)
+        if ids.numel() != 1:
+            raise ValueError(
+                "iag[order=arrival] updates the one arriving client per round: it runs in an "
+                "asynchronous execution (shrinkgrad ps, or asynchronous[trace=RUN_DIR](iag)); in "
+                "rounds use order=cyclic or random"
+            )
+        return torch.ones_like(ids, dtype=torch.bool)
 
     def init_clients(
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
@@ -227,7 +300,7 @@ class IAG(Method[IAGServer, IAGClients]):
         self, cfg: Config, server: IAGServer, clients: IAGClients, oracle: GradientOracle, r: int
     ) -> tuple[IAGClients, Message]:
         ids = clients.ids
-        active = ids == self.active_client(cfg, r)
+        active = self._active(cfg, ids, r)
         values = torch.zeros_like(clients.table)
         if not bool(active.any()):  # the active client is in another group
             return clients, cfg.message(values, ids, cfg.no_traffic(ids.numel()))
@@ -248,3 +321,25 @@ class IAG(Method[IAGServer, IAGClients]):
         assert aggregate is not None
         s = server.s + aggregate
         return IAGServer(server.x - cfg.stepsize * s, s)
+
+    # -- asynchronous: the server keeps the table ([K18]'s parameter server) --------------------
+    def unsupported(self, runtime: Runtime) -> str | None:
+        if runtime == "ps":
+            return None  # every order: the server takes the arrival order (async_form)
+        return super().unsupported(runtime)
+
+    def async_form(self) -> IAG:
+        return self if self.order == "arrival" else IAG(order="arrival", init=self.init)
+
+    def async_receive(
+        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor, sent: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Q_i − ĝ_i (the change of the table's sum), then ĝ_i ← Q_i."""
+        assert memory is not None
+        return sent - memory[ids], memory.index_copy(0, ids, sent)
+
+    def async_clients(
+        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
+    ) -> IAGClients:
+        assert memory is not None
+        return IAGClients(ids, memory[ids].clone())

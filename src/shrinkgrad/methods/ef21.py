@@ -42,6 +42,7 @@ from .base import (
     Message,
     Method,
     ProblemLike,
+    Runtime,
     UnknownConstantError,
 )
 from .rules import ef21_update
@@ -360,6 +361,32 @@ class EF21(Method[EF21Server, EF21Clients]):
     ) -> EF21Server:
         assert aggregate is not None
         return EF21Server(server.x, server.g + aggregate)
+
+    # -- asynchronous: c_i computed at a stale x; the server mirrors g_i (no theory) ------------
+    async_memory = True
+
+    def unsupported(self, runtime: Runtime) -> str | None:
+        if runtime == "ps":
+            if self.partial:
+                return (
+                    f"{self.name} draws which clients take part in a round; on a parameter "
+                    "server every arrival takes part (use the method without _pp)"
+                )
+            return None
+        return super().unsupported(runtime)
+
+    def async_receive(
+        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor, sent: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """c_i itself (g ← g + w_i c_i); the server's copy of g_i follows: g_i ← g_i + c_i."""
+        assert memory is not None
+        return sent, memory.index_add(0, ids, sent)
+
+    def async_clients(
+        self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
+    ) -> EF21Clients:
+        assert memory is not None
+        return EF21Clients(ids, memory[ids].clone())
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,10 +10,20 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from .base import METHODS, Config, GradientOracle, Message, Method, Requirement
+from .base import (
+    METHODS,
+    ClientT,
+    Config,
+    GradientOracle,
+    Message,
+    Method,
+    Requirement,
+    Runtime,
+    ServerT,
+)
 from .stepsize import theory_function
 
-__all__ = ["DCGD", "GD", "Group", "XState", "dcgd_theory"]
+__all__ = ["DCGD", "GD", "DelayRule", "Group", "XState", "dcgd_theory"]
 
 
 class XState(NamedTuple):
@@ -35,6 +45,24 @@ def dcgd_theory(cfg: Config) -> tuple[float, str]:
     omega = 0.0 if cfg.omega is None else cfg.omega
     gamma = theory_function("stepsize_dcgd")(L, float(L_i.max()), omega, c.n)
     return float(gamma), "stepsize_dcgd"
+
+
+class DelayRule(Method[ServerT, ClientT]):
+    """Methods whose asynchronous step size is [K18]'s delay rule (DCGD, the IAG): ``"theory"``
+    is :func:`~shrinkgrad.methods.delayed.delayed_theory` at the run's delay bound, and the
+    check at a measured delay is :func:`~shrinkgrad.methods.delayed.delayed_admissible`."""
+
+    def async_theory(self, cfg: Config, delay: int | None) -> tuple[float, str]:
+        from .delayed import async_delayed_theory
+
+        return async_delayed_theory(self.name, cfg, delay)
+
+    def async_admissible(
+        self, cfg: Config, stepsize: float, delay: int
+    ) -> tuple[float, bool] | None:
+        from .delayed import delayed_admissible
+
+        return delayed_admissible(cfg, stepsize, delay)
 
 
 class _GradientStep(Method[XState, Group]):
@@ -83,7 +111,7 @@ class GD(_GradientStep):
 
 
 @METHODS.register("dcgd")
-class DCGD(_GradientStep):
+class DCGD(DelayRule[XState, Group], _GradientStep):
     """Distributed compressed gradient descent ([K18], distributed quantized GD; methods.md §3).
 
     Client i sends Q_i^t(∇f_i(x^t)) with an unbiased compressor (a fresh keyed draw per client
@@ -103,3 +131,10 @@ class DCGD(_GradientStep):
         ids = clients.ids
         q = cfg.compress(oracle.grads(server.x, ids), ids, r)
         return clients, cfg.message(q, ids, cfg.compressed_traffic(q))
+
+    # -- asynchronous: x ← x − γ w_i Q_i(∇f_i(x^{t−τ})) per arriving message ([K18]) -----------
+    def unsupported(self, runtime: Runtime) -> str | None:
+        return None if runtime == "ps" else super().unsupported(runtime)
+
+    def async_clients(self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor) -> Group:
+        return Group(ids)

@@ -285,7 +285,7 @@ def _load_file(
         X, y = load_svmlight_file(
             path, n_features=n_features, dtype=np.float64, zero_based=False, multilabel=False
         )
-    except (ValueError, TypeError, UnicodeDecodeError, EOFError, OSError) as e:
+    except (ValueError, TypeError, UnicodeDecodeError, EOFError, OSError, OverflowError) as e:
         line, why = _locate(path, n_features)
         if line is None:
             raise DatasetError(f"{path}: cannot read it as a LIBSVM file: {e}") from None
@@ -356,6 +356,10 @@ def _number(tok: bytes) -> float | None:
         return None
 
 
+#: the largest feature index the sparse loader can hold (int32 indices)
+_MAX_INDEX = 2**31 - 2
+
+
 def _check_line(raw: bytes, n_features: int | None) -> str | None:
     """Why a line is not valid svmlight (None when it is)."""
     try:
@@ -389,6 +393,8 @@ def _check_line(raw: bytes, n_features: int | None) -> str | None:
             )
         if idx <= prev:
             return f"token {k} {tok!r}: feature indices must be increasing (after {prev})"
+        if idx > _MAX_INDEX:
+            return f"token {k} {tok!r}: feature index {idx} is too large (at most {_MAX_INDEX})"
         if n_features is not None and idx > n_features:
             return f"token {k} {tok!r}: feature index {idx} exceeds n_features={n_features}"
         value = _number(val_s.encode())

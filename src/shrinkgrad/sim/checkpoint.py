@@ -4,9 +4,9 @@ Keyed randomness (:mod:`shrinkgrad.rng`) makes every draw a function of (seed, s
 round), so there is no generator state to save: the explicit method state, the per-client bit
 counters, the elapsed time and the rows logged so far determine the rest of the run exactly.
 
-A checkpoint is written to ``<path>.tmp``, flushed and fsync-ed, then renamed over ``<path>``
-(``os.replace`` is atomic on POSIX and Windows), so a crash or a kill at any moment leaves either
-the previous checkpoint or the new one, never a torn file. Files are read with
+A checkpoint is written by :func:`shrinkgrad.storage.atomic_write` (a temporary file, fsync, a
+rename over ``<path>``), so a crash or a kill at any moment leaves either the previous checkpoint
+or the new one, never a torn file. Files are read with
 ``torch.load(weights_only=False)``: load only checkpoints you wrote yourself.
 """
 
@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..storage import atomic_write
+
 __all__ = ["FORMAT_VERSION", "load_checkpoint", "save_checkpoint"]
 
 FORMAT_VERSION = 1
@@ -25,16 +27,8 @@ FORMAT_VERSION = 1
 
 def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
     """Write ``payload`` to ``path`` atomically (temporary file, fsync, rename)."""
-    target = Path(path)
-    if target.parent and not target.parent.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
     data = dict(payload, format_version=FORMAT_VERSION)
-    with open(tmp, "wb") as fh:
-        torch.save(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, target)
+    atomic_write(path, lambda tmp: torch.save(data, tmp))
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any] | None:

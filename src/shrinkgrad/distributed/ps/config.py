@@ -15,8 +15,8 @@ and a ``[ps]`` table holds the parameter-server settings::
 
     [ps]
     workers = 4
-    method = "iag"         # or "dcgd"
-    mode = "async"         # or "sync" (dcgd only: the server waits for all workers)
+    method = "iag"         # any method that runs on a parameter server: dcgd, iag, ef21, ...
+    mode = "async"         # or "sync" (the server waits for all workers every round)
     compressor = "qsgd[s=4]"
     stepsize = "theory"    # a number, "theory" or "theory*m"
     tau_max = 6            # bounded staleness (>= workers - 1); omit for unbounded
@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from ...methods.base import Method, make_method, methods_for
 from ...registry import Spec, parse_spec
 
 if sys.version_info >= (3, 11):  # pragma: no cover - version dependent
@@ -45,8 +46,16 @@ else:  # pragma: no cover - version dependent
 
 __all__ = ["PSConfig", "load_ps_config"]
 
-Method = Literal["dcgd", "iag"]
 Mode = Literal["async", "sync"]
+
+#: the compressor a method gets when none is named: one that compresses, of the method's kind
+DEFAULT_COMPRESSORS = {
+    "unbiased": "qsgd[s=8]",
+    "contractive": "scaled(qsgd[s=8])",
+    "none": "identity",
+}
+#: settings that moved into the method's own parameters, and where
+_MOVED = {"init": 'the method\'s init parameter, e.g. method = "iag[init=zero]"'}
 
 
 def _int(value: Any, name: str, low: int, hint: str = "") -> int:
@@ -79,19 +88,29 @@ class PSConfig:
     workers:
         W, the number of worker processes (>= 1).
     method:
-        ``"iag"``: compressed IAG ([K18]; the server keeps the latest compressed gradient of every
-        worker and steps with their average); ``"dcgd"``: asynchronous DCGD (the server steps with
-        each message, weighted 1/n, as it arrives).
+        a method of the registry that runs on a parameter server (``Method.unsupported("ps")``
+        is None; ``shrinkgrad.methods.methods_for("ps")``): ``iag`` (compressed IAG, [K18]: the
+        server keeps the latest compressed gradient of every worker and steps with their
+        average; the default), ``dcgd`` (asynchronous DCGD: the server steps with each message,
+        weighted 1/n, as it arrives), the EF21 family (``ef21``, ``ef21_w``, ``ef21_sgd``, ...:
+        c_i = C(∇f_i(x^v) − g_i) computed at a stale x^v; numeric steps only with W > 1, no
+        theory covers EF21 with stale messages). Parameters go in the spec
+        (``iag[init=zero]``).
     mode:
-        ``"async"`` (apply on arrival) or ``"sync"`` (DCGD only: every round the server waits
-        for all live workers, averages, steps; the synchronous baseline).
+        ``"async"`` (apply on arrival) or ``"sync"`` (every round the server waits for all
+        live workers and applies the method's synchronous round: the baseline; not for the
+        incremental iag).
     compressor:
-        an unbiased compressor spec ([K18] Def. 1), e.g. ``qsgd[s=4]``, ``rand_k[k=10]``.
+        a compressor spec the method accepts; default (None): ``qsgd[s=8]`` for the methods
+        that need an unbiased compressor ([K18] Def. 1), ``scaled(qsgd[s=8])`` for the
+        contractive ones (EF21).
     stepsize:
-        a number, ``"theory"`` or ``"theory*m"``. Async: min{DCGD rule, 0.99 × the delay rule
-        2/[L(1 + √(1 + 8τ(τ+1)))]} with τ the bound on the [K18] delay: ``tau_max`` for dcgd,
-        ``2·tau_max`` for iag (table entries age up to twice the arrival staleness), or
-        ``assume_tau`` when unbounded. Sync: the DCGD rule.
+        a number, ``"theory"`` or ``"theory*m"``, resolved by the method's ``bind``
+        (:class:`~shrinkgrad.methods.asynchronous.Asynchronous`). Async: the method's
+        asynchronous rule at the delay bound τ; for dcgd and iag min{DCGD rule, 0.99 × the
+        delay rule 2/[L(1 + √(1 + 8τ(τ+1)))]} with τ = ``tau_max`` for dcgd, ``2·tau_max`` for
+        methods whose server keeps a per-worker memory (iag: table entries age up to twice the
+        arrival staleness), or ``assume_tau``. Sync: the method's own rule.
     tau_max:
         bound on the staleness of every applied message (server version − version the message
         was computed at); the server holds a message (its worker waits for a fresh model) while
@@ -106,24 +125,24 @@ class PSConfig:
     max_time:
         optional wall-clock budget of the update loop in seconds.
     seed:
-        seed of every keyed draw: worker i's k-th message uses the compressor key
-        (seed, "compressor", i, k) and, with ``batch_size``, the minibatch key (seed,
-        "minibatch", i, k), as the methods of :mod:`shrinkgrad.methods` do in round k.
+        seed of every keyed draw: worker i's k-th message is the method's client step of round
+        k for client i (compressor key (seed, "compressor", i, k), minibatch key (seed,
+        "minibatch", i, k), ...); its initial message is round 0.
     speeds, delay:
-        worker i spends at least ``delay × speeds[i]`` seconds per gradient (it sleeps for the
-        rest after computing): the artificial heterogeneity of the experiments.
+        worker i spends at least ``delay × speeds[i]`` seconds per message (it sleeps for the
+        rest after computing): the artificial heterogeneity of the experiments. Speeds without
+        a delay change nothing (``shrinkgrad ps`` warns).
     batch_size:
-        minibatch size of every worker's stochastic gradient (``None``: full local gradient).
-    init:
-        iag's initial table: ``"compressed"`` (every worker first sends Q(∇f_i(x⁰)), as the
-        ``iag`` method's default) or ``"zero"``.
+        minibatch size of the gradients the workers' method reads (``None``: full local
+        gradients): every exact gradient becomes an estimator of ``batch_size`` samples keyed
+        (seed, "minibatch", i, k).
     log_every:
         keep the server's x every ``log_every`` updates; the metrics of these snapshots are
         computed after the run (never during it, so they cannot perturb the schedule).
     dtype, wire_dtype:
         the model's dtype (sent in full, so workers compute at exactly the server's x) and the
-        dtype the gradient's values travel in (``float32`` default; ``float64`` makes the run
-        bit-compatible with the simulator).
+        dtype the messages' values travel in (``float32`` default; ``float64`` makes the run
+        bit-compatible with the simulator and its replay).
     timeout:
         seconds. The server declares a worker lost when it has computed for longer than this;
         a worker exits when the server is silent for longer than ``2·timeout``; process-group
@@ -132,6 +151,11 @@ class PSConfig:
         stop (status ``diverged``) when a decoded message's squared norm exceeds this factor
         times the first one's, or when x stops being finite; the table is cut after the first
         logged ‖∇f‖² above this factor times its initial value. ``None`` disables the factors.
+    snapshot_every, snapshot_seconds:
+        with an output directory (``run_ps(..., out=DIR)``), the server snapshots its whole
+        state there every ``snapshot_every`` updates or ``snapshot_seconds`` seconds, whichever
+        comes first (atomically: write, fsync, rename), so that ``resume=True`` continues a run
+        whose server was killed; it then loses at most the updates since the last snapshot.
     kill_workers, kill_server_after:
         fault injection for tests and demos: worker i SIGKILLs itself after sending
         ``kill_workers[i]`` messages; the server SIGKILLs itself after that many updates.
@@ -139,9 +163,9 @@ class PSConfig:
 
     problem: str = "logistic_regression[dataset=a1a]"
     workers: int = 4
-    method: Method = "iag"
+    method: str = "iag"
     mode: Mode = "async"
-    compressor: str = "identity"
+    compressor: str | None = None
     stepsize: float | str = "theory"
     tau_max: int | None = None
     assume_tau: int | None = None
@@ -151,29 +175,28 @@ class PSConfig:
     speeds: tuple[float, ...] | None = None
     delay: float = 0.0
     batch_size: int | None = None
-    init: Literal["compressed", "zero"] = "compressed"
     log_every: int = 10
     dtype: Literal["float64", "float32"] = "float64"
     wire_dtype: Literal["float32", "float64"] = "float32"
     timeout: float = 60.0
     divergence_factor: float | None = 1e8
+    snapshot_every: int = 200
+    snapshot_seconds: float = 10.0
     kill_workers: Mapping[int, int] = dataclasses.field(default_factory=dict)
     kill_server_after: int | None = None
 
     def __post_init__(self) -> None:
+        """Check every field on its own first, then the combinations: the first real problem
+        is the one reported (the step size's delay bound is the method's to check, at bind)."""
         set_ = object.__setattr__
         W = _int(self.workers, "workers (the number of worker processes)", 1)
-        if self.method not in ("dcgd", "iag"):
-            raise ValueError(f"method must be 'dcgd' or 'iag', got {self.method!r}")
+        method = self.build_method()
         if self.mode not in ("async", "sync"):
             raise ValueError(f"mode must be 'async' or 'sync', got {self.mode!r}")
-        if self.mode == "sync" and self.method != "dcgd":
-            raise ValueError(
-                "mode='sync' runs synchronous DCGD (the server waits for every worker each round); "
-                "use method='dcgd' with it, or mode='async' for the compressed IAG"
-            )
         for name in ("problem", "compressor"):
             v = getattr(self, name)
+            if v is None and name == "compressor":
+                continue  # the method's default (compressor_spec)
             if not isinstance(v, str) or not v.strip():
                 raise TypeError(f"{name} must be a spec string such as 'qsgd[s=4]', got {v!r}")
             parse_spec(v)  # a SpecError (ValueError) names the syntax problem
@@ -183,7 +206,7 @@ class PSConfig:
             )
         from ...methods.stepsize import parse_stepsize
 
-        theory = parse_stepsize(self.stepsize).theory
+        parse_stepsize(self.stepsize)  # the one grammar: a number, "theory" or "theory*m"
         if self.tau_max is not None:
             _int(
                 self.tau_max,
@@ -192,27 +215,8 @@ class PSConfig:
                 f" (with {W} workers computing on the same model, the last of them arrives at "
                 f"least {W - 1} updates later; use tau_max >= {W - 1} or leave it unset)",
             )
-            if self.mode == "sync":
-                raise ValueError("tau_max bounds asynchronous staleness; sync runs have none")
         if self.assume_tau is not None:
             _int(self.assume_tau, "assume_tau", 0)
-            if self.tau_max is not None:
-                raise ValueError(
-                    "give tau_max (an enforced bound: the theory step uses it) or assume_tau "
-                    "(an assumed delay for an unbounded run), not both"
-                )
-        if (
-            theory
-            and self.mode == "async"
-            and self.tau_max is None
-            and self.assume_tau is None
-            and W > 1
-        ):
-            raise ValueError(
-                "stepsize='theory' for an asynchronous run needs a delay bound: set tau_max "
-                "(enforced by the server), or assume_tau (e.g. the maximal delay measured by a "
-                "pilot run, see benchmarks/ps.py), or give a number"
-            )
         _int(self.updates, "updates (server updates to run)", 1)
         if self.max_time is not None:
             set_(self, "max_time", _number(self.max_time, "max_time (seconds)"))
@@ -232,8 +236,6 @@ class PSConfig:
             set_(self, "speeds", speeds)
         if self.batch_size is not None:
             _int(self.batch_size, "batch_size", 1)
-        if self.init not in ("compressed", "zero"):
-            raise ValueError(f"init must be 'compressed' or 'zero', got {self.init!r}")
         _int(self.log_every, "log_every", 1)
         if self.dtype not in ("float64", "float32"):
             raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}")
@@ -245,6 +247,8 @@ class PSConfig:
             if f <= 1:
                 raise ValueError(f"divergence_factor must be > 1 or None, got {f}")
             set_(self, "divergence_factor", f)
+        _int(self.snapshot_every, "snapshot_every (updates between snapshots)", 1)
+        set_(self, "snapshot_seconds", _number(self.snapshot_seconds, "snapshot_seconds"))
         if not isinstance(self.kill_workers, Mapping):
             raise TypeError(
                 f"kill_workers must map worker ids to message counts, got {self.kill_workers!r}"
@@ -259,7 +263,44 @@ class PSConfig:
         set_(self, "kill_workers", kills)
         if self.kill_server_after is not None:
             _int(self.kill_server_after, "kill_server_after", 1)
+        # -- combinations --
+        if self.mode == "sync":
+            if method.incremental:
+                raise ValueError(
+                    f"mode='sync' runs the method's synchronous round on every worker; "
+                    f"{method.name} updates one worker per round (incremental): use dcgd or "
+                    "ef21 for the synchronous baseline, or mode='async'"
+                )
+            if self.tau_max is not None:
+                raise ValueError("tau_max bounds asynchronous staleness; sync runs have none")
+        if self.assume_tau is not None and self.tau_max is not None:
+            raise ValueError(
+                "give tau_max (an enforced bound: the theory step uses it) or assume_tau "
+                "(an assumed delay for an unbounded run), not both"
+            )
         self.problem_spec()  # checks n_clients against workers
+
+    @property
+    def compressor_spec(self) -> str:
+        """The compressor: the one given, or the default for the method's kind."""
+        if self.compressor is not None:
+            return self.compressor
+        return DEFAULT_COMPRESSORS[self.build_method().requires]
+
+    def build_method(self) -> Method[Any, Any]:
+        """The method of ``method`` (a registry spec), checked to run on a parameter server."""
+        if not isinstance(self.method, str) or not self.method.strip():
+            raise TypeError(
+                f"method must be a method spec such as 'iag' or 'ef21', got {self.method!r}"
+            )
+        method = make_method(self.method)  # a SpecError names unknown methods and parameters
+        reason = method.unsupported("ps")
+        if reason is not None:
+            raise ValueError(
+                f"method: {reason}; the methods that run on a parameter server: "
+                f"{', '.join(methods_for('ps'))}"
+            )
+        return method
 
     def __hash__(self) -> int:  # kill_workers is a dict: hash the plain-data form instead
         return hash(json.dumps(self.to_dict(), sort_keys=True))
@@ -286,16 +327,9 @@ class PSConfig:
 
     @property
     def run_method(self) -> str:
-        """The ``method`` column of the results: ``async_iag``, ``async_dcgd`` or ``sync_dcgd``."""
-        return f"{self.mode}_{self.method}"
-
-    @property
-    def first_counter(self) -> int:
-        """Counter (keyed-randomness round) of a worker's first message: 0 for iag's initial
-        table message, else 1 (the methods' round 1)."""
-        return (
-            0 if self.method == "iag" and self.mode == "async" and self.init == "compressed" else 1
-        )
+        """The ``method`` column of the results: the mode and the method's name, e.g.
+        ``async_iag``, ``async_dcgd``, ``sync_dcgd``, ``async_ef21[init=zero]``."""
+        return f"{self.mode}_{self.build_method().name}"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON/TOML-friendly): what a result's summary records."""
@@ -314,6 +348,8 @@ class PSConfig:
         """Build from a mapping of field names; unknown keys are errors with a suggestion."""
         names = [f.name for f in dataclasses.fields(cls)]
         for key in data:
+            if key in _MOVED:
+                raise ValueError(f"the parameter-server setting {key!r} is now {_MOVED[key]}")
             if key not in names:
                 close = difflib.get_close_matches(str(key), names, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""

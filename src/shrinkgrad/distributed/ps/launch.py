@@ -27,21 +27,24 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ...problems import Problem, make_problem
 from ...rng import KeyStream
 from ..launch import free_port, init_from_env, init_process_group, worker_setup
+from .checkpoint import Checkpoint, check_fingerprint, fingerprint
 from .config import PSConfig, load_ps_config
 from .results import PSResult, build_result
 from .server import Plan, plan_run, run_server
 from .worker import EXIT_FAILED, client_oracle, run_worker
 
-__all__ = ["PROGRESS_EVERY", "PSServerLost", "main", "prepare", "run_ps"]
+__all__ = ["PROGRESS_EVERY", "PSServerLost", "main", "prepare", "resume_point", "run_ps"]
 
 #: seconds between the server's progress lines on a terminal
 PROGRESS_EVERY = 5.0
@@ -82,6 +85,13 @@ def prepare(config: PSConfig, problem: Problem | None = None) -> tuple[Problem, 
             "holds one client's data"
         )
     plan = plan_run(config, problem)
+    if problem.restrict(torch.tensor([0])) is None:
+        warnings.warn(
+            f"{problem.name} cannot be cut to one client's data (Problem.restrict returns None): "
+            "every worker evaluates the full problem and keeps its own client's row (correct, "
+            f"but each gradient costs {config.workers}x the work)",
+            stacklevel=2,
+        )
     _warm_up(problem, plan)
     return problem, plan
 
@@ -93,6 +103,50 @@ def _warm_up(problem: Problem, plan: Plan) -> None:
     C = plan.compressor
     keys = None if C.deterministic else KeyStream(0, [0]).at(0)[0]
     C.decode(C.encode(g, keys), problem.d, plan.cfg.wire_dtype, keys)
+    C(g.unsqueeze(0), None if keys is None else KeyStream(0, [0]).at(0))  # the client step's
+
+
+def resume_point(
+    config: PSConfig, out: str | os.PathLike[str] | None, resume: bool
+) -> tuple[dict[str, Any] | None, str]:
+    """(the snapshot to continue from, the line that says so) for a run into ``out``.
+
+    ``resume=True`` loads ``out``'s snapshot (its settings must match ``config``'s, except
+    :data:`~.checkpoint.FINGERPRINT_FREE`), counts the updates the killed server made after it
+    (from the update log) and cuts the log back. Without ``resume``, an ``out`` that already
+    holds a run is refused, so that nothing is overwritten by mistake.
+    """
+    if out is None:
+        if resume:
+            raise ValueError("resume needs the run's output directory (out=..., --out DIR)")
+        return None, ""
+    ckpt = Checkpoint(out)
+    if not resume:
+        if ckpt.exists():
+            raise ValueError(
+                f"{str(out)!r} already holds a parameter-server run (a snapshot in "
+                f"{str(ckpt.dir)!r}); continue it with --resume (resume=True) or choose another "
+                "output directory"
+            )
+        return None, ""
+    snap = ckpt.load()
+    current = fingerprint(dict(config.to_dict(), compressor=config.compressor_spec))
+    check_fingerprint(snap["fingerprint"], current, str(out))
+    at = int(snap["server"].update)
+    if at >= config.updates:
+        raise ValueError(
+            f"--resume: the run in {str(out)!r} already has {at} updates (status "
+            f"{snap.get('status') or 'interrupted'}); give more updates (e.g. --updates "
+            f"{at + config.updates}) to continue it"
+        )
+    reached = ckpt.reached()
+    reached = at if reached is None or reached < at else reached
+    note = (
+        f"resumed from the snapshot at update {at}; the previous server had reached update "
+        f"{reached}: {reached - at} updates lost"
+    )
+    ckpt.cut(at)
+    return snap, note
 
 
 def _catch_sigint() -> threading.Event:
@@ -111,8 +165,13 @@ def _server_rank(
     plan: Plan,
     progress_every: float | None = None,
     interrupt: threading.Event | None = None,
+    out: str | os.PathLike[str] | None = None,
+    resume: tuple[dict[str, Any] | None, str] = (None, ""),
 ) -> PSResult:
-    log = run_server(config, plan, problem.x0(), interrupt, progress_every)
+    snap, note = resume
+    log = run_server(
+        config, plan, problem.x0(), interrupt, progress_every, out=out, resume=snap, note=note
+    )
     return build_result(log, config, plan, problem)
 
 
@@ -130,6 +189,8 @@ def _child(
     plan: Plan,
     conn: Connection | None,
     progress_every: float | None = None,
+    out: str | os.PathLike[str] | None = None,
+    resume: tuple[dict[str, Any] | None, str] = (None, ""),
 ) -> None:
     worker_setup(1)
     _die_with_parent()
@@ -139,17 +200,17 @@ def _child(
     code = 1
     try:
         if rank > 0:  # build the client's data before the rendezvous: the clock starts after it
-            oracle, d = client_oracle(config, rank - 1, problem)
+            oracle = client_oracle(problem, rank - 1)
         init_process_group(rank, world, port=port, timeout=config.timeout)
         if rank == 0:
             assert conn is not None
-            result = _server_rank(config, problem, plan, progress_every, interrupt)
+            result = _server_rank(config, problem, plan, progress_every, interrupt, out, resume)
             # plain pickle: torch's multiprocessing pickler would share tensors through file
             # descriptors that die with this process
             conn.send_bytes(pickle.dumps(("ok", result)))
             code = 0
         else:
-            code = run_worker(config, rank - 1, oracle, d)
+            code = run_worker(config, rank - 1, oracle, plan.inner, plan.cfg)
     except BaseException as e:
         who = "server" if rank == 0 else f"worker {rank - 1}"
         print(f"shrinkgrad ps {who}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
@@ -176,6 +237,8 @@ def run_ps(
     problem: Problem | None = None,
     on_start: Callable[[dict[str, int]], None] | None = None,
     progress_every: float | None = None,
+    out: str | os.PathLike[str] | None = None,
+    resume: bool = False,
 ) -> PSResult:
     """Run a parameter server with ``config.workers`` workers on this machine; return the result.
 
@@ -184,6 +247,12 @@ def run_ps(
     once they are started (tests use it to kill processes from outside). ``progress_every``:
     the server prints a progress line on stderr at most every that many seconds.
 
+    ``out``: the server snapshots the run into ``out/checkpoint/`` every
+    ``config.snapshot_every`` updates or ``config.snapshot_seconds`` seconds
+    (:mod:`.checkpoint`); the caller saves the results there (``PSResult.save``). ``resume``:
+    continue the run of ``out`` from its snapshot with new worker processes (a killed server
+    loses the updates after its last snapshot; the ``resumed`` event says how many).
+
     Raises ValueError/TypeError for configuration mistakes (before any process starts) and
     :class:`PSServerLost` when the server dies; workers that die are part of the result
     (``events``, ``exit_codes``). A first Ctrl-C (KeyboardInterrupt here, SIGINT in the server)
@@ -191,6 +260,9 @@ def run_ps(
     second one aborts without a result.
     """
     problem, plan = prepare(config, problem)
+    start = resume_point(config, out, resume)
+    if start[1]:
+        print(f"shrinkgrad ps: {start[1]}", file=sys.stderr, flush=True)
     world = config.workers + 1
     names = _names(world)
     ctx = mp.get_context("fork")
@@ -212,6 +284,8 @@ def run_ps(
                     plan,
                     send_end if rank == 0 else None,
                     progress_every,
+                    out,
+                    start,
                 ),
                 name=f"shrinkgrad-ps-{names[rank]}",
                 daemon=True,
@@ -285,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("config", help="TOML config (problem, [run], [ps]; docs/parameter_server.md)")
     ap.add_argument("--out", default="ps-results", help="directory for rank 0's results")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --out")
     args = ap.parse_args(argv)
     worker_setup(1)
     config = load_ps_config(args.config)
@@ -300,17 +375,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         _ignore_sigint()
     code = 1
     try:
+        problem, plan = prepare(config)
         if rank == 0:
-            problem, plan = prepare(config)
+            start = resume_point(config, args.out, args.resume)
             every = PROGRESS_EVERY if sys.stderr.isatty() else None
-            result = _server_rank(config, problem, plan, every, interrupt)
+            result = _server_rank(config, problem, plan, every, interrupt, args.out, start)
             paths = result.save(args.out)
             where = paths["table"].parent
             print(f"status {result.status}: {result.updates} updates; results in {where}")
             code = 0
         else:
-            oracle, d = client_oracle(config, rank - 1)
-            code = run_worker(config, rank - 1, oracle, d)
+            oracle = client_oracle(problem, rank - 1)
+            code = run_worker(config, rank - 1, oracle, plan.inner, plan.cfg)
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()

@@ -10,8 +10,12 @@ asynchronous schedule, and returns a :class:`PSResult`:
   dataset, problem, n_clients, d) plus ``tau_max`` (the configured bound, or missing);
 * ``staleness``: one row per applied message: update, worker, counter, version_computed,
   staleness (update − 1 − version_computed), delay (the [K18] delay of the update: the
-  staleness for DCGD, the oldest table entry's age for IAG), time_s, method, seed;
-* ``events``: worker losses, the end of IAG's initialisation.
+  staleness, or, when the server keeps a memory per worker (IAG's table), the oldest entry's
+  age), time_s, method, seed;
+* ``events``: the initial messages, worker losses, the end of the initialisation, resumptions.
+
+The saved directory (:meth:`PSResult.save`) is also the log that
+``asynchronous[trace=DIR]`` replays in the simulator (:mod:`shrinkgrad.methods.asynchronous`).
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ...methods.asynchronous import EVENT_RESUMED, TRACE_FILES
 from ...problems import Problem
 from ...sim import COLUMNS
-from ...theory import stepsize_delayed
 from .config import PSConfig
 from .server import Plan, ServerLog
 
@@ -58,8 +62,12 @@ class PSResult:
     ``status``: ``completed`` (all updates), ``time_limit``, ``diverged``, ``workers_lost`` or
     ``interrupted`` (Ctrl-C: the updates up to then);
     ``tau_bound``: the [K18] delay the step size was derived for (None when nothing bounds it);
-    ``wall_s``: the server's update-loop time; ``exit_codes``: every process's exit status
-    (filled by the launcher: 0 normal, 3 a worker that lost its server, negative a signal).
+    ``stepsize_bound_measured``, ``rule_holds``: the largest step the method's theory admits at
+    the measured delay :attr:`delay_max` and whether γ is admitted (the method's
+    ``async_admissible``; None when no theory covers that delay, e.g. EF21 with stale
+    messages); ``wall_s``: the server's update-loop time; ``exit_codes``: every process's exit
+    status (filled by the launcher: 0 normal, 3 a worker that lost its server, negative a
+    signal).
     """
 
     table: pd.DataFrame
@@ -77,6 +85,8 @@ class PSResult:
     bits_down: torch.Tensor
     wall_s: float
     config: dict[str, Any]
+    stepsize_bound_measured: float | None = None
+    rule_holds: bool | None = None
     exit_codes: dict[str, int | None] = dataclasses.field(default_factory=dict)
 
     @property
@@ -98,16 +108,6 @@ class PSResult:
     def delay_max(self) -> int:
         """The largest measured [K18] delay τ of an update (what the delay rule needs)."""
         return int(self.staleness["delay"].max()) if len(self.staleness) else 0
-
-    @property
-    def stepsize_bound_measured(self) -> float:
-        """[K18]'s strict bound 2/[L(1 + √(1 + 8τ(τ+1)))] at the measured τ = :attr:`delay_max`."""
-        return float(stepsize_delayed(self.L, self.delay_max))
-
-    @property
-    def rule_holds(self) -> bool:
-        """Whether γ is below the delay rule's bound at the measured τ ((?) rule, methods.md §4)."""
-        return self.stepsize < self.stepsize_bound_measured
 
     def mean_staleness(self) -> pd.Series:
         """Mean staleness of each worker's applied messages (indexed by worker)."""
@@ -135,7 +135,7 @@ class PSResult:
         return {
             "status": self.status,
             "message": self.message,
-            "method": self.config.get("mode", "") + "_" + self.config.get("method", ""),
+            "method": str(self.table["method"].iloc[0]) if last is not None else "",
             "updates": self.updates,
             "wall_s": self.wall_s,
             "updates_per_s": self.updates_per_s,
@@ -155,6 +155,9 @@ class PSResult:
             "workers_lost": [
                 int(w) for w in self.events.loc[self.events["event"] == "worker_lost", "worker"]
             ],
+            "resumed": [
+                str(d) for d in self.events.loc[self.events["event"] == EVENT_RESUMED, "detail"]
+            ],
             "exit_codes": self.exit_codes,
             "config": self.config,
         }
@@ -165,23 +168,33 @@ class PSResult:
         root.mkdir(parents=True, exist_ok=True)
         paths = {
             "table": root / "table.csv",
-            "staleness": root / "staleness.csv",
-            "events": root / "events.csv",
-            "summary": root / "summary.json",
+            "staleness": root / TRACE_FILES["updates"],
+            "events": root / TRACE_FILES["events"],
+            "summary": root / TRACE_FILES["summary"],
         }
-        self.table.to_csv(paths["table"], index=False)
-        self.staleness.to_csv(paths["staleness"], index=False)
-        self.events.to_csv(paths["events"], index=False)
-        paths["summary"].write_text(json.dumps(self.summary(), indent=2, default=str) + "\n")
+        _atomic(paths["table"], lambda p: self.table.to_csv(p, index=False))
+        _atomic(paths["staleness"], lambda p: self.staleness.to_csv(p, index=False))
+        _atomic(paths["events"], lambda p: self.events.to_csv(p, index=False))
+        text = json.dumps(self.summary(), indent=2, default=str) + "\n"
+        _atomic(paths["summary"], lambda p: p.write_text(text, encoding="utf-8"))
         if plot:
             paths["plot"] = plot_staleness(
                 self.staleness,
                 root / "staleness.png",
                 tau_max=self.config.get("tau_max"),
-                title=f"{self.config.get('mode')}_{self.config.get('method')}: "
-                f"{self.config.get('compressor')}, γ={self.stepsize:.3g}",
+                title=f"{self.summary()['method']}: {self.config.get('compressor')}, "
+                f"γ={self.stepsize:.3g}",
             )
         return paths
+
+
+def _atomic(path: Path, write: Any) -> None:
+    """``write(tmp)``, fsync, then rename over ``path``: a crash leaves the old file or the new."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem) -> PSResult:
@@ -251,6 +264,8 @@ def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem)
         }
     )
     events = pd.DataFrame(log.events, columns=list(_EVENT_COLUMNS))
+    delay_max = int(staleness["delay"].max()) if len(staleness) else 0
+    admissible = plan.inner.async_admissible(plan.cfg, plan.stepsize, delay_max)
     return PSResult(
         table=table,
         staleness=staleness,
@@ -266,7 +281,9 @@ def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem)
         bits_up_paper=log.bits_up_paper,
         bits_down=log.bits_down,
         wall_s=log.elapsed,
-        config=config.to_dict(),
+        config=dict(config.to_dict(), compressor=config.compressor_spec),
+        stepsize_bound_measured=None if admissible is None else admissible[0],
+        rule_holds=None if admissible is None else admissible[1],
     )
 
 

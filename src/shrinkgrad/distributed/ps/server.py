@@ -1,27 +1,25 @@
 """The server side of the parameter server: arrivals, staleness control, updates, records.
 
-The server (rank 0) holds x, its version t (the number of updates applied) and, for the
-compressed IAG, the table of the latest compressed gradient of every worker. It listens to every
-worker at once: one receiver thread per worker blocks in a gloo ``irecv(...).wait()`` (no
-polling) and puts each arrival, or the worker's loss (connection closed, FAIL message), into one
-queue; the main thread takes events in arrival order and, between events, applies the held
-messages the :class:`~shrinkgrad.distributed.ps.schedule.StalenessGate` allows.
+The server (rank 0) holds the method's server state and its version t (the number of updates
+applied). It listens to every worker at once: one receiver thread per worker blocks in a gloo
+``irecv(...).wait()`` (no polling) and puts each arrival, or the worker's loss (connection
+closed, FAIL message), into one queue; the main thread takes events in arrival order and, between
+events, applies the held messages the :class:`~shrinkgrad.distributed.ps.schedule.StalenessGate`
+allows.
 
-Updates ([K18]; library scaling, methods.md §1, f = (1/n) Σ f_i, with n the live workers):
+The arithmetic is the method's, through :mod:`shrinkgrad.methods.asynchronous` (the same code the
+simulator's replay of a run uses): the initialisation is ``server_start`` of every worker's
+initial message; an asynchronous update is ``server_update`` of one arriving message (its
+reduction values from the method's ``async_receive``, the lost workers' contributions leaving
+through ``async_forget``, then the method's ``server_post`` and ``server_pre``); a synchronous
+round (``mode="sync"``) is the same with every live worker's message. The model sent next is the
+``x`` of the method's state after ``server_pre`` (for EF21, x^{t+1} = x^t − γ g^t).
 
-* async DCGD: x ← x − γ (1/n) Q_i, the message Q_i = Q(∇f_i(x^{t−τ})) of the arriving worker;
-  [K18] writes the sum Σ f_i with smoothness L_sum = n L, and its step γ_sum = γ/n gives the same
-  iterates. n updates with γ move x like one DCGD round (an incremental, delayed method);
-* async compressed IAG: ĝ_i ← Q_i, s ← s + (1/n)(Q_i − ĝ_i^old), x ← x − γ s with s = (1/n) Σ ĝ_j
-  (:class:`~shrinkgrad.methods.IAG`'s server step; [K18]: x ← x − γ_sum Σ ĝ_j);
-* sync DCGD: every round waits for all live workers and steps with their average
-  (:class:`~shrinkgrad.methods.DCGD`'s server step).
-
-The server steps reuse the methods' ``server_post`` on their own state types. Per update the
-server records the staleness τ = t − v (v: the version the message was computed at) and the
-[K18] delay of the update: τ for DCGD; for IAG the age of the oldest table entry the step uses,
-t − min_j v_j, which is at most 2·tau_max under the gate (an entry is replaced at the latest
-tau_max + 1 updates after its worker got a model, and was itself at most tau_max stale).
+Per update the server records the staleness τ = t − v (v: the version the message was computed
+at) and the [K18] delay of the update: τ, or, for a method whose server keeps a per-worker memory
+(IAG's table), the age of the oldest entry the step uses, t − min_j v_j, at most 2·tau_max under
+the gate. With an output directory it snapshots its state (:mod:`.checkpoint`) so that a killed
+server can be resumed.
 """
 
 from __future__ import annotations
@@ -41,15 +39,35 @@ from typing import Any
 import torch
 
 from ...compressors import Compressor
-from ...methods.base import Config, Method, ProblemLike
-from ...methods.delayed import IAG, IAGServer, delayed_theory
-from ...methods.gd import DCGD, XState, dcgd_theory
-from ...methods.stepsize import parse_stepsize
-from ...rng import KeyStream
+from ...methods.asynchronous import (
+    EVENT_INIT,
+    EVENT_LOST,
+    EVENT_RESUMED,
+    Asynchronous,
+    AsyncServer,
+    delay_bound,
+    server_start,
+    server_update,
+)
+from ...methods.base import Config, Method, ProblemLike, Traffic
+from .checkpoint import Checkpoint, fingerprint
 from .config import PSConfig
 from .schedule import StalenessGate
-from .wire import FAIL, MODEL, STOP, model_message, pack_model, read_header, recv, send
-from .worker import DTYPES
+from .wire import (
+    FAIL,
+    INIT,
+    MODEL,
+    REPLY_WORDS,
+    RESUME,
+    STOP,
+    decode_payload,
+    model_message,
+    pack_model,
+    read_reply,
+    recv,
+    send,
+)
+from .worker import DTYPES, dump_clients
 
 __all__ = ["Arrival", "Lost", "Plan", "ServerLog", "plan_run", "run_server"]
 
@@ -62,13 +80,12 @@ _RECEIVER_WAIT = datetime.timedelta(days=1)
 # --------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A run's method maths: the bound method config (γ, compressor, weights, seed) and τ.
-
-    ``tau_bound`` is the [K18] delay the theory step assumed (``tau_max`` for dcgd, ``2·tau_max``
-    for iag, ``assume_tau``, 0 for one worker), or None (a constant step, unbounded).
-    """
+    """A run's method: as configured (``method``), as it runs (``inner``: the asynchronous form,
+    or the method itself in sync mode), its bound configuration (γ, compressor, weights, seed)
+    and τ, the [K18] delay the theory step assumed (None when nothing bounds it)."""
 
     method: Method[Any, Any]
+    inner: Method[Any, Any]
     cfg: Config
     tau_bound: int | None
 
@@ -81,53 +98,30 @@ class Plan:
         return self.cfg.compressor
 
 
-def _tau_bound(config: PSConfig) -> int | None:
-    if config.mode == "sync":
-        return 0
-    if config.tau_max is not None:
-        return 2 * config.tau_max if config.method == "iag" else config.tau_max
-    if config.assume_tau is not None:
-        return config.assume_tau
-    return 0 if config.workers == 1 else None
-
-
 def plan_run(config: PSConfig, problem: ProblemLike) -> Plan:
-    """Bind the method to the problem's constants and resolve the step size.
+    """Bind the method to the problem's constants and resolve the step size (``Method.bind``).
 
-    ``stepsize="theory"``: sync: the DCGD rule ``stepsize_dcgd``; async:
-    :func:`~shrinkgrad.methods.delayed.delayed_theory` (min of the DCGD rule and 0.99 × the
-    [K18] delay rule, the (?) rule of methods.md §4) at τ = :attr:`Plan.tau_bound`. Raises
-    ValueError for incompatible compressors (biased ones) before any process starts.
+    Async: :class:`~shrinkgrad.methods.asynchronous.Asynchronous` binds the method with the
+    delay bound τ of ``tau_max`` (the method's ``async_delay``: 2·tau_max for iag) or
+    ``assume_tau`` (0 for one worker), so ``stepsize="theory"`` is the method's asynchronous
+    rule at τ; sync: the method's own rule. Raises ValueError for incompatible compressors and
+    impossible step sizes before any process starts.
     """
-    method: Method[Any, Any] = IAG(init=config.init) if config.method == "iag" else DCGD()
-    bound = method.bind(
-        problem,
-        config.compressor,
-        1.0,
-        config.seed,
-        dtype=DTYPES[config.dtype],
-        wire_dtype=DTYPES[config.wire_dtype],
+    method = config.build_method()
+    options: dict[str, Any] = {
+        "dtype": DTYPES[config.dtype],
+        "wire_dtype": DTYPES[config.wire_dtype],
+    }
+    args = (problem, config.compressor_spec, config.stepsize, config.seed)
+    if config.mode == "sync":
+        bound = method.bind(*args, **options)
+        return Plan(method, method, bound.cfg, 0)
+    wrapper = Asynchronous(
+        method, tau_max=config.tau_max, assume_tau=config.assume_tau, arrival=True
     )
-    spec = parse_stepsize(config.stepsize)
-    tau = _tau_bound(config)
-    if spec.theory:
-        if config.mode == "sync":
-            gamma, rule = dcgd_theory(bound.cfg)
-        else:
-            if tau is None:  # PSConfig refuses this; kept for direct callers
-                raise ValueError("stepsize='theory' needs tau_max or assume_tau")
-            gamma, rule = delayed_theory(bound.cfg, tau)
-        gamma *= spec.multiplier
-        if spec.multiplier != 1.0:
-            rule += f"*{spec.multiplier:g}"
-    else:
-        gamma, rule = spec.value, "constant"
-        if config.tau_max is None and config.mode == "async" and config.workers > 1:
-            tau = None  # nothing bounds the delay of a constant-step unbounded run
-    if not math.isfinite(gamma) or gamma <= 0:
-        raise ValueError(f"the step size must be finite and > 0, got {gamma}")
-    cfg = dataclasses.replace(bound.cfg, stepsize=float(gamma), stepsize_rule=rule)
-    return Plan(method, cfg, tau)
+    bound = wrapper.bind(*args, **options)
+    tau = delay_bound(wrapper.inner, problem.n, config.tau_max, config.assume_tau)
+    return Plan(method, wrapper.inner, bound.cfg, tau)
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,11 +129,15 @@ def plan_run(config: PSConfig, problem: ProblemLike) -> Plan:
 # --------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Arrival:
-    """A worker's message as received: who, its counter k, its model version, the payload."""
+    """A worker's message as received (header fields, the payload, the arrival time)."""
 
     worker: int
+    kind: int
     counter: int
     version: int
+    payload_kind: int
+    key: int
+    traffic: Traffic
     payload: torch.Tensor
     time: float
 
@@ -167,10 +165,10 @@ def _receive(worker: int, events: queue.Queue[Arrival | Lost], t0: float) -> Non
     """Receiver thread of one worker: header, payload, enqueue; until the worker is lost."""
     rank = worker + 1
     while True:
-        header = torch.empty(4, dtype=torch.int64)
+        header = torch.empty(REPLY_WORDS, dtype=torch.int64)
         try:
             recv(header, rank, _RECEIVER_WAIT)
-            kind, counter, version, nbytes = read_header(header)
+            kind, counter, version, nbytes, pkind, key, traffic = read_reply(header)
             payload = torch.empty(nbytes, dtype=torch.uint8)
             if nbytes:
                 recv(payload, rank, _RECEIVER_WAIT)
@@ -181,7 +179,10 @@ def _receive(worker: int, events: queue.Queue[Arrival | Lost], t0: float) -> Non
             text = bytes(payload.numpy()).decode(errors="replace")
             events.put(Lost(worker, f"failed: {text}", time.perf_counter() - t0))
             return
-        events.put(Arrival(worker, counter, version, payload, time.perf_counter() - t0))
+        arrival = Arrival(
+            worker, kind, counter, version, pkind, key, traffic, payload, time.perf_counter() - t0
+        )
+        events.put(arrival)
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,8 +214,8 @@ class ServerLog:
 class _Server:
     """The server's state and loops (see the module docstring); one instance per run.
 
-    Bits are counted when a message is applied (a message still held when the run stops, or
-    held by a worker that dies, is not counted).
+    Bits are the method's count of each message, added when the message is applied (a message
+    still held when the run stops, or held by a worker that dies, is not counted).
     """
 
     def __init__(
@@ -224,6 +225,9 @@ class _Server:
         x0: torch.Tensor,
         interrupt: threading.Event | None = None,
         progress_every: float | None = None,
+        out: str | os.PathLike[str] | None = None,
+        resume: dict[str, Any] | None = None,
+        note: str = "",
     ) -> None:
         self.config = config
         self.plan = plan
@@ -232,43 +236,46 @@ class _Server:
         self.progress_at = 0.0  # self.now() of the last progress line
         self.max_staleness = 0
         self.cfg = plan.cfg
+        self.inner = plan.inner
         W = config.workers
         self.n = W
         self.dtype = DTYPES[config.dtype]
-        self.x = x0.to(self.dtype).clone()
+        self.x0 = x0.to(self.dtype).clone()
+        self.x = self.x0
         self.d = int(self.x.numel())
         self.t = 0
+        self.srv: AsyncServer | None = None
         self.live: set[int] = set(range(W))
         self.gate = StalenessGate(range(W), config.tau_max)
         self.held: dict[int, Arrival] = {}
         self.sent_at: dict[int, float] = {}
-        self.keys = KeyStream(config.seed, torch.arange(W), stream="compressor")
         self.buf = model_message(self.d, self.dtype)
         self.events: queue.Queue[Arrival | Lost] = queue.Queue()
         self.up = torch.zeros(W, dtype=torch.float64)
         self.up_paper = torch.zeros(W, dtype=torch.float64)
         self.down = torch.zeros(W, dtype=torch.float64)
-        self.model_bits = float(self.d * torch.finfo(self.dtype).bits)
+        self.counters = [0] * W  # last applied message counter of every worker
+        self.entry_version = [0] * W  # version of every worker's last applied message
+        self.pending_forget: set[int] = set()
+        self.init_wait: set[int] = set()
+        self.init_sent: dict[int, torch.Tensor | None] = {}
         self.rows: list[dict[str, Any]] = []
         self.log_events: list[dict[str, Any]] = []
         self.snapshots: list[tuple[int, float, torch.Tensor, float, float, float]] = []
         self.status: str | None = None
         self.message = ""
         self.ref_norm: float | None = None
-        # compressed IAG: the table of latest messages, their versions, s = (1/n) Σ ĝ_j
-        self.iag = config.method == "iag" and config.mode == "async"
-        self.table = torch.zeros(W, self.d, dtype=self.dtype)
-        self.entry_version = [0] * W
-        self.s = torch.zeros(self.d, dtype=self.dtype)
-        self.init_missing: set[int] = (
-            set(range(W)) if self.iag and config.init == "compressed" else set()
-        )
+        self.offset = 0.0  # seconds the run had already lasted before a resume
         self.t0 = time.perf_counter()
         self.receivers: list[threading.Thread] = []
+        self.ckpt = Checkpoint(out) if out is not None else None
+        self.ckpt_at = (0, 0.0)  # (update, time) of the last snapshot
+        self.resume = resume
+        self.note = note
 
     # -- helpers ---------------------------------------------------------------------------------
     def now(self) -> float:
-        return time.perf_counter() - self.t0
+        return self.offset + time.perf_counter() - self.t0
 
     def event(self, kind: str, worker: int | None, detail: str) -> None:
         self.log_events.append(
@@ -295,18 +302,30 @@ class _Server:
             )
         )
 
-    def send(self, worker: int, kind: int) -> bool:
-        """Send x (MODEL) or STOP to ``worker``; a failed send loses the worker."""
-        pack_model(self.buf, kind, self.t, self.x if kind == MODEL else None)
+    def send_to(self, worker: int, kind: int, *, state: torch.Tensor | None = None) -> bool:
+        """Send the next model (INIT/MODEL; RESUME with a client state) or STOP to ``worker``;
+        a failed send loses the worker."""
+        if kind == INIT:
+            x: torch.Tensor | None = self.x0
+        elif kind == STOP:
+            x = None
+        else:
+            assert self.srv is not None
+            x = self.srv.ready.x
+        counter = self.counters[worker] + 1 if self.config.mode == "async" else self.t + 1
+        nbytes = 0 if state is None else state.numel()
+        pack_model(self.buf, kind, self.t, x, counter=counter, nbytes=nbytes)
+        wait = datetime.timedelta(seconds=self.config.timeout)
         try:
-            send(self.buf, worker + 1, datetime.timedelta(seconds=self.config.timeout))
+            send(self.buf, worker + 1, wait)
+            if state is not None:
+                send(state, worker + 1, wait)
         except RuntimeError as e:
             self.lose(worker, f"send failed: {_describe(e)}")
             return False
-        if kind == MODEL:
-            self.down[worker] += self.model_bits
+        if kind != STOP:
             self.sent_at[worker] = time.perf_counter()
-            if worker in self.gate.version:
+            if kind != INIT and worker in self.gate.version:
                 self.gate.sent(worker, self.t)
         return True
 
@@ -317,25 +336,11 @@ class _Server:
         self.gate.lost(worker)
         self.held.pop(worker, None)
         self.sent_at.pop(worker, None)
-        self.event("worker_lost", worker, reason)
+        self.init_wait.discard(worker)
+        self.pending_forget.add(worker)  # its contributions leave with the next update
+        self.event(EVENT_LOST, worker, reason)
         if not self.live:
             self.stop("workers_lost", "every worker was lost")
-        elif self.iag:  # drop its entry: s = (1/n_live) Σ_live ĝ_j
-            self.reset_sum()
-        if worker in self.init_missing:
-            self.init_missing.discard(worker)
-            self.maybe_finish_init()
-
-    def reset_sum(self) -> None:
-        idx = torch.tensor(sorted(self.live))
-        self.s = self.table[idx].sum(0) / len(self.live)
-
-    def maybe_finish_init(self) -> None:
-        if self.iag and not self.init_missing and self.live and self.status is None:
-            self.reset_sum()
-            self.event("init_done", None, "the table holds every live worker's Q(∇f_i(x⁰))")
-            self.snapshots = [s for s in self.snapshots if s[0] != 0]
-            self.snapshot()
 
     def stop(self, status: str, message: str) -> None:
         if self.status is None:
@@ -359,23 +364,38 @@ class _Server:
         if self.interrupt is not None and self.interrupt.is_set():
             self.stop("interrupted", f"interrupted (Ctrl-C) after {self.t} updates")
 
-    def decode(self, a: Arrival) -> torch.Tensor:
-        C = self.cfg.compressor
-        keys = None if C.deterministic else self.keys.at(a.counter)[a.worker]
-        q = C.decode(a.payload, self.d, self.cfg.wire_dtype, keys).to(self.dtype)
-        traffic = self.cfg.compressed_traffic(q.unsqueeze(0), down=False)
-        self.up[a.worker] += float(traffic.up[0])
-        self.up_paper[a.worker] += float(traffic.up_paper[0])
+    def decode(self, a: Arrival) -> torch.Tensor | None:
+        """The vector (1, d) the message carries (the method's compressed vector), checked."""
+        cfg = self.cfg
+        q = decode_payload(
+            a.payload_kind,
+            a.payload,
+            cfg.compressor,
+            cfg.seed,
+            a.worker,
+            a.key,
+            self.d,
+            cfg.wire_dtype,
+            self.dtype,
+        )
+        if q is not None:
+            self.check_message(q)
         return q
 
+    def account(self, a: Arrival) -> None:
+        """Add the method's bit count of the message to the worker's counters."""
+        self.up[a.worker] += float(a.traffic.up[0])
+        self.up_paper[a.worker] += float(a.traffic.up_paper[0])
+        self.down[a.worker] += float(a.traffic.down[0])
+
     def check_message(self, q: torch.Tensor) -> None:
-        norm = float(torch.dot(q, q))
+        norm = float(torch.dot(q[0], q[0]))
         factor = self.config.divergence_factor
         if not math.isfinite(norm):
             self.stop("diverged", f"update {self.t}: a message has non-finite entries")
-        elif self.ref_norm is None:
+        elif self.ref_norm is None or self.ref_norm == 0:
             self.ref_norm = norm
-        elif factor is not None and self.ref_norm > 0 and norm > factor * self.ref_norm:
+        elif factor is not None and norm > factor * self.ref_norm:
             self.stop(
                 "diverged",
                 f"update {self.t}: a message's squared norm {norm:.3g} exceeds "
@@ -383,18 +403,21 @@ class _Server:
             )
 
     def record(self, a: Arrival, delay: int) -> None:
-        self.max_staleness = max(self.max_staleness, self.t - 1 - a.version)
+        staleness = self.t - 1 - a.version
+        self.max_staleness = max(self.max_staleness, staleness)
         self.rows.append(
             {
                 "update": self.t,
                 "worker": a.worker,
                 "counter": a.counter,
                 "version_computed": a.version,
-                "staleness": self.t - 1 - a.version,
+                "staleness": staleness,
                 "delay": delay,
                 "time_s": self.now(),
             }
         )
+        if self.ckpt is not None:
+            self.ckpt.log(self.t, a.worker, a.counter, a.version)
 
     def after_update(self) -> None:
         if not bool(torch.isfinite(self.x).all()):
@@ -404,6 +427,13 @@ class _Server:
             self.snapshot()
         if self.progress_every is not None and self.now() - self.progress_at >= self.progress_every:
             self.show_progress()
+        if self.ckpt is not None:
+            last_t, last_time = self.ckpt_at
+            if (
+                self.t - last_t >= self.config.snapshot_every
+                or self.now() - last_time >= self.config.snapshot_seconds
+            ):
+                self.save_checkpoint()
         if self.config.kill_server_after is not None and self.t >= self.config.kill_server_after:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die without any cleanup
         if self.t >= self.config.updates:
@@ -411,39 +441,35 @@ class _Server:
         elif self.config.max_time is not None and self.now() >= self.config.max_time:
             self.stop("time_limit", f"max_time={self.config.max_time:g} s reached")
 
-    # -- async -----------------------------------------------------------------------------------
-    def apply(self, a: Arrival) -> None:
-        """Apply one message (async): the method's server step, then the bookkeeping."""
-        q = self.decode(a)
-        self.check_message(q)
+    def apply(self, got: list[Arrival]) -> None:
+        """One update: the messages ``got`` (one asynchronously, every live worker's in a
+        synchronous round) through the method's server step, then the bookkeeping."""
+        assert self.srv is not None
+        qs = [self.decode(a) for a in got]
         if self.status is not None:
             return
-        n_live = len(self.live)
-        w = 1.0 / n_live
-        r = self.t + 1
-        if self.iag:
-            aggregate = (q - self.table[a.worker]) * w
-            self.table[a.worker] = q
+        if any(q is None for q in qs):
+            raise RuntimeError(f"{self.inner.name} sent a step message without a vector")
+        forget = torch.tensor(sorted(self.pending_forget), dtype=torch.int64)
+        self.pending_forget.clear()
+        ids = torch.tensor([a.worker for a in got], dtype=torch.int64)
+        sent = torch.cat(qs)  # type: ignore[arg-type]
+        self.srv = server_update(self.inner, self.cfg, self.srv, ids, sent, forget)
+        old = self.t
+        self.t, self.x = self.srv.update, self.srv.state.x
+        for a in got:
+            self.account(a)
+            self.counters[a.worker] = a.counter
             self.entry_version[a.worker] = a.version
-            state = self.plan.method.server_post(self.cfg, IAGServer(self.x, self.s), aggregate, r)
-            self.x, self.s = state.x, state.s
-            delay = self.t - min(self.entry_version[j] for j in self.live)
-        else:
-            self.x = self.plan.method.server_post(self.cfg, XState(self.x), q * w, r).x
-            delay = self.t - a.version
-        self.t = r
-        self.record(a, delay)
+        for a in got:
+            if self.config.mode == "sync":
+                delay = 0
+            elif self.inner.async_memory:  # the oldest entry of every live worker's memory
+                delay = old - min(self.entry_version[j] for j in self.live)
+            else:
+                delay = old - a.version
+            self.record(a, delay)
         self.after_update()
-
-    def init_message(self, a: Arrival) -> None:
-        """IAG's initial table message Q(∇f_i(x⁰)) (counter 0): fill the entry, no update."""
-        q = self.decode(a)
-        self.check_message(q)
-        self.table[a.worker] = q
-        self.entry_version[a.worker] = a.version
-        self.init_missing.discard(a.worker)
-        self.send(a.worker, MODEL)
-        self.maybe_finish_init()
 
     def handle(self, ev: Arrival | Lost) -> None:
         if isinstance(ev, Lost):
@@ -451,11 +477,17 @@ class _Server:
             return
         if ev.worker not in self.live:
             return  # a late message of a worker declared lost
-        if self.iag and ev.counter == 0 and ev.worker in self.init_missing:
-            self.init_message(ev)
+        if ev.kind == INIT:
+            if ev.worker in self.init_wait:
+                self.init_sent[ev.worker] = self.decode(ev)
+                self.account(ev)
+                self.init_wait.discard(ev.worker)
+                self.sent_at.pop(ev.worker, None)
+                self.event(EVENT_INIT, ev.worker, f"counter {ev.counter}")
             return
         self.held[ev.worker] = ev
-        self.gate.arrived(ev.worker)
+        if self.config.mode == "async":
+            self.gate.arrived(ev.worker)
 
     def check_silence(self) -> float:
         """Lose workers computing for longer than ``timeout``; seconds until the next check."""
@@ -488,26 +520,101 @@ class _Server:
             except queue.Empty:
                 return
 
+    # -- the start: every worker's initial message, or a snapshot ----------------------------
+    def begin(self) -> None:
+        """Start the run: fresh (initial messages) or from the snapshot; every live worker then
+        has a model to compute on."""
+        if self.resume is not None:
+            self.restore(self.resume)
+            return
+        self.init_wait = set(self.live)
+        for w in sorted(self.live):
+            self.send_to(w, INIT)
+        while self.status is None and self.init_wait:
+            self.poll_interrupt()
+            if self.status is None:
+                self.wait_event()
+        if self.status is not None:
+            return
+        ids = sorted(w for w in self.init_sent if w in self.live)
+        vectors = [self.init_sent[w] for w in ids]
+        sent = None if any(v is None for v in vectors) else torch.cat(vectors)  # type: ignore[arg-type]
+        self.srv = server_start(
+            self.inner, self.cfg, self.x0, torch.tensor(ids, dtype=torch.int64), sent
+        )
+        self.x = self.srv.state.x
+        self.event("init_done", None, f"initial messages of workers {ids}")
+        self.snapshot()
+        self.save_checkpoint()
+        for w in sorted(self.live):
+            self.send_to(w, MODEL)
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        """Continue from a snapshot: the server's state, records and counters; every worker
+        restarts from the client state the method derives from the server's memory."""
+        self.srv = snap["server"]
+        assert self.srv is not None
+        self.t, self.x = self.srv.update, self.srv.state.x
+        self.counters = list(snap["counters"])
+        self.entry_version = list(snap["entry_version"])
+        self.up, self.up_paper, self.down = snap["up"], snap["up_paper"], snap["down"]
+        self.ref_norm = snap["ref_norm"]
+        self.max_staleness = int(snap["max_staleness"])
+        self.snapshots = list(snap["snapshots"])
+        self.rows = list(snap["rows"])
+        self.log_events = list(snap["events"])
+        self.offset = float(snap["elapsed"])
+        self.t0 = time.perf_counter()
+        self.ckpt_at = (self.t, self.now())
+        self.event(
+            EVENT_RESUMED, None, self.note or f"resumed from the snapshot at update {self.t}"
+        )
+        for w in sorted(self.live):
+            ids = torch.tensor([w], dtype=torch.int64)
+            clients = self.inner.async_clients(self.cfg, self.srv.memory, ids)
+            self.send_to(w, RESUME, state=dump_clients(clients))
+
+    def save_checkpoint(self) -> None:
+        if self.ckpt is None or self.srv is None:
+            return
+        config = dict(self.config.to_dict(), compressor=self.config.compressor_spec)
+        self.ckpt.save(
+            {
+                "fingerprint": fingerprint(config),
+                "server": self.srv,
+                "counters": list(self.counters),
+                "entry_version": list(self.entry_version),
+                "up": self.up.clone(),
+                "up_paper": self.up_paper.clone(),
+                "down": self.down.clone(),
+                "ref_norm": self.ref_norm,
+                "max_staleness": self.max_staleness,
+                "snapshots": list(self.snapshots),
+                "rows": list(self.rows),
+                "events": list(self.log_events),
+                "elapsed": self.now(),
+                "status": self.status,
+            }
+        )
+        self.ckpt_at = (self.t, self.now())
+
+    # -- async -----------------------------------------------------------------------------------
     def run_async(self) -> None:
         while self.status is None:
             self.poll_interrupt()
             if self.status is not None:
                 return
-            if not self.init_missing:
-                w = self.gate.next(self.t)
-                if w is not None:
-                    a = self.held.pop(w)
-                    self.apply(a)
-                    if self.status is None and w in self.live:
-                        self.send(w, MODEL)
-                    continue
+            w = self.gate.next(self.t)
+            if w is not None:
+                self.apply([self.held.pop(w)])
+                if self.status is None and w in self.live:
+                    self.send_to(w, MODEL)
+                continue
             self.wait_event()
 
     # -- sync ------------------------------------------------------------------------------------
     def run_sync(self) -> None:
         while self.status is None:
-            for w in sorted(self.live):
-                self.send(w, MODEL)
             start = time.perf_counter()
             while self.status is None and set(self.live) - set(self.held):
                 self.poll_interrupt()
@@ -522,19 +629,10 @@ class _Server:
                         self.lose(w, f"silent for {self.config.timeout:g} s in a round")
             if self.status is not None:
                 return
-            got = [self.held.pop(w) for w in sorted(self.held)]
-            qs = [self.decode(a) for a in got]
-            for q in qs:
-                self.check_message(q)
-            if self.status is not None:
-                return
-            aggregate = torch.stack(qs).sum(0) / len(qs)
-            r = self.t + 1
-            self.x = self.plan.method.server_post(self.cfg, XState(self.x), aggregate, r).x
-            self.t = r
-            for a in got:
-                self.record(a, 0)
-            self.after_update()
+            self.apply([self.held.pop(w) for w in sorted(self.held)])
+            if self.status is None:
+                for w in sorted(self.live):
+                    self.send_to(w, MODEL)
 
     # -- the whole run ---------------------------------------------------------------------------
     def run(self) -> ServerLog:
@@ -545,16 +643,20 @@ class _Server:
             )
             th.start()
             self.receivers.append(th)
-        self.snapshot()
-        if self.config.mode == "async":
-            for w in range(self.n):
-                self.send(w, MODEL)
-            self.run_async()
-        else:
-            self.run_sync()
-        elapsed = self.now()
-        if self.status != "diverged":
-            self.snapshot()
+        if self.ckpt is not None:
+            self.ckpt.open_log(fresh=self.resume is None)
+        try:
+            self.begin()
+            if self.status is None:
+                self.run_async() if self.config.mode == "async" else self.run_sync()
+            elapsed = self.now()
+            if self.status != "diverged" and self.srv is not None:
+                self.snapshot()
+            if self.status is not None and self.status != "diverged":
+                self.save_checkpoint()
+        finally:
+            if self.ckpt is not None:
+                self.ckpt.close()
         self.shutdown()
         return ServerLog(
             snapshots=self.snapshots,
@@ -592,10 +694,17 @@ def run_server(
     x0: torch.Tensor,
     interrupt: threading.Event | None = None,
     progress_every: float | None = None,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    resume: dict[str, Any] | None = None,
+    note: str = "",
 ) -> ServerLog:
     """Run the server loop in this process (rank 0 of an initialised process group).
 
     ``interrupt``: when it is set (by a SIGINT handler), the loop stops after the update in
     progress with status ``interrupted``, stops the workers and returns what it has.
-    ``progress_every``: print a progress line on stderr at most every that many seconds."""
-    return _Server(config, plan, x0, interrupt, progress_every).run()
+    ``progress_every``: print a progress line on stderr at most every that many seconds.
+    ``out``: snapshot the run into ``out/checkpoint/`` (:mod:`.checkpoint`); ``resume``: a
+    snapshot to continue from (``note`` is the event that says so)."""
+    server = _Server(config, plan, x0, interrupt, progress_every, out, resume, note)
+    return server.run()

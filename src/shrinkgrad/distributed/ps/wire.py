@@ -1,27 +1,35 @@
 """Message formats of the parameter server (torch.distributed point-to-point on gloo).
 
-All messages are ``uint8`` tensors; integers are little-endian int64 words (the host order of
-every platform torch's gloo runs on).
+All messages are ``uint8`` or ``int64`` tensors; integers are little-endian int64 words (the host
+order of every platform torch's gloo runs on).
 
 Server → worker, one message of ``HEADER_BYTES + d·itemsize`` bytes::
 
-    int64 kind      MODEL (compute at this model) or STOP (exit)
+    int64 kind      INIT (compute the initial message at x⁰), MODEL (compute the next message
+                    at this model), RESUME (restart from a snapshot: a client-state payload of
+                    ``nbytes`` bytes follows, then compute at this model) or STOP (exit)
     int64 version   the server version t of x^t (the number of updates applied so far)
-    int64 0, 0      reserved
+    int64 counter   RESUME: the worker's next message counter; else 0
+    int64 nbytes    RESUME: the size of the client state that follows; else 0
     x               d values in the run dtype (float64 by default: exactly the server's x)
 
 Worker → server, a fixed-size header then (when ``nbytes > 0``) a payload of ``nbytes`` bytes::
 
-    int64 kind      GRAD (a compressed gradient) or FAIL (the worker failed; payload = UTF-8 text)
-    int64 counter   the worker's message counter k (its keyed-randomness round)
-    int64 version   the model version the gradient was computed at
+    int64 kind      INIT (the initial message), GRAD (a step's message) or FAIL (the worker
+                    failed; payload = UTF-8 text)
+    int64 counter   the worker's message counter k (its round: 0 for INIT)
+    int64 version   the model version the message was computed at
     int64 nbytes    payload length
-    payload         the compressor's wire format: ``C.encode(g, keys)`` of
+    int64 payload   NONE, COMPRESSED or DENSE (:class:`~shrinkgrad.methods.asynchronous.Sent`)
+    int64 key       the round of the compressor key the payload was encoded with
+    float64 × 3     the method's bit count of the message: up, up (papers' convention), down
+    payload         COMPRESSED: the compressor's wire format ``C.encode(v, keys)`` of
                     :mod:`shrinkgrad.compressors` (values, indices, norms bit-packed; exactly
-                    ⌈bits/8⌉ bytes), decoded by the server with the same keys
+                    ⌈bits/8⌉ bytes), decoded by the server with the same keys; DENSE: the
+                    message's d values in the wire dtype
 
-The headers (32 bytes) are protocol overhead and are not counted in ``bits_up``/``bits_down``,
-which count the payloads (docs/parameter_server.md, "Bits").
+The headers are protocol overhead and are not counted in the bits, which are the method's own
+count of its messages, as in the simulator (docs/parameter_server.md, "Bits").
 """
 
 from __future__ import annotations
@@ -31,31 +39,53 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from ...compressors import Compressor
+from ...methods.asynchronous import Sent
+from ...methods.base import Traffic
+from ...rng import Keys, KeyStream
+
 __all__ = [
+    "COMPRESSED",
+    "DENSE",
     "FAIL",
     "GRAD",
     "HEADER_BYTES",
     "HEADER_WORDS",
+    "INIT",
     "MODEL",
+    "NONE",
+    "REPLY_WORDS",
+    "RESUME",
     "STOP",
-    "grad_header",
+    "decode_payload",
+    "encode_payload",
     "model_message",
     "pack_model",
-    "read_header",
+    "read_reply",
     "recv",
+    "reply_header",
     "send",
     "unpack_model",
 ]
 
 HEADER_WORDS = 4
 HEADER_BYTES = 8 * HEADER_WORDS
+#: words of the worker → server header
+REPLY_WORDS = 9
 
 #: server -> worker kinds
+INIT = 4
 MODEL = 1
 STOP = 2
-#: worker -> server kinds
+RESUME = 5
+#: worker -> server kinds (INIT as above)
 GRAD = 1
 FAIL = 3
+#: payload kinds
+NONE = 0
+COMPRESSED = 1
+DENSE = 2
+_PAYLOAD = {"none": NONE, "compressed": COMPRESSED, "dense": DENSE}
 
 
 def model_message(d: int, dtype: torch.dtype) -> torch.Tensor:
@@ -64,10 +94,18 @@ def model_message(d: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(HEADER_BYTES + d * itemsize, dtype=torch.uint8)
 
 
-def pack_model(buf: torch.Tensor, kind: int, version: int, x: torch.Tensor | None) -> torch.Tensor:
-    """Write a MODEL (with ``x``) or STOP message into ``buf`` (from :func:`model_message`)."""
+def pack_model(
+    buf: torch.Tensor,
+    kind: int,
+    version: int,
+    x: torch.Tensor | None,
+    *,
+    counter: int = 0,
+    nbytes: int = 0,
+) -> torch.Tensor:
+    """Write an INIT/MODEL/RESUME (with ``x``) or STOP message into ``buf``."""
     header = buf[:HEADER_BYTES].view(torch.int64)
-    header[0], header[1], header[2], header[3] = kind, version, 0, 0
+    header[0], header[1], header[2], header[3] = kind, version, counter, nbytes
     if x is not None:
         body = buf[HEADER_BYTES:]
         if body.numel() != x.numel() * x.element_size():
@@ -78,21 +116,75 @@ def pack_model(buf: torch.Tensor, kind: int, version: int, x: torch.Tensor | Non
     return buf
 
 
-def unpack_model(buf: torch.Tensor, dtype: torch.dtype) -> tuple[int, int, torch.Tensor]:
-    """(kind, version, x) of a server→worker message; ``x`` is a view into ``buf``."""
+def unpack_model(buf: torch.Tensor, dtype: torch.dtype) -> tuple[int, int, int, int, torch.Tensor]:
+    """(kind, version, counter, nbytes, x) of a server→worker message; ``x`` views ``buf``."""
     header = buf[:HEADER_BYTES].view(torch.int64)
-    return int(header[0]), int(header[1]), buf[HEADER_BYTES:].view(dtype)
+    kind, version, counter, nbytes = (int(v) for v in header.tolist())
+    return kind, version, counter, nbytes, buf[HEADER_BYTES:].view(dtype)
 
 
-def grad_header(kind: int, counter: int, version: int, nbytes: int) -> torch.Tensor:
+def reply_header(
+    kind: int,
+    counter: int,
+    version: int,
+    nbytes: int,
+    payload: int = NONE,
+    key: int = 0,
+    traffic: tuple[float, float, float] = (0.0, 0.0, 0.0),
+) -> torch.Tensor:
     """The worker→server header."""
-    return torch.tensor([kind, counter, version, nbytes], dtype=torch.int64)
+    header = torch.zeros(REPLY_WORDS, dtype=torch.int64)
+    header[:6] = torch.tensor([kind, counter, version, nbytes, payload, key])
+    header[6:].view(torch.float64)[:] = torch.tensor(traffic, dtype=torch.float64)
+    return header
 
 
-def read_header(header: torch.Tensor) -> tuple[int, int, int, int]:
-    """(kind, counter, version, nbytes) of a worker→server header."""
-    kind, counter, version, nbytes = (int(v) for v in header.tolist())
-    return kind, counter, version, nbytes
+def read_reply(header: torch.Tensor) -> tuple[int, int, int, int, int, int, Traffic]:
+    """(kind, counter, version, nbytes, payload kind, key round, traffic) of a reply header."""
+    kind, counter, version, nbytes, payload, key = (int(v) for v in header[:6].tolist())
+    up, paper, down = (t.reshape(1) for t in header[6:].view(torch.float64).clone())
+    return kind, counter, version, nbytes, payload, key, Traffic(up, paper, down)
+
+
+def _key(C: Compressor, seed: int, client: int, round: int) -> Keys | None:
+    return None if C.deterministic else KeyStream(seed, [client]).at(round)[0]
+
+
+def encode_payload(sent: Sent, C: Compressor, seed: int, client: int) -> tuple[int, torch.Tensor]:
+    """(payload kind, bytes) of one client's :class:`Sent`."""
+    kind = _PAYLOAD[sent.kind]
+    if sent.raw is None:
+        return kind, torch.empty(0, dtype=torch.uint8)
+    raw = sent.raw[0].contiguous()
+    if kind == COMPRESSED:
+        return kind, C.encode(raw, _key(C, seed, client, sent.round))
+    return kind, raw.view(torch.uint8).clone()
+
+
+def decode_payload(
+    kind: int,
+    payload: torch.Tensor,
+    C: Compressor,
+    seed: int,
+    client: int,
+    key_round: int,
+    d: int,
+    wire_dtype: torch.dtype,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """The vector (1, d) in the run dtype that the payload carries, or None (nothing sent)."""
+    if kind == NONE:
+        return None
+    if kind == COMPRESSED:
+        keys = _key(C, seed, client, key_round)
+        v = C.decode(payload, d, wire_dtype, keys)
+    elif kind == DENSE:
+        v = payload.view(wire_dtype)
+        if v.numel() != d:
+            raise ValueError(f"a dense message of {v.numel()} values, expected d={d}")
+    else:
+        raise ValueError(f"unknown payload kind {kind}")
+    return v.to(dtype).reshape(1, d)
 
 
 def send(tensor: torch.Tensor, dst: int, timeout: datetime.timedelta) -> None:

@@ -1,50 +1,65 @@
-"""The worker side of the parameter server: its client's data, gradient, compression and loop.
+"""The worker side of the parameter server: its client's data and the method's client step.
 
-Worker i (rank i + 1) holds client i's data only (:func:`client_oracle`). Its loop ([K18], the
-asynchronous parameter server):
+Worker i (rank i + 1) holds client i's data only (:func:`client_oracle`:
+:meth:`~shrinkgrad.problems.Problem.restrict`). Its loop ([K18], the asynchronous parameter
+server) runs the method's own client part (:func:`~shrinkgrad.methods.asynchronous.client_init`,
+:func:`~shrinkgrad.methods.asynchronous.client_update`) on its one client:
 
-1. receive x^t and its version t from the server (or STOP);
-2. compute g = ∇f_i(x^t) (or a minibatch estimate, sampled with the key (seed, "minibatch", i, k));
-3. compress and encode it: payload = C.encode(g, key (seed, "compressor", i, k)), which decodes to
-   exactly C(g, key), the vector the methods' client step ``cfg.compress`` sends in round k;
-4. wait until ``delay × speeds[i]`` seconds have passed since step 2 began (artificial speed);
-5. send (k, t, payload); k ← k + 1.
+1. receive INIT (x⁰): the method's ``init_clients`` for client i (round 0), send what it sends;
+2. receive MODEL (x^v, its version v), or RESUME (a client state restored by the server from its
+   snapshot, the next counter k, and x^v), or STOP;
+3. the method's ``client_step`` at x^v as round k (its keyed draws: compressor key (seed,
+   "compressor", i, k), minibatch key (seed, "minibatch", i, k), ...) on the worker's client
+   state; encode what it compressed with the compressor's wire format (``C.encode``, which the
+   server decodes to exactly the vector the client step used);
+4. wait until ``delay × speeds[i]`` seconds have passed since step 3 began (artificial speed);
+5. send (k, v, payload, the method's bit count); k ← k + 1.
 
-The same two pieces as :class:`~shrinkgrad.methods.DCGD`'s client step (a
-:class:`~shrinkgrad.methods.GradientOracle` and the keyed compressor; keys from
-:class:`~shrinkgrad.rng.KeyStream`, as ``Config.keys``), so a one-worker run reproduces the
-simulator's iterates (tests/distributed/test_ps_run.py). A worker whose server disappears (the
-connection closes, or it is silent for ``2·timeout`` seconds) prints one line and exits with
-:data:`EXIT_SERVER_LOST`.
+So a one-worker run is the sequential method step for step (tests/distributed/test_ps_run.py). A
+worker whose server disappears (the connection closes, or it is silent for ``2·timeout``
+seconds) prints one line and exits with :data:`EXIT_SERVER_LOST`.
 """
 
 from __future__ import annotations
 
 import datetime
-import inspect
+import io
 import os
 import signal
 import sys
 import time
+from typing import Any
 
 import torch
 
-from ...compressors import make_compressor
-from ...methods.base import GradientOracle, NonFiniteError
-from ...methods.oracle import ProblemOracle
+from ...methods.asynchronous import MinibatchOracle, Sent, client_init, client_update
+from ...methods.base import Config, GradientOracle, Method
 from ...problems import Problem
-from ...registry import Spec, parse_spec
-from ...rng import Keys, KeyStream
+from ..runner import LocalOracle
 from .config import PSConfig
-from .wire import FAIL, GRAD, MODEL, STOP, grad_header, model_message, recv, send, unpack_model
+from .wire import (
+    FAIL,
+    GRAD,
+    INIT,
+    MODEL,
+    RESUME,
+    STOP,
+    encode_payload,
+    model_message,
+    recv,
+    reply_header,
+    send,
+    unpack_model,
+)
 
 __all__ = [
+    "DTYPES",
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_SERVER_LOST",
-    "ClientOracle",
     "client_oracle",
-    "client_problem",
+    "dump_clients",
+    "load_clients",
     "run_worker",
 ]
 
@@ -55,90 +70,26 @@ EXIT_FAILED = 4
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
-#: problem factories whose data can be cut to one client's samples (dataset + split)
-_DATA_FACTORIES = ("logistic_regression", "least_squares")
+
+def client_oracle(problem: Problem, client: int) -> LocalOracle:
+    """Worker ``client``'s gradient oracle: the problem cut to its client
+    (:meth:`~shrinkgrad.problems.Problem.restrict`, bit for bit the full problem's ∇f_client),
+    or, for a problem that cannot be cut (``restrict`` returns None), the full problem keeping
+    the client's row (correct, but every gradient costs a pass over all clients; the launcher
+    says so)."""
+    return LocalOracle(problem, torch.tensor([client], dtype=torch.int64))
 
 
-class ClientOracle:
-    """The :class:`~shrinkgrad.methods.GradientOracle` of one client, from a one-client problem.
-
-    ``problem`` holds only client ``client``'s samples (n = 1); the oracle answers for the global
-    id ``client`` and refuses any other, so a worker provably uses its own data only.
-    """
-
-    def __init__(self, problem: Problem, client: int) -> None:
-        if problem.n != 1:
-            raise ValueError(f"a client oracle needs a one-client problem, got n={problem.n}")
-        self.problem = problem
-        self.client = int(client)
-
-    def _check(self, ids: torch.Tensor) -> None:
-        if ids.numel() != 1 or int(ids[0]) != self.client:
-            raise ValueError(
-                f"worker of client {self.client} asked for the gradients of clients "
-                f"{ids.tolist()}: it only holds its own data"
-            )
-
-    def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        self._check(ids)
-        if not bool(torch.isfinite(x).all()):
-            raise NonFiniteError("the model received from the server has non-finite entries")
-        if x.ndim == 1:
-            return self.problem.client_grads(x)
-        return self.problem.client_grads_at(x)
-
-    def stoch_grads(
-        self, x: torch.Tensor, ids: torch.Tensor, batch_sizes: torch.Tensor, keys: Keys
-    ) -> torch.Tensor:
-        self._check(ids)
-        if not bool(torch.isfinite(x).all()):
-            raise NonFiniteError("the model received from the server has non-finite entries")
-        return self.problem.client_stoch_grads(x, batch_sizes, keys)
+def dump_clients(clients: Any) -> torch.Tensor:
+    """A client state as bytes (RESUME's payload)."""
+    buf = io.BytesIO()
+    torch.save(clients, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
 
 
-def client_problem(config: PSConfig, client: int) -> Problem | None:
-    """Client ``client``'s own problem (its samples only), or None when it cannot be cut out.
-
-    For the dataset-based problems (logistic regression, least squares) the split of the full
-    problem is resolved and the factory is called with the explicit one-client split, which
-    gives bit-for-bit the full problem's ∇f_client (same rows, same order, same weights).
-    """
-    from ...problems.base import PROBLEMS
-    from ...problems.datasets import load
-    from ...problems.splits import ExplicitSplit, resolve_split
-
-    spec = parse_spec(config.problem_spec())
-    params = dict(spec.params)
-    if spec.name not in _DATA_FACTORIES or "dataset" not in params:
-        return None
-    factory = PROBLEMS.entry(spec.name).factory
-    split = params.get("split", inspect.signature(factory).parameters["split"].default)
-    data = load(params["dataset"], n_features=params.get("n_features"))
-    parts, _ = resolve_split(split, data, int(params["n_clients"]))
-    rest = tuple((k, v) for k, v in params.items() if k not in ("split", "n_clients"))
-    problem = PROBLEMS.make(
-        str(Spec(spec.name, rest, spec.args)), split=ExplicitSplit([parts[client]])
-    )
-    return problem
-
-
-def client_oracle(
-    config: PSConfig, client: int, full: Problem | None = None
-) -> tuple[GradientOracle, int]:
-    """Worker ``client``'s gradient oracle and the dimension d.
-
-    Uses :func:`client_problem` when possible; otherwise the full problem (``full``, or built
-    from the spec) through :class:`~shrinkgrad.methods.ProblemOracle` (correct, but every
-    gradient then costs a pass over all clients' data).
-    """
-    own = client_problem(config, client)
-    if own is not None:
-        return ClientOracle(own, client), own.d
-    if full is None:
-        from ...problems import make_problem
-
-        full = make_problem(config.problem_spec())
-    return ProblemOracle(full), full.d
+def load_clients(payload: torch.Tensor) -> Any:
+    """Inverse of :func:`dump_clients` (the server is trusted: it is this run's own process)."""
+    return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
 
 
 def _fail(rank: int, text: str) -> None:
@@ -157,63 +108,95 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg.splitlines()[0][:160] if msg else ''}"
 
 
-def run_worker(config: PSConfig, client: int, oracle: GradientOracle, d: int) -> int:
-    """The worker loop of client ``client`` (rank ``client + 1``); returns the exit status."""
+class _ServerLost(Exception):
+    """The connection to the server failed (its text says how)."""
+
+
+def run_worker(
+    config: PSConfig, client: int, oracle: GradientOracle, method: Method[Any, Any], cfg: Config
+) -> int:
+    """The worker loop of client ``client`` (rank ``client + 1``); returns the exit status.
+
+    ``method`` is the method's asynchronous form (``async_form()``), ``cfg`` its bound
+    configuration (the server's: the same step size, weights, compressor and seed)."""
     rank = client + 1
-    dtype, wire = DTYPES[config.dtype], DTYPES[config.wire_dtype]
-    C = make_compressor(config.compressor)
+    dtype = DTYPES[config.dtype]
     ids = torch.tensor([client], dtype=torch.int64)
-    ckeys = KeyStream(config.seed, ids, stream="compressor")
-    mkeys = KeyStream(config.seed, ids, stream="minibatch")
-    batch = None if config.batch_size is None else torch.tensor([config.batch_size])
-    buf = model_message(d, dtype)
+    buf = model_message(cfg.d, dtype)
     wait = datetime.timedelta(seconds=2.0 * config.timeout)
     budget = config.worker_delay(client)
     kill_after = config.kill_workers.get(client)
-    k = config.first_counter
-    sent = 0
-    while True:
+    batch = config.batch_size
+    clients: Any = None
+    k = 0
+    sent_count = 0
+
+    def receive(tensor: torch.Tensor) -> None:
         try:
-            recv(buf, 0, wait)
+            recv(tensor, 0, wait)
         except RuntimeError as e:
-            _fail(rank, f"server lost ({_short(e)}); exiting")
-            return EXIT_SERVER_LOST
-        kind, version, x = unpack_model(buf, dtype)
-        if kind == STOP:
-            return EXIT_OK
-        if kind != MODEL:
-            _fail(rank, f"unknown message kind {kind} from the server; exiting")
-            return EXIT_FAILED
-        start = time.perf_counter()
+            raise _ServerLost(_short(e)) from None
+
+    def reply(kind: int, version: int, sent: Sent) -> None:
+        payload_kind, payload = encode_payload(sent, cfg.compressor, cfg.seed, client)
+        traffic = tuple(float(t[0]) for t in sent.traffic)
+        header = reply_header(
+            kind,
+            k,
+            version,
+            payload.numel(),
+            payload_kind,
+            sent.round,
+            traffic,  # type: ignore[arg-type]
+        )
         try:
-            if batch is None:
-                g = oracle.grads(x, ids)
-            else:
-                g = oracle.stoch_grads(x, ids, batch, mkeys.at(k))
-            keys = None if C.deterministic else ckeys.at(k)[0]
-            payload = C.encode(g[0].to(wire), keys)
-        except Exception as e:  # report to the server, then exit
-            text = f"{type(e).__name__}: {e}".encode()[:4000]
-            _fail(rank, f"failed computing message {k}: {type(e).__name__}: {e}")
-            try:
-                send(grad_header(FAIL, k, version, len(text)), 0, wait)
-                send(torch.frombuffer(bytearray(text), dtype=torch.uint8), 0, wait)
-            except RuntimeError:
-                pass
-            return EXIT_FAILED
-        rest = budget - (time.perf_counter() - start)
-        if rest > 0:
-            time.sleep(rest)
-        try:
-            send(grad_header(GRAD, k, version, payload.numel()), 0, wait)
+            send(header, 0, wait)
             if payload.numel():
                 send(payload, 0, wait)
         except RuntimeError as e:
-            _fail(rank, f"server lost ({_short(e)}); exiting")
-            return EXIT_SERVER_LOST
-        k += 1
-        sent += 1
-        if kill_after is not None and sent >= kill_after:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die without any cleanup
+            raise _ServerLost(_short(e)) from None
+
+    try:
+        while True:
+            receive(buf)
+            kind, version, counter, nbytes, x = unpack_model(buf, dtype)
+            if kind == STOP:
+                return EXIT_OK
+            if kind == RESUME:
+                state = torch.empty(nbytes, dtype=torch.uint8)
+                receive(state)
+                clients, k = load_clients(state), counter
+            elif kind not in (INIT, MODEL):
+                _fail(rank, f"unknown message kind {kind} from the server; exiting")
+                return EXIT_FAILED
+            start = time.perf_counter()
+            round_oracle = oracle if batch is None else MinibatchOracle(oracle, batch, cfg.seed, k)
+            try:
+                if kind == INIT:
+                    clients, sent = client_init(method, cfg, x, round_oracle, ids)
+                else:
+                    clients, sent = client_update(method, cfg, x, clients, round_oracle, k)
+            except Exception as e:  # report to the server, then exit
+                text = f"{type(e).__name__}: {e}".encode()[:4000]
+                _fail(rank, f"failed computing message {k}: {type(e).__name__}: {e}")
+                try:
+                    send(reply_header(FAIL, k, version, len(text)), 0, wait)
+                    send(torch.frombuffer(bytearray(text), dtype=torch.uint8), 0, wait)
+                except RuntimeError:
+                    pass
+                return EXIT_FAILED
+            if sent.kind != "none":
+                rest = budget - (time.perf_counter() - start)
+                if rest > 0:
+                    time.sleep(rest)
+            reply(INIT if kind == INIT else GRAD, version, sent)
+            k += 1
+            if sent.kind != "none":
+                sent_count += 1
+            if kill_after is not None and sent_count >= kill_after:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die without any cleanup
+    except _ServerLost as e:
+        _fail(rank, f"server lost ({e}); exiting")
+        return EXIT_SERVER_LOST

@@ -130,7 +130,7 @@ def execute(
                     ps = PSConfig(
                         problem=case.spec,
                         workers=int(params["workers"]),
-                        method="iag" if arm.method == "iag" else "dcgd",
+                        method=arm.method,
                         compressor=arm.compressor,
                         stepsize=stepsize,
                         tau_max=int(params["tau_max"]) if bounded else None,

@@ -1,4 +1,7 @@
-"""A TOML experiment config run with torch.distributed: ``shrinkgrad train`` and torchrun.
+"""A sweep on torch.distributed ranks: ``shrinkgrad train`` and torchrun.
+
+This is the experiments side of the multi-process runner: imports go one way, experiments →
+distributed (:func:`~shrinkgrad.distributed.runner.run_distributed`), never back.
 
 :func:`train_config` is what every rank runs: each run of the config (the grid of
 :mod:`shrinkgrad.experiments`, same run ids) goes through :func:`~shrinkgrad.distributed.runner.
@@ -11,6 +14,7 @@ again; an interrupted run resumes from its ranks' checkpoints (``runs/<id>/check
 
 from __future__ import annotations
 
+import datetime as _dt
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +23,15 @@ from typing import Any
 import pandas as pd
 import torch.distributed as dist
 
-from ..experiments.config import ExperimentConfig, dump_config
-from ..experiments.execute import collect_results, finish_run, prepare_run, write_run
-from ..experiments.grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
-from ..experiments.results import Format, default_format, find_run_table, write_json, write_table
-from .runner import run_distributed
+from ..distributed.runner import run_distributed
+from ..storage import DirectoryLock, atomic_write, atomic_write_text, probe_writable
+from .config import ExperimentConfig, dump_config
+from .execute import collect_results, finish_run, prepare_run, write_run
+from .grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
+from .results import Format, default_format, find_run_table, write_json, write_table
+from .runner import environment
 
-__all__ = ["PROGRESS_EVERY", "plan", "train_config"]
+__all__ = ["PROGRESS_EVERY", "check_world", "plan", "train_config"]
 
 #: seconds between progress lines within a run
 PROGRESS_EVERY = 5.0
@@ -49,6 +55,49 @@ def plan(
     return check_runs(config, expand(config), build=build)
 
 
+def check_world(
+    config: ExperimentConfig,
+    runs: list[RunSpec],
+    infos: dict[str, ProblemInfo],
+    out: str | Path,
+    world: int,
+    what: str = "--nproc",
+) -> None:
+    """Refuse, before any process starts, what cannot run on ``world`` ranks.
+
+    Every rank needs at least one client (n ≥ world for every problem), and an interrupted run
+    resumes only on the number of ranks that wrote its checkpoints (``checkpoint.pt.rank*-of-W``:
+    each rank holds its own clients' state). Raises a ConfigError / ValueError naming the problem
+    or the run directory and what to do.
+    """
+    from .config import ConfigError
+
+    for spec, info in infos.items():
+        if info.n < world:
+            case = next(p for p in config.problems if p.spec == spec)
+            raise ConfigError(
+                config.source,
+                case.key,
+                f"{what} {world}: {case.label} has n={info.n} clients, and every process needs at "
+                f"least one; use {what} <= {info.n} or n_clients >= {world}",
+            )
+    out_dir = Path(out)
+    for run in runs:
+        run_dir = out_dir / "runs" / run.run_id
+        if find_run_table(run_dir) is not None:
+            continue
+        worlds = sorted(
+            {int(p.name.rsplit("-of-", 1)[1]) for p in run_dir.glob("checkpoint.pt.rank*-of-*")}
+        )
+        other = [w for w in worlds if w != world]
+        if other:
+            raise ValueError(
+                f"{run_dir}: this run was interrupted on {other[0]} processes (its checkpoints "
+                f"checkpoint.pt.rank*-of-{other[0]} hold each process's clients); resume it with "
+                f"{what} {other[0]}, or delete those files to start it again on {world}"
+            )
+
+
 def train_config(
     config: ExperimentConfig,
     out: str | Path,
@@ -58,13 +107,17 @@ def train_config(
     log: Callable[[str], None] | None = None,
     progress: Callable[[str], None] | None = None,
     progress_every: float = PROGRESS_EVERY,
+    command: list[str] | None = None,
+    locked: bool = False,
 ) -> pd.DataFrame | None:
     """Run every run of ``config`` on the ranks of the default process group into ``out``.
 
     Call on every rank. Returns the results table on rank 0 (None elsewhere). ``problems``
     (spec → built problem) avoids rebuilding problems already built in this process; ``log``
     receives one line per run on rank 0, ``progress`` one line (``run-id label: round r/R``)
-    at most every ``progress_every`` seconds within a run, on rank 0.
+    at most every ``progress_every`` seconds within a run, on rank 0. Rank 0 checks the world
+    size (:func:`check_world`) and that ``out`` takes files, locks it (unless ``locked``: the
+    launcher holds the lock) and writes ``config.toml`` and ``env.json`` (``command`` recorded).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     out_dir = Path(out)
@@ -72,14 +125,67 @@ def train_config(
     cache = problems if problems is not None else {}
     runs, _, infos = plan(config, cache)
     todo_ids: list[Any] = [None]
+    lock = DirectoryLock(out_dir) if rank == 0 and locked is False else None
+    env: dict[str, Any] = {}
     if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.toml").write_text(dump_config(config), encoding="utf-8")
-        todo_ids[0] = [
-            r.run_id for r in runs if find_run_table(out_dir / "runs" / r.run_id) is None
-        ]
+        try:  # every rank must hear about a failure here, or the others wait in the broadcast
+            check_world(config, runs, infos, out_dir, world, "the world size")
+            probe_writable(out_dir)
+            if lock is not None:
+                lock.acquire()
+            atomic_write_text(out_dir / "config.toml", dump_config(config))
+            env = environment(config, world, command)
+            env.update(executor=f"torch.distributed ({dist.get_backend()}, {world} ranks)")
+            env["world_size"] = world
+            env["started"] = _now()
+            write_json(out_dir / "env.json", env)
+            todo_ids[0] = [
+                r.run_id for r in runs if find_run_table(out_dir / "runs" / r.run_id) is None
+            ]
+        except Exception as e:
+            todo_ids[0] = e
     dist.broadcast_object_list(todo_ids, src=0)  # rank 0's file system decides what is left
-    todo = set(todo_ids[0])
+    if isinstance(todo_ids[0], Exception):
+        if lock is not None:
+            lock.release()
+        raise todo_ids[0]
+    try:
+        return _train(
+            config,
+            out_dir,
+            runs,
+            infos,
+            set(todo_ids[0]),
+            fmt,
+            cache,
+            env,
+            log,
+            progress,
+            progress_every,
+        )
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _train(
+    config: ExperimentConfig,
+    out_dir: Path,
+    runs: list[RunSpec],
+    infos: dict[str, ProblemInfo],
+    todo: set[str],
+    fmt: Format,
+    cache: dict[str, Any],
+    env: dict[str, Any],
+    log: Callable[[str], None] | None,
+    progress: Callable[[str], None] | None,
+    progress_every: float,
+) -> pd.DataFrame | None:
+    rank, world = dist.get_rank(), dist.get_world_size()
     for run in runs:
         if run.run_id not in todo:
             continue
@@ -98,7 +204,10 @@ def train_config(
         return None
     table, summary_table = collect_results(out_dir, runs, config.name)
     write_table(table, out_dir / "results", fmt)
-    summary_table.to_csv(out_dir / "runs.csv", index=False)
+    atomic_write(out_dir / "runs.csv", lambda p: summary_table.to_csv(p, index=False))
+    env["finished"] = _now()
+    env["runs"] = {"total": len(runs), "already_finished": len(runs) - len(todo), "ran": len(todo)}
+    write_json(out_dir / "env.json", env)
     return table
 
 
