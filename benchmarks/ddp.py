@@ -75,15 +75,20 @@ CONFIGS: list[tuple[str, str, str, dict[str, Any]]] = [
         "topk",
         "shrinkgrad top_k 1% + EF21",
         "shrinkgrad",
-        {"c": "top_k", "ratio": 0.01, "ef": "ef21"},
+        {"c": "top_k", "ratio": 0.01, "method": "ef21"},
     ),
     (
         "randk",
         "shrinkgrad rand_k 1% shared seed",
         "shrinkgrad",
-        {"c": "rand_k[shared_seed=true]", "ratio": 0.01, "ef": "none"},
+        {"c": "rand_k[shared_seed=true]", "ratio": 0.01, "method": "dcgd"},
     ),
-    ("qsgd", "shrinkgrad qsgd[s=4]", "shrinkgrad", {"c": "qsgd[s=4]", "ratio": None, "ef": "none"}),
+    (
+        "qsgd",
+        "shrinkgrad qsgd[s=4]",
+        "shrinkgrad",
+        {"c": "qsgd[s=4]", "ratio": None, "method": "dcgd"},
+    ),
 ]
 
 
@@ -117,7 +122,7 @@ def _rank(
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     elif kind == "shrinkgrad":
         state = CompressionState(
-            opts["c"], ratio=opts["ratio"], error_feedback=opts["ef"], skip_communication=skip
+            opts["c"], ratio=opts["ratio"], method=opts["method"], skip_communication=skip
         )
         ddp.register_comm_hook(state, compression_hook)
     ops: list[tuple[str, int, torch.dtype]] = []  # this step's collectives
@@ -281,12 +286,12 @@ TASK_CONFIGS = (
     (
         "ef21",
         "top_k 1% + EF21",
-        ["--hook", "shrinkgrad", "--error-feedback", "ef21", "--no-client-momentum"],
+        ["--hook", "shrinkgrad", "--method", "ef21", "--no-client-momentum"],
     ),
     (
         "ef21_sgdm",
         "top_k 1% + EF21-SGDM",
-        ["--hook", "shrinkgrad", "--error-feedback", "ef21", "--client-momentum"],
+        ["--hook", "shrinkgrad", "--method", "ef21", "--client-momentum"],
     ),
 )
 

@@ -3,14 +3,18 @@
 Run it with torchrun (any number of processes, gloo on CPU or NCCL on GPUs)::
 
     torchrun --standalone --nproc-per-node 4 examples/ddp_mlp.py \
-        --hook shrinkgrad --compressor top_k --ratio 0.01 --error-feedback ef21
+        --hook shrinkgrad --compressor top_k --ratio 0.01 --method ef21
 
 or, on one machine without torchrun (forked gloo processes on 127.0.0.1)::
 
     python examples/ddp_mlp.py --nproc 4 --hook shrinkgrad --compressor top_k --ratio 0.01
 
-``--hook none`` is DDP's dense all-reduce and ``--hook fp16`` torch's fp16_compress_hook, for
-comparison. ``--amp`` trains in float16 mixed precision (autocast + ``torch.amp.GradScaler``,
+``--method`` is any method that runs in a DDP hook (``shrinkgrad list methods``: ef21, ef21_w,
+ef, dcgd, gd, ...); with ``--client-momentum`` (the default) the momentum sits on the ranks
+(ef21 becomes ef21_sgdm). ``--ratio`` (default 0.01) applies to the compressors with a ``k``
+parameter (top_k, rand_k, ...) named without one; other compressors (qsgd, natural, ...) take
+none. ``--hook none`` is DDP's dense all-reduce and ``--hook fp16`` torch's fp16_compress_hook,
+for comparison. ``--amp`` trains in float16 mixed precision (autocast + ``torch.amp.GradScaler``,
 which the shrinkgrad state is given so that overflowing steps are skipped on every rank).
 
 Every ``--log-every`` steps rank 0 prints the training loss (the average of the ranks' minibatch
@@ -37,6 +41,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from shrinkgrad.compressors import COMPRESSORS
 from shrinkgrad.distributed import (
     CompressionState,
     WorkerError,
@@ -46,6 +51,7 @@ from shrinkgrad.distributed import (
     worker_setup,
 )
 from shrinkgrad.problems import load
+from shrinkgrad.registry import parse_spec
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,9 +64,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--hook", choices=["none", "fp16", "shrinkgrad"], default="shrinkgrad")
     p.add_argument("--compressor", default="top_k", help="a shrinkgrad compressor name")
-    p.add_argument("--ratio", type=float, default=0.01, help="k/d for top_k / rand_k (0: none)")
     p.add_argument(
-        "--error-feedback", default="ef21", choices=["none", "ef", "ef21"], help="memory kind"
+        "--ratio",
+        type=float,
+        default=None,
+        help="k/d for compressors with a k parameter (top_k, rand_k, ...; default 0.01 for "
+        "those, 0: none); other compressors take none",
+    )
+    p.add_argument(
+        "--method",
+        default="ef21",
+        help="a method that runs in a DDP hook: ef21, ef21_w, ef, dcgd, ef21_sgdm[beta=...], ...",
     )
     p.add_argument(
         "--client-momentum",
@@ -79,7 +93,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--nproc", type=int, default=0, help="fork N local ranks (without torchrun)")
     p.add_argument("--json", help="rank 0 writes the final metrics here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.ratio is None:
+        args.ratio = default_ratio(args.compressor)
+    return args
+
+
+def default_ratio(compressor: str) -> float:
+    """0.01 for a compressor with a ``k`` parameter named without one (top_k, rand_k), else 0
+    (qsgd, natural, ... have no k: a ratio would be refused)."""
+    spec = parse_spec(compressor)
+    takes_k = "k" in {p.name for p in COMPRESSORS.entry(spec.name).keyword}
+    return 0.01 if takes_k and "k" not in dict(spec.params) else 0.0
 
 
 def load_split(name: str, test_fraction: float, seed: int) -> tuple[torch.Tensor, ...]:
@@ -128,7 +153,7 @@ def train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
         state = CompressionState(
             args.compressor,
             ratio=args.ratio or None,
-            error_feedback=args.error_feedback,
+            method=args.method,
             seed=args.seed,
             momentum=args.momentum if args.client_momentum else 0.0,
             scaler=scaler if args.amp else None,
@@ -199,7 +224,10 @@ def _forked(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except ValueError as e:  # e.g. an unknown compressor name
+        raise SystemExit(f"error: {e}") from None
     if args.nproc:
         try:
             results = spawn(_forked, args.nproc, (args,), timeout=24 * 3600.0, pg_timeout=120.0)

@@ -22,6 +22,12 @@ import torch
 import shrinkgrad as sg
 from shrinkgrad.cli import main
 
+#: a small hand-made results table (two rounds of one run)
+RESULTS = (
+    "round,grad_norm_sq,method,compressor,stepsize_spec,seed_index\n"
+    "0,1.0,ef21,top_k,theory,0\n1,0.5,ef21,top_k,theory,0\n"
+)
+
 GOOD = """
 name = "corpus"
 problem = "logistic_regression[dataset=a1a,n_clients=4]"
@@ -397,8 +403,47 @@ CASES: dict[str, Cli | Api] = {
     ),
     "plot: a hand-edited results table": Cli(
         "plot {dir}/res --y loss",
-        r"the results table has no column 'bits_up'; use one of bits, bits_paper",
+        r"the results table has no column 'bits_up'; use one of rounds$",  # the axes it has
         (("res/results.csv", "round,grad_norm_sq\n0,1.0\n"),),
+    ),
+    "plot: an unknown --facet": Cli(
+        "plot {dir}/res --x rounds --facet colour",
+        r"cannot facet by 'colour': .* use none or one of round, grad_norm_sq, method",
+        (("res/results.csv", RESULTS),),
+    ),
+    "plot: --where an unknown column": Cli(
+        "plot {dir}/res --x rounds --where colour=red",
+        r"--where 'colour=red': the results have no column 'colour'; columns: round, grad",
+        (("res/results.csv", RESULTS),),
+    ),
+    "plot: --where a value no row has": Cli(
+        "plot {dir}/res --x rounds --where method=ef2",
+        r"no rows have method = 'ef2'; its values: ef21$",
+        (("res/results.csv", RESULTS),),
+    ),
+    "plot: --out below a file": Cli(
+        "plot {dir}/res --x rounds -o {dir}/blocker/fig",
+        r"cannot write the figure .*blocker' is a file, not a directory; choose another --out",
+        (("res/results.csv", RESULTS), ("blocker", "")),
+    ),
+    # ---- networks ------------------------------------------------------------------------------
+    "estimate: a negative bandwidth": Cli(
+        "estimate --problem least_squares --network star[up=-1mbit]",
+        r"star parameter 'up' must be > 0, got '-1mbit'; give a bandwidth such as 10mbit",
+    ),
+    "estimate: an unknown unit": Cli(
+        "estimate --problem least_squares --network ring[bandwidth=1gbat]",
+        r"ring parameter 'bandwidth': cannot read '1gbat'; give a bandwidth such as",
+    ),
+    "estimate: a bandwidth list of the wrong length": Cli(
+        "estimate --problem logistic_regression[dataset=australian_scale,n_clients=5] "
+        "--network star[up=[1mbit,2mbit]]",
+        r"star parameter 'up': a list of 2 values for 5 clients; give one value per client",
+    ),
+    "API: a path with spaces in a spec, unquoted": Api(
+        lambda d: sg.make_problem(f"logistic_regression[dataset={d}/my data/x.svm,n_clients=3]"),
+        ValueError,
+        r"after the value of 'dataset'.*quote a value with spaces",
     ),
 }
 

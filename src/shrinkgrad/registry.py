@@ -15,7 +15,18 @@ Grammar (whitespace is ignored between tokens)::
 
     spec   := NAME [ "[" [ param ("," param)* ] "]" ] [ "(" [ spec ("," spec)* ] ")" ]
     param  := NAME "=" value
-    value  := number | "true" | "false" | quoted or bare string | spec
+    value  := number | "true" | "false" | "inf" | quoted or bare string | path | quantity
+            | spec | "[" [ value ("," value)* ] "]"
+
+A *path* is a bare string holding a ``/`` (or ``\\``): ``dataset=/data/x.svm``,
+``dataset=./data/x.svm``, ``address=tcp://host:8786``; a *quantity* is a number with a unit, kept
+as a string for the component to read: ``up=10mbit``, ``latency=20ms``; ``[a, b, c]`` is a list
+(a tuple in Python). A value with spaces or any of ``, [ ] ( ) =`` is quoted:
+``dataset='/my data/x.svm'``.
+
+Keyword arguments are the same parameters: ``registry.make("logistic_regression",
+dataset="w1a", n_clients=10)`` equals ``registry.make("logistic_regression[dataset=w1a,
+n_clients=10]")`` (keywords take precedence over the spec's own parameters).
 
 The canonical string of a built component (:func:`canonical`) lists the parameters that were given,
 in signature order, so it round-trips through :meth:`Registry.make` and is stable for legends.
@@ -23,10 +34,12 @@ in signature order, so it round-trips through :meth:`Registry.make` and is stabl
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
 import inspect
 import math
+import os
 import re
 import types
 import typing
@@ -72,23 +85,53 @@ def _format_value(v: Any) -> str:
             return repr(float(v))
         return repr(v)
     if isinstance(v, str):
-        return v if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", v) else repr(v)
+        return v if _bare_ok(v) else _quote(v)
     if isinstance(v, Spec):
         return str(v)
+    if isinstance(v, (tuple, list)):
+        return "[" + ",".join(_format_value(x) for x in v) + "]"
+    if isinstance(v, os.PathLike):
+        return _format_value(os.fspath(v))
     spec = getattr(v, "spec", None)
     if isinstance(spec, str):
         return spec
     return str(v)
 
 
+def _bare_ok(v: str) -> bool:
+    """Whether ``v`` parses back to the same string when written without quotes."""
+    return bool(_BARE.fullmatch(v)) and v.lower() not in ("true", "false", "inf", "+inf")
+
+
+def _quote(v: str) -> str:
+    """``v`` in quotes the tokenizer reads back verbatim (no escapes exist in the grammar)."""
+    if "'" not in v:
+        return f"'{v}'"
+    if '"' not in v:
+        return f'"{v}"'
+    raise SpecError(f"cannot write {v!r} in a spec: it holds both kinds of quotes")
+
+
+#: characters of a bare path: anything but whitespace, quotes and the grammar's , [ ] ( ) =
+_PATH_CHARS = r"""[^\s,\[\]\(\)='"]"""
+#: a number followed by a unit: 10mbit, 20ms, 1.5e3kbit, 100MB/s (read by the component)
+_QUANTITY = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[A-Za-z_%µ]+(?:/[A-Za-z]+)?"
 _TOKEN = re.compile(
-    r"""\s*(?:
+    rf"""\s*(?:
         (?P<str>'[^']*'|"[^"]*")
+      | (?P<path>[A-Za-z0-9_.~+:\-]*[/\\]{_PATH_CHARS}*)
+      | (?P<qty>{_QUANTITY}(?![A-Za-z0-9_.+\-]))
       | (?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?(?![A-Za-z_]))
       | (?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)
       | (?P<punct>[\[\]\(\),=])
     )""",
     re.VERBOSE,
+)
+_BARE = re.compile(rf"[A-Za-z_][A-Za-z0-9_.\-]*|[A-Za-z0-9_.~+:\-]*[/\\]{_PATH_CHARS}*|{_QUANTITY}")
+#: how to write a value the grammar cannot hold bare (the hint of the parse errors)
+QUOTING_HINT = (
+    "quote a value with spaces or any of , [ ] ( ) = (e.g. dataset='/my data/x.svm'); "
+    "paths such as dataset=/data/x.svm need no quotes"
 )
 
 
@@ -99,9 +142,11 @@ def _tokenize(text: str) -> list[tuple[str, str, int]]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
+            where = len(text) - len(text[pos:].lstrip())
             raise SpecError(
-                f"cannot parse {text!r}: unexpected character {text[pos:].lstrip()[:1]!r} at "
-                f"position {pos}; expected e.g. 'qsgd[s=4]' or 'compose(top_k[k=10],qsgd[s=4])'"
+                f"cannot parse {text!r}: unexpected character {text[where:][:1]!r} at "
+                f"position {where}; expected e.g. 'qsgd[s=4]' or 'compose(top_k[k=10],qsgd[s=4])'"
+                f"; {QUOTING_HINT}"
             )
         kind = m.lastgroup
         assert kind is not None
@@ -133,45 +178,66 @@ class _Parser:
         self.i += 1
         return tok
 
+    def at(self, text: str) -> bool:
+        """Whether the next token is ``text``."""
+        tok = self.peek()
+        return tok is not None and tok[1] == text
+
+    def items(self, close: str, item: Callable[[], T], after: Callable[[list[T]], str]) -> list[T]:
+        """Comma-separated ``item()`` s up to the closing bracket (the opening one is taken);
+        ``after(items)`` names what a stray token follows (empty: the plain error)."""
+        out: list[T] = []
+        if not self.at(close):
+            out.append(item())
+            while self.at(","):
+                self.take(",")
+                out.append(item())
+        self._close(close, after(out))
+        return out
+
     def spec(self) -> Spec:
         _, name, _ = self.take(kind="name")
         params: list[tuple[str, Any]] = []
         args: list[Spec] = []
-        tok = self.peek()
-        if tok is not None and tok[1] == "[":
+        seen: set[str] = set()
+
+        def param() -> tuple[str, Any]:
+            _, key, _ = self.take(kind="name")
+            if key in seen:
+                raise SpecError(f"cannot parse {self.text!r}: parameter {key!r} given twice")
+            seen.add(key)
+            self.take("=")
+            return key, self.value()
+
+        if self.at("["):
             self.take("[")
-            if self.peek() is not None and self.peek()[1] != "]":  # type: ignore[index]
-                while True:
-                    _, key, _ = self.take(kind="name")
-                    if any(k == key for k, _ in params):
-                        raise SpecError(
-                            f"cannot parse {self.text!r}: parameter {key!r} given twice"
-                        )
-                    self.take("=")
-                    params.append((key, self.value()))
-                    if self.peek() is not None and self.peek()[1] == ",":  # type: ignore[index]
-                        self.take(",")
-                        continue
-                    break
-            self.take("]")
-        tok = self.peek()
-        if tok is not None and tok[1] == "(":
+            params = self.items("]", param, lambda ps: f"the value of {ps[-1][0]!r}" if ps else "")
+        if self.at("("):
             self.take("(")
-            if self.peek() is not None and self.peek()[1] != ")":  # type: ignore[index]
-                while True:
-                    args.append(self.spec())
-                    if self.peek() is not None and self.peek()[1] == ",":  # type: ignore[index]
-                        self.take(",")
-                        continue
-                    break
-            self.take(")")
+            args = self.items(")", self.spec, lambda _: "")
         return Spec(name, tuple(params), tuple(args))
+
+    def _close(self, bracket: str, after: str) -> None:
+        """Take the closing ``bracket``; a stray token after a value hints at quoting."""
+        tok = self.peek()
+        if tok is not None and tok[1] != bracket and after:
+            raise SpecError(
+                f"cannot parse {self.text!r}: expected ',' or {bracket!r} after {after} at "
+                f"position {tok[2]}, found {tok[1]!r}; {QUOTING_HINT}"
+            )
+        self.take(bracket)
 
     def value(self) -> Any:
         tok = self.peek()
         if tok is None:
             raise SpecError(f"cannot parse {self.text!r}: a parameter has no value")
         kind, text, _ = tok
+        if kind == "punct" and text == "[":
+            self.take("[")
+            return tuple(self.items("]", self.value, lambda _: "a list item"))
+        if kind in ("path", "qty"):
+            self.i += 1
+            return text
         if kind == "num":
             self.i += 1
             return int(text) if re.fullmatch(r"[+-]?\d+", text) else float(text)
@@ -248,7 +314,7 @@ class Registry(Generic[T]):
             target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
             sig = inspect.signature(factory)
             try:
-                hints = typing.get_type_hints(target)
+                hints = typing.get_type_hints(target, include_extras=True)
             except Exception:  # pragma: no cover - unresolvable annotations fall back to none
                 hints = {}
             params = [p for p in sig.parameters.values() if p.name != "self"]
@@ -290,8 +356,20 @@ class Registry(Generic[T]):
             ) from None
 
     def make(self, spec: str | Spec | T, **overrides: Any) -> T:
-        """Build a component from a spec string (or pass an already built one through)."""
+        """Build a component from a spec string (or pass an already built one through).
+
+        Keyword arguments are parameters like those inside the brackets, and take precedence
+        over them: ``make("qsgd", s=4)`` builds what ``make("qsgd[s=4]")`` builds. Their values
+        may be Python objects of the annotated type (a number, a path, a built component).
+        """
         if self.base is not None and isinstance(spec, self.base):
+            if overrides:
+                name = getattr(spec, "spec", "") or type(spec).__name__
+                keys = ", ".join(f"{k}=" for k in overrides)
+                raise SpecError(
+                    f"cannot apply {keys} to an already built {self.family} ({name}): pass its "
+                    f"name with the parameters instead, e.g. {name.split('[')[0]!r} with {keys}"
+                )
             return typing.cast(T, spec)
         if not isinstance(spec, (str, Spec)):
             raise SpecError(
@@ -364,7 +442,15 @@ class Registry(Generic[T]):
         return coerce_value(raw, hint, f"{self.family} {entry.name!r} parameter {key!r}", self)
 
 
+def _unwrap(hint: Any) -> Any:
+    """The type inside ``Annotated[T, "description"]`` (any other hint unchanged)."""
+    while typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    return hint
+
+
 def _is_component(hint: Any) -> bool:
+    hint = _unwrap(hint)
     return hint is not None and isinstance(hint, type) and hasattr(hint, "__registry__")
 
 
@@ -377,11 +463,18 @@ def _describe_param(p: inspect.Parameter, hints: dict[str, Any]) -> str:
 
 
 def _type_name(hint: Any) -> str:
+    """How a parameter's type reads in errors; ``Annotated[T, "text"]`` reads as the text."""
+    if typing.get_origin(hint) is typing.Annotated:
+        notes = [m for m in hint.__metadata__ if isinstance(m, str)]
+        return notes[0] if notes else _type_name(_unwrap(hint))
     if hint is None:
         return "any"
     if isinstance(hint, type):
         return hint.__name__
     origin = typing.get_origin(hint)
+    if origin in (list, tuple, collections.abc.Sequence):
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return "list" + (f" of {_type_name(args[0])}" if len(args) == 1 else "")
     if origin is typing.Literal:
         return "one of " + "/".join(str(a) for a in typing.get_args(hint))
     if origin in (typing.Union, types.UnionType):
@@ -391,6 +484,7 @@ def _type_name(hint: Any) -> str:
 
 def coerce_value(raw: Any, hint: Any, what: str, registry: Registry[Any] | None = None) -> Any:
     """Convert a parsed value to the annotated type, or raise a :class:`SpecError` naming what."""
+    hint = _unwrap(hint)
     if hint is None or hint is Any:
         return raw
     origin = typing.get_origin(hint)
@@ -432,9 +526,23 @@ def coerce_value(raw: Any, hint: Any, what: str, registry: Registry[Any] | None 
             raise SpecError(f"{what} must be a number, got {raw!r}")
         return float(raw)
     if hint is str:
+        if isinstance(raw, os.PathLike):
+            return os.fspath(raw)
         if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
             return str(raw)
         raise SpecError(f"{what} must be a string, got {raw!r}")
+    if origin in (tuple, list, collections.abc.Sequence):
+        args = typing.get_args(hint)
+        if isinstance(raw, (str, bytes)) or not isinstance(raw, (tuple, list)):
+            raise SpecError(f"{what} must be a list such as [1,2,3], got {raw!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(raw):
+                raise SpecError(f"{what} must be a list of {len(args)} values, got {raw!r}")
+            items = [coerce_value(v, a, what, registry) for v, a in zip(raw, args, strict=True)]
+        else:
+            inner = args[0] if args else None
+            items = [coerce_value(v, inner, what, registry) for v in raw]
+        return list(items) if origin is list else tuple(items)
     if isinstance(hint, type) and hasattr(hint, "__registry__"):
         reg = hint.__registry__
         if isinstance(raw, (str, Spec)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -19,6 +20,23 @@ from shrinkgrad.compressors import make_compressor
 from shrinkgrad.distributed import CompressionState, compression_hook
 
 SHAPES = [(48, 24), (48,), (40, 48), (40,), (4, 40), (4,)]  # weights and biases of an MLP
+
+
+class ClientLoss(torch.nn.Module):
+    """f_i(x) = mean log(1 + exp(−y a·x)) + λ Σ x²/(1 + x²) of methods.md §1, one parameter x:
+    the simulator's logistic-regression client (``problems.logistic_regression``) as a model."""
+
+    def __init__(self, d: int, lam: float) -> None:
+        super().__init__()
+        self.x = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
+        self.lam = lam
+
+    def forward(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = self.x
+        return (
+            torch.nn.functional.softplus(-y * (A @ x)).mean()
+            + self.lam * (x * x / (1 + x * x)).sum()
+        )
 
 
 def make_model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -43,11 +61,13 @@ class Job:
 
     compressor: str | None = None
     ratio: float | None = None
-    error_feedback: str = "none"
+    method: str | None = None  # None: the default (dcgd[biased=true])
+    error_feedback: str | None = None  # the deprecated alias (recorded warning, not raised)
     weights: list[float] | None = None
     min_numel: int = 45
     warmup_steps: int = 1
     client_momentum: bool = False  # momentum 0.5 in the hook instead of the optimizer
+    momentum_free: bool = False  # the optimizer without momentum (the method has it: ef21_sgdm)
     seed: int = 0
     steps: int = 4
     start: int = 0  # first step (a resumed run starts later)
@@ -72,18 +92,21 @@ def run(rank: int, world: int, job: Job) -> dict[str, Any]:
     model = DDP(make_model(job.dtype), bucket_cap_mb=job.bucket_cap_mb)
     state = None
     if job.compressor is not None:
-        state = CompressionState(
-            job.compressor,
-            ratio=job.ratio,
-            error_feedback=job.error_feedback,  # type: ignore[arg-type]
-            weights=job.weights,
-            min_numel=job.min_numel,
-            warmup_steps=job.warmup_steps,
-            seed=job.seed,
-            momentum=0.5 if job.client_momentum else 0.0,
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # error_feedback= (the alias)
+            state = CompressionState(
+                job.compressor,
+                ratio=job.ratio,
+                method=job.method,
+                error_feedback=job.error_feedback,  # type: ignore[arg-type]
+                weights=job.weights,
+                min_numel=job.min_numel,
+                warmup_steps=job.warmup_steps,
+                seed=job.seed,
+                momentum=0.5 if job.client_momentum else 0.0,
+            )
         model.register_comm_hook(state, compression_hook)
-    if job.client_momentum:
+    if job.client_momentum or job.momentum_free:
         opt = torch.optim.SGD(model.parameters(), lr=job.lr / (1 - 0.5))
     else:
         opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.5)

@@ -40,8 +40,8 @@ def test_identity_hook_trains_like_ddp_without_a_hook() -> None:
     mod = _example()
     plain = _train(mod, "--hook", "none")
     hooked = _train(
-        mod, "--hook", "shrinkgrad", "--compressor", "identity", "--ratio", "0",
-        "--error-feedback", "none", "--no-client-momentum",
+        mod, "--hook", "shrinkgrad", "--compressor", "identity", "--method", "dcgd",
+        "--no-client-momentum",
     )  # fmt: skip
     for a, b in zip(plain["history"], hooked["history"], strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
@@ -94,3 +94,23 @@ def test_a_configuration_mistake_is_one_message_not_a_traceback() -> None:
     text = str(info.value.code)
     assert text.startswith("error: ") and "needs a contractive compressor" in text
     assert "scaled(rand_k" in text  # and says what to use instead
+
+
+def test_a_compressor_without_k_runs_with_the_default_ratio() -> None:
+    """--compressor qsgd: the default --ratio applies only to compressors with a k (it used to
+    be refused with "drop ratio", which the user had not given); qsgd's ω ≥ 1 then makes EF21
+    refuse it with the fix, and with a method for unbiased compressors it trains."""
+    mod = _example()
+    assert mod.parse_args(["--compressor", "qsgd[s=4]"]).ratio == 0.0
+    assert mod.parse_args(["--compressor", "top_k"]).ratio == 0.01
+    assert mod.parse_args(["--compressor", "top_k[k=5]"]).ratio == 0.0
+    argv = ["--nproc", "2", "--hidden", str(HIDDEN), "--steps", "2", "--compressor", "qsgd[s=4]"]
+    with pytest.raises(SystemExit) as info:
+        mod.main(argv)
+    text = str(info.value.code)
+    assert text.startswith("error: ") and "ratio" not in text
+    assert "needs a contractive compressor" in text and "scaled(qsgd[s=4])" in text
+    res = _train(mod, "--compressor", "qsgd[s=4]", "--method", "dcgd", "--no-client-momentum")
+    assert math.isfinite(res["final_train_loss"]) and res["history"][-1]["bytes_sent"] > 0
+    with pytest.raises(SystemExit, match="error: unknown compressor 'nope'"):
+        mod.main(["--compressor", "nope"])

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from ddp_helpers import Job, expected_bytes, run
+from ddp_helpers import ClientLoss, Job, expected_bytes, run
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from shrinkgrad.distributed import CompressionState, WorkerError, compression_hook, spawn
+from shrinkgrad.methods.base import methods_for
 from shrinkgrad.problems import load, logistic_regression, resolve_split
 from shrinkgrad.sim import simulate
 
@@ -43,9 +43,7 @@ def test_identity_hook_equals_no_hook_exactly() -> None:
 def test_identity_with_ef21_equals_no_hook_to_round_off() -> None:
     job = Job(steps=4, dtype=torch.float64)
     plain = spawn(run, 2, (job,))
-    hooked = spawn(
-        run, 2, (dataclasses.replace(job, compressor="identity", error_feedback="ef21"),)
-    )
+    hooked = spawn(run, 2, (dataclasses.replace(job, compressor="identity", method="ef21"),))
     for t in range(4):  # g + (x − g) = x up to round-off
         torch.testing.assert_close(
             hooked[1]["params"][t], plain[1]["params"][t], rtol=0, atol=1e-13
@@ -68,19 +66,19 @@ def test_client_momentum_with_identity_is_heavy_ball_sgd() -> None:
 # every compressor family and error feedback: identical parameters on every rank, every step
 # --------------------------------------------------------------------------------------------
 CONFIGS = [
-    Job(compressor="top_k", ratio=0.1, error_feedback="ef21"),
-    Job(compressor="top_k", ratio=0.05, error_feedback="ef"),
-    Job(compressor="top_k", ratio=0.1, error_feedback="ef21_w", weights=[1.0, 2.0, 5.0]),
+    Job(compressor="top_k", ratio=0.1, method="ef21"),
+    Job(compressor="top_k", ratio=0.05, method="ef"),
+    Job(compressor="top_k", ratio=0.1, method="ef21_w", weights=[1.0, 2.0, 5.0]),
     Job(compressor="rand_k[shared_seed=true]", ratio=0.1),  # values only, all-reduce
-    Job(compressor="rand_k_scaled[shared_seed=true]", ratio=0.2, error_feedback="ef21"),
+    Job(compressor="rand_k_scaled[shared_seed=true]", ratio=0.2, method="ef21"),
     Job(compressor="qsgd[s=4]"),  # random, per-rank keys
     Job(compressor="bernoulli[p=0.2]"),  # variable-size messages: sizes exchanged, padding
-    Job(compressor="scaled(natural)", error_feedback="ef21"),
-    Job(compressor="top_k", ratio=0.1, error_feedback="ef21", client_momentum=True),
+    Job(compressor="scaled(natural)", method="ef21"),
+    Job(compressor="top_k", ratio=0.1, method="ef21", client_momentum=True),
 ]
 
 
-@pytest.mark.parametrize("job", CONFIGS, ids=lambda j: f"{j.compressor}-{j.error_feedback}")
+@pytest.mark.parametrize("job", CONFIGS, ids=lambda j: f"{j.compressor}-{j.method}")
 def test_every_rank_holds_identical_parameters_after_every_step(job: Job) -> None:
     results = spawn(run, 3, (job,))
     _same_on_all_ranks(results)
@@ -95,7 +93,7 @@ def test_every_rank_holds_identical_parameters_after_every_step(job: Job) -> Non
 @pytest.mark.parametrize(
     "job",
     [
-        Job(compressor="top_k", ratio=0.1, error_feedback="ef21", record_bytes=True),
+        Job(compressor="top_k", ratio=0.1, method="ef21", record_bytes=True),
         Job(compressor="rand_k[shared_seed=true]", ratio=0.1, record_bytes=True),
         Job(compressor="qsgd[s=4]", record_bytes=True, min_numel=100),
         Job(compressor="identity", record_bytes=True),
@@ -118,19 +116,6 @@ def test_bytes_sent_per_step_equal_the_bits_formula(job: Job) -> None:
 # --------------------------------------------------------------------------------------------
 # one implementation, two runtimes: the EF21 hook = the simulator's EF21
 # --------------------------------------------------------------------------------------------
-class ClientLoss(torch.nn.Module):
-    """f_i(x) = mean log(1 + exp(−y a·x)) + λ Σ x²/(1 + x²) of methods.md §1, one parameter x."""
-
-    def __init__(self, d: int, lam: float) -> None:
-        super().__init__()
-        self.x = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
-        self.lam = lam
-
-    def forward(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        x = self.x
-        return F.softplus(-y * (A @ x)).mean() + self.lam * (x * x / (1 + x * x)).sum()
-
-
 def _ef21_on_ranks(
     rank: int, world: int, mode: str, spec: str, gamma: float, steps: int, weights: list[float]
 ) -> list[torch.Tensor]:
@@ -141,7 +126,7 @@ def _ef21_on_ranks(
     model = DDP(ClientLoss(A.shape[1], 0.1))
     state = CompressionState(
         spec,
-        error_feedback=mode,  # type: ignore[arg-type]
+        method=mode,
         weights=weights if mode == "ef21_w" else None,
         min_numel=0,
         warmup_steps=0 if mode == "ef" else 1,  # EF21's warm-up is its init="full"; EF has none
@@ -184,11 +169,11 @@ def test_ef21_hook_follows_the_simulators_trajectory(mode: str) -> None:
 @pytest.mark.parametrize(
     "job",
     [
-        Job(compressor="top_k", ratio=0.1, error_feedback="ef21", steps=6),
-        Job(compressor="rand_k_scaled", ratio=0.2, error_feedback="ef", steps=6, seed=3),
-        Job(compressor="qsgd[s=2]", error_feedback="none", steps=6, client_momentum=True),
+        Job(compressor="top_k", ratio=0.1, method="ef21", steps=6),
+        Job(compressor="rand_k_scaled", ratio=0.2, method="ef", steps=6, seed=3),
+        Job(compressor="qsgd[s=2]", steps=6, client_momentum=True),
     ],
-    ids=lambda j: f"{j.compressor}-{j.error_feedback}",
+    ids=lambda j: f"{j.compressor}-{j.method}",
 )
 def test_restart_from_a_checkpoint_continues_the_same_trajectory(job: Job, tmp_path: Path) -> None:
     straight = spawn(run, 2, (job,))
@@ -204,8 +189,8 @@ def test_restart_from_a_checkpoint_continues_the_same_trajectory(job: Job, tmp_p
 
 
 def _check_mismatched_checkpoint(rank: int, world: int, path: str) -> str:
-    state = CompressionState("top_k", ratio=0.1, error_feedback="ef21")
-    other = CompressionState("top_k", ratio=0.2, error_feedback="ef21")
+    state = CompressionState("top_k", ratio=0.1, method="ef21")
+    other = CompressionState("top_k", ratio=0.2, method="ef21")
     try:
         other.load_state_dict(state.state_dict())
     except ValueError as e:
@@ -224,7 +209,7 @@ def test_a_checkpoint_of_another_configuration_is_refused() -> None:
 # failures
 # --------------------------------------------------------------------------------------------
 def test_a_rank_dying_during_training_stops_the_others_with_a_clear_error() -> None:
-    job = Job(compressor="top_k", ratio=0.1, error_feedback="ef21", steps=6, die_at=3)
+    job = Job(compressor="top_k", ratio=0.1, method="ef21", steps=6, die_at=3)
     t0 = time.monotonic()
     with pytest.raises(WorkerError) as info:
         spawn(run, 3, (job,), pg_timeout=20.0)
@@ -238,29 +223,33 @@ def test_a_rank_dying_during_training_stops_the_others_with_a_clear_error() -> N
 def _user_errors(rank: int, world: int) -> list[str]:
     out = []
     attempts: list[dict[str, Any]] = [
-        {"compressor": "top_k", "error_feedback": "ef21_w"},
-        {"compressor": "top_k", "error_feedback": "ef21", "weights": [1.0]},
+        {"compressor": "top_k", "method": "ef21_w"},
+        {"compressor": "top_k", "method": "ef21", "weights": [1.0]},
         {"compressor": "qsgd[s=4]", "ratio": 0.1},
         {"compressor": "top_k", "ratio": 1.5},
         {"compressor": "top_k", "error_feedback": "ef22"},
         {"compressor": "nope"},
+        {"compressor": "top_k", "method": "ef21", "error_feedback": "ef21"},
+        {"compressor": "top_k", "method": "ef21_sgdm", "momentum": 0.5},
+        {"compressor": "top_k", "method": "ef21_sgd[b=4]"},
+        {"compressor": "top_k", "method": "iag"},
     ]
     for kw in attempts:
         try:
             CompressionState(**kw)
             out.append("no error")
         except (ValueError, TypeError) as e:
-            out.append(str(e).split(";")[0])
-    # an unbiased compressor with ω >= 1 under error feedback: refused when the bucket is seen
+            out.append(str(e))
+    # an unbiased compressor with ω >= 1 under error feedback: refused when the bucket is seen,
+    # by the method's own check (Method.bind)
     model = DDP(torch.nn.Linear(64, 1, bias=False))
-    state = CompressionState("rand_k", ratio=0.1, error_feedback="ef21", min_numel=0)
+    state = CompressionState("rand_k", ratio=0.1, method="ef21", min_numel=0)
     model.register_comm_hook(state, compression_hook)
-    state.iteration = 1  # past the warm-up
     try:
         model(torch.ones(2, 64)).sum().backward()
         out.append("no error")
     except (ValueError, RuntimeError) as e:
-        out.append(str(e).split(";")[0])
+        out.append(str(e))
     dist.barrier()
     return out
 
@@ -269,15 +258,135 @@ def test_user_mistakes_are_clear_errors() -> None:
     with pytest.raises(RuntimeError, match="needs an initialised process group"):
         CompressionState("top_k", ratio=0.01)
     (msgs,) = spawn(_user_errors, 1)
-    assert msgs == [
-        "error_feedback='ef21_w' needs weights: one positive number per rank, e.g. the ranks' "
+    hook_methods = ", ".join(methods_for("hook"))
+    first = [m.split(";")[0] for m in msgs]
+    assert first == [
+        "method 'ef21_w' needs weights: one positive number per rank, e.g. the ranks' "
         "smoothness constants L_i ([EFR] Alg. 2: w_i = L_i / Σ_j L_j)",
-        "weights are EF21-W's (error_feedback='ef21_w')",
+        "weights are the ranks' weights of a weighted method (method='ef21_w')",
         "ratio=0.1 needs a compressor with a k parameter (top_k, rand_k, rand_k_scaled), got "
         "'qsgd[s=4]'",
         "ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got 1.5",
         "error_feedback must be one of none, ef, ef21, ef21_w, got 'ef22'",
-        msgs[5],
-        "error_feedback='ef21' needs a contractive compressor",
+        first[5],
+        "give method= or the deprecated error_feedback=, not both (got method='ef21', "
+        "error_feedback='ef21')",
+        "momentum=0.5 and method 'ef21_sgdm' both put a momentum on the clients",
+        first[8],
+        "iag has no per-tensor rule for a DDP communication hook",
+        "ef21 needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] Def. 1)",
     ]
-    assert msgs[5].startswith("unknown compressor 'nope'")
+    assert first[5].startswith("unknown compressor 'nope'")
+    assert first[8].startswith("ef21_sgd[b=4] samples minibatches through the problem's oracle")
+    # a method that cannot run in a hook names those that can
+    for m in (msgs[8], msgs[9]):
+        assert m.endswith(f"the methods that run there: {hook_methods}")
+    assert "Use scaled(rand_k[k=7])" in msgs[10]  # and the method's check says what to use
+
+
+def _aliases(rank: int, world: int) -> list[str]:
+    with pytest.warns(DeprecationWarning, match=r"use method='ef21'") as record:
+        state = CompressionState("top_k", ratio=0.1, error_feedback="ef21")
+    assert len(record) == 1
+    names = [state.method.name]
+    for ef, warmup, momentum in [
+        ("none", 1, 0.0),
+        ("ef", 1, 0.0),
+        ("ef21", 0, 0.0),
+        ("ef21_w", 1, 0.0),
+        ("ef21", 1, 0.5),
+        ("none", 1, 0.5),
+    ]:
+        with pytest.warns(DeprecationWarning):
+            state = CompressionState(
+                "top_k",
+                ratio=0.1,
+                error_feedback=ef,  # type: ignore[arg-type]
+                warmup_steps=warmup,
+                momentum=momentum,
+                weights=[1.0] if ef == "ef21_w" else None,
+            )
+        names.append(state.method.name)
+    return names
+
+
+def test_the_deprecated_error_feedback_names_map_to_methods() -> None:
+    (names,) = spawn(_aliases, 1)
+    assert names == [
+        "ef21",
+        "dcgd[biased=true]",
+        "ef",
+        "ef21[init=zero]",  # warmup_steps=0: EF21's memory started at zero
+        "ef21_w",
+        "ef21_sgdm[beta=0.5]",
+        "dcgd[biased=true]+momentum[beta=0.5]",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("alias", "method"),
+    [
+        (Job(compressor="top_k", ratio=0.1, error_feedback="ef21"), "ef21"),
+        (Job(compressor="qsgd[s=4]", error_feedback="none"), None),
+        (Job(compressor="top_k", ratio=0.1, error_feedback="ef21", client_momentum=True), None),
+    ],
+    ids=["ef21", "none", "ef21-momentum"],
+)
+def test_an_alias_trains_exactly_like_its_method(alias: Job, method: str | None) -> None:
+    """error_feedback= is only a name: the same parameters, bit for bit, as method=. With
+    momentum, method='ef21_sgdm[beta=0.5]' (and no momentum=) is the same again."""
+    if alias.client_momentum:
+        job = dataclasses.replace(
+            alias, error_feedback=None, method="ef21_sgdm[beta=0.5]", client_momentum=False
+        )
+        a = spawn(run, 2, (alias,))
+        b = spawn(run, 2, (dataclasses.replace(job, momentum_free=True),))
+    else:
+        a = spawn(run, 2, (alias,))
+        b = spawn(run, 2, (dataclasses.replace(alias, error_feedback=None, method=method),))
+    for r in range(2):
+        for t in range(alias.steps):
+            assert torch.equal(a[r]["params"][t], b[r]["params"][t])
+        assert a[r]["bytes_sent"] == b[r]["bytes_sent"]
+
+
+def _old_checkpoint(rank: int, world: int) -> str:
+    state = CompressionState("top_k", ratio=0.1, method="ef21")
+    old = dict(state.state_dict(), format="shrinkgrad.distributed.CompressionState/1")
+    try:
+        state.load_state_dict(old)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_checkpoint_of_the_old_format_is_refused_with_what_to_do() -> None:
+    (msg,) = spawn(_old_checkpoint, 1)
+    assert "format 'shrinkgrad.distributed.CompressionState/1'" in msg
+    assert "start the hook state afresh" in msg
+
+
+def test_chain_starts_the_second_collective_from_the_first_without_blocking() -> None:
+    """collectives.chain: the path of a compressor with two rounds of communication (low-rank
+    factors) starts the second from the first one's callback and never waits there."""
+    from shrinkgrad.distributed.hooks.collectives import chain
+
+    first: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    second: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    started = []
+
+    def then(f: torch.futures.Future[list[torch.Tensor]]) -> torch.futures.Future[torch.Tensor]:
+        started.append(f.value()[0])
+        return second
+
+    out = chain(first, then)
+    assert not out.done() and not started
+    first.set_result([torch.ones(2)])
+    assert len(started) == 1 and not out.done()  # the second collective is in flight
+    second.set_result(torch.full((2,), 3.0))
+    assert out.done() and torch.equal(out.value(), torch.full((2,), 3.0))
+    failing: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    broken = chain(failing, then)
+    failing.set_exception(RuntimeError("peer died"))
+    with pytest.raises(RuntimeError, match="peer died"):
+        broken.wait()

@@ -103,6 +103,8 @@ def test_four_ranks_ef21_top_k_follow_the_simulators_trajectory() -> None:
         ("dcgd", "qsgd[s=2]", "theory"),
         ("ef", "top_k[k=2]", 0.3),
         ("iag", "rand_k[k=10]", "theory"),
+        ("diana", "rand_k[k=10]", "theory"),  # keyed draws, shifts h_i on the ranks
+        ("ef21_plus", "top_k[k=2]", "theory"),  # the reduction carries g_i⁺ − g_i
     ],
 )
 def test_every_method_runs_on_three_ranks_as_in_the_simulator(

@@ -315,6 +315,11 @@ def test_cli_lists_every_method() -> None:
     for name in METHODS.names():
         assert name in out.output
     assert "L_AM ξ(α)" in out.output and "contractive" in out.output
+    # the runtimes column, from Method.unsupported
+    assert "runtimes" in out.output and "method.unsupported(runtime)" in out.output
+    rows = {line.split("│")[1].strip(): line for line in out.output.splitlines() if "│" in line}
+    assert "simulator, runner, hook" in rows["diana"]
+    assert "simulator, runner" in rows["ef21_plus"] and "hook" not in rows["ef21_plus"]
 
 
 def test_package_root_exports() -> None:

@@ -32,27 +32,6 @@ def test_gd_is_plain_gradient_descent(lsq: LeastSquares) -> None:
         assert dist[t + 1] <= rate * dist[t] * (1 + 1e-12)
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        "dcgd",
-        "ef",
-        "ef21",
-        "ef21_w",
-        "ef21[init=compressed]",
-        "ef21_w[init=compressed]",
-        "delayed_dcgd[tau=0]",
-        "ef21_pp[p=1.0]",
-        "ef21_w_pp[p=1.0]",
-    ],
-)
-def test_identity_compressor_gives_gd(lsq: LeastSquares, spec: str) -> None:
-    gamma = 0.7 / lsq.L
-    _, gd = run("gd", lsq, None, gamma, ROUNDS, x0=x0_of(lsq))
-    _, other = run(spec, lsq, "identity", gamma, ROUNDS, x0=x0_of(lsq))
-    close(trajectory(other), trajectory(gd))
-
-
 @pytest.mark.parametrize("init", ["full", "compressed"])
 @pytest.mark.parametrize("comp", ["top_k[k=1]", "top_k[k=3]", "scaled_rand_k"])
 def test_ef21_w_equals_ef21_for_homogeneous_compressors(init: str, comp: str) -> None:

@@ -1,13 +1,11 @@
-"""The vectorised steps equal per-client loops, and the client step runs on any client groups.
+"""The vectorised steps equal per-client loops, and EF21's in-place path changes nothing.
 
-The second part is the contract the distributed runtime relies on: each rank runs
-``bound.step(state_of_its_clients, oracle, reduce=...)`` where ``reduce`` sums its local
-contributions and all-reduces them; here threads play the ranks and a barrier plays all_reduce.
+That the client step runs on any group of clients (the distributed runtime's contract) is part
+of the method contract suite, test_method_contract.py, for every registered method.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -63,101 +61,6 @@ def test_ef_equals_per_client_loop(p5: LeastSquares) -> None:
     bound, states = run("ef", p5, "top_k[k=2]", 0.02, ROUNDS)
     ref = ef_loop(p5, bound.cfg.compressor, 0.02, 0, ROUNDS, p5.x0())  # type: ignore[attr-defined]
     close(trajectory(states), torch.stack(ref))
-
-
-# --------------------------------------------------------------------------------------------
-# groups of clients with a pluggable reduction
-# --------------------------------------------------------------------------------------------
-class FakeAllReduce:
-    """``k`` threads each call ``reduce(values, weights)``; every one gets the global weighted sum.
-
-    Partial sums are added in group order, so the result is deterministic.
-    """
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.parts: list[torch.Tensor | None] = [None] * k
-        self.total: torch.Tensor | None = None
-        self.barrier = threading.Barrier(k)
-
-    def for_group(self, j: int):  # type: ignore[no-untyped-def]
-        def reduce(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-            self.parts[j] = weights @ values  # the local weighted sum of this group
-            if self.barrier.wait() == 0:
-                total = self.parts[0]
-                for part in self.parts[1:]:
-                    total = total + part  # type: ignore[operator]
-                self.total = total
-            self.barrier.wait()
-            out = self.total
-            assert out is not None
-            self.barrier.wait()  # nobody overwrites parts before all have read the total
-            return out.clone()
-
-        return reduce
-
-
-def run_in_groups(
-    spec: str, problem: LeastSquares, C: Any, groups: list[list[int]], rounds: int, seed: int
-) -> list[Any]:
-    bound = make_method(spec).bind(problem, C, 0.01, seed)
-    oracle = ProblemOracle(problem)
-    ar = FakeAllReduce(len(groups))
-    finals: list[Any] = [None] * len(groups)
-    errors: list[BaseException] = []
-
-    def worker(j: int) -> None:
-        try:
-            ids = torch.tensor(groups[j])
-            state, _ = bound.init(problem.x0(), oracle, ids=ids, reduce=ar.for_group(j))
-            for _ in range(rounds):
-                state, _ = bound.step(state, oracle, reduce=ar.for_group(j))
-            finals[j] = state
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
-            ar.barrier.abort()
-
-    threads = [threading.Thread(target=worker, args=(j,)) for j in range(len(groups))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return finals
-
-
-@pytest.mark.parametrize(
-    ("spec", "comp"),
-    [
-        ("ef21", "top_k[k=2]"),
-        ("ef21_w", "scaled_rand_k"),
-        ("ef21_pp[p=0.5]", "scaled_rand_k"),
-        ("ef21_w_sgd[b=2]", "top_k[k=1]"),
-        ("ef21[init=compressed]", "scaled_rand_k"),
-        ("dcgd", "rand_k"),
-        ("gd", None),
-        ("ef", "top_k[k=2]"),
-        ("delayed_dcgd[tau=2,model=random]", "rand_k"),
-        ("iag[order=random]", "rand_k"),
-    ],
-)
-def test_client_groups_with_reduction_equal_full_batch(
-    p5: LeastSquares, spec: str, comp: str | None
-) -> None:
-    C = {"scaled_rand_k": rand_k(3, scaled=True), "rand_k": rand_k(3)}.get(comp or "", comp)
-    _, full = run(spec, p5, C, 0.01, ROUNDS, seed=13)
-    groups = [[3, 0], [1, 4, 2]]
-    finals = run_in_groups(spec, p5, C, groups, ROUNDS, seed=13)
-    for f in finals:
-        assert f.round == ROUNDS
-        close(f.x, full[-1].x)  # type: ignore[attr-defined]
-    # client states of each group equal the corresponding rows of the full batch
-    full_clients = full[-1].clients  # type: ignore[attr-defined]
-    for f, g in zip(finals, groups, strict=True):
-        assert torch.equal(f.clients.ids, torch.tensor(g))
-        for name in full_clients._fields[1:]:
-            close(getattr(f.clients, name), getattr(full_clients, name)[torch.tensor(g)])
 
 
 # --------------------------------------------------------------------------------------------

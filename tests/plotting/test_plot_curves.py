@@ -118,7 +118,7 @@ def test_bits_axes_and_quantile_band(tmp_path: Path) -> None:
     assert "honest" in ax.get_xlabel()
     assert ax.collections, "a quantile band is drawn where seeds differ"
     fig, _ = plot_results(t, "bits_paper", "grad_norm_sq")
-    assert "32 bits per sent float" in fig.axes[0].get_xlabel()
+    assert "papers' count" in fig.axes[0].get_xlabel()
 
 
 def test_bad_axes_are_clear_errors() -> None:

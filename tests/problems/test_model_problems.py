@@ -451,7 +451,7 @@ split = ["contiguous", "by_label"]
 rounds = 4
 log_every = 2
 [grid]
-methods = ["ef21", "cgd"]
+methods = ["ef21", "dcgd[biased=true]"]
 compressors = ["top_k[k=5]"]
 stepsizes = [0.1]
 """
@@ -463,7 +463,7 @@ def test_a_sweep_config_runs_a_model_problem(tmp_path: Path) -> None:
 
     res = run_experiment(loads_config(SWEEP), tmp_path / "out", jobs=1, progress=False)
     table = res.table
-    assert res.complete and set(table["method"]) == {"ef21", "cgd"}
+    assert res.complete and set(table["method"]) == {"ef21", "dcgd[biased=true]"}
     assert len(set(table["problem_label"])) == 2 and set(table["round"]) == {0, 2, 4}
     assert table["L"].isna().all() and table["L_AM"].isna().all()  # unknown, not invented
     assert np.isfinite(table["loss"]).all()

@@ -239,3 +239,85 @@ def test_theory_functions_accept_numpy_and_torch_scalars() -> None:
         T.stepsize_ef21(float("inf"), 1.0, 0.5)
     with pytest.raises(ValueError, match="denominator"):
         T.stepsize_ef21(0.0, 0.0, 0.5)
+
+
+# --------------------------------------------------------------------------------------------
+# DIANA (D) and EF21+
+# --------------------------------------------------------------------------------------------
+def _diana_lyapunov_gap(seed: int, d: int = 3) -> float:
+    """E Φ^{k+1} − Φ^k + (γ/2)‖∇f(x^k)‖² for one DIANA step at the rule's γ, with the exact
+    expectation over every joint draw of rand-1 (Q(v) = d v_j e_j, j uniform; ω = d − 1) on two
+    heterogeneous quadratics f_i(x) = ½ xᵀH_i x − b_iᵀx from a random state (x, h_1, h_2)."""
+    import itertools
+
+    rng = np.random.default_rng(seed)
+    n = 2
+    Hs, bs = [], []
+    for _ in range(n):
+        M = rng.standard_normal((d, d)) * rng.uniform(0.3, 3.0)
+        Hs.append(M @ M.T)
+        bs.append(rng.standard_normal(d))
+    L = float(np.linalg.eigvalsh(sum(Hs) / n)[-1])
+    L_QM = float(np.sqrt(np.mean([np.linalg.eigvalsh(H)[-1] ** 2 for H in Hs])))
+    omega = d - 1.0
+    alpha = 1.0 / (1.0 + omega)
+    gamma = T.stepsize_diana(L, L_QM, omega, n)
+    # the Lyapunov weight of the derivation, with the optimal Young parameter 1 + s = 1/√(1 − α)
+    s = 1.0 / np.sqrt(1.0 - alpha) - 1.0
+    theta, beta = 1.0 - (1.0 + s) * (1.0 - alpha), 1.0 + 1.0 / s
+    c = L * gamma**2 * omega / (2 * n * (theta - beta * L_QM**2 * gamma**2 * omega / n))
+
+    def f(x: np.ndarray) -> float:
+        return float(np.mean([0.5 * x @ H @ x - b @ x for H, b in zip(Hs, bs, strict=True)]))
+
+    def grads(x: np.ndarray) -> list[np.ndarray]:
+        return [H @ x - b for H, b in zip(Hs, bs, strict=True)]
+
+    def lyap(x: np.ndarray, h: list[np.ndarray]) -> float:
+        errors = [np.sum((hi - g) ** 2) for hi, g in zip(h, grads(x), strict=True)]
+        return f(x) + c * float(np.mean(errors))
+
+    x = rng.standard_normal(d) * 2
+    h = [rng.standard_normal(d) * 3 for _ in range(n)]
+    G = grads(x)
+    expected = 0.0
+    for js in itertools.product(range(d), repeat=n):
+        qs = []
+        for i, j in enumerate(js):
+            q = np.zeros(d)
+            q[j] = d * (G[i][j] - h[i][j])
+            qs.append(q)
+        g_hat = np.mean(h, axis=0) + np.mean(qs, axis=0)
+        x_new = x - gamma * g_hat
+        h_new = [hi + alpha * q for hi, q in zip(h, qs, strict=True)]
+        expected += lyap(x_new, h_new) / d**n
+    grad_f = np.mean(G, axis=0)
+    return expected - lyap(x, h) + 0.5 * gamma * float(grad_f @ grad_f)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_diana_rule_decreases_the_lyapunov_function_exactly_in_expectation(seed: int) -> None:
+    gap = _diana_lyapunov_gap(seed)
+    assert gap <= 1e-9, f"E Φ⁺ − Φ + (γ/2)‖∇f‖² = {gap} > 0"
+
+
+def test_diana_rule_closed_form_and_limits() -> None:
+    L, Q, n = 2.0, 5.0, 10
+    for omega in (0.5, 3.0, 99.0):
+        alpha = 1 / (1 + omega)
+        g = T.stepsize_diana(L, Q, omega, n)
+        K = np.sqrt(omega / n) * Q / (1 - np.sqrt(1 - alpha))
+        assert L * g + (K * g) ** 2 == pytest.approx(1.0, rel=1e-13)  # the root of the condition
+        assert g < T.stepsize_diana(L, Q, omega, 10 * n)  # more clients average the noise
+        assert T.stepsize_diana(L, Q, omega, n, alpha / 2) < g  # a smaller α is slower
+    assert T.stepsize_diana(L, Q, 0.0, n) == 1 / L  # no compression: gradient descent
+    assert T.diana_alpha(3.0) == 0.25 and T.diana_alpha(3.0, 0.1) == 0.1
+    with pytest.raises(ValueError, match=r"alpha ≤ 1/\(1 \+ ω\) = 0.25"):
+        T.stepsize_diana(L, Q, 3.0, n, 0.5)
+    with pytest.raises(ValueError, match=r"n \(number of clients\) must be an integer"):
+        T.stepsize_diana(L, Q, 3.0, 0)
+
+
+def test_ef21_plus_rule_is_the_ef21_rule() -> None:
+    for a in (1 / 123, 0.3, 1.0):
+        assert T.stepsize_ef21_plus(1.5, 4.0, a) == T.stepsize_ef21(1.5, 4.0, a)

@@ -52,6 +52,8 @@ def test_theory_json_matches_the_api(capsys: pytest.CaptureFixture[str]) -> None
     assert steps["ef21_pl"] == pytest.approx(T.stepsize_ef21_pl(p.L, p.L_QM, alpha, 0.1))
     assert steps["dcgd"] == pytest.approx(T.stepsize_dcgd(p.L, p.L_max, 6.0, 10))
     assert steps["unbiased_single (strict <)"] == pytest.approx(2 / (p.L * 7))
+    assert steps["diana"] == T.stepsize_diana(p.L, p.L_QM, 6.0, 10)
+    assert steps["ef21_plus"] == T.stepsize_ef21(p.L, p.L_QM, alpha)
 
 
 def test_theory_user_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:

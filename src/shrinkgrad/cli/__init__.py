@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("shrinkgrad.cli.plot:plot_cmd", "Plot a results directory (PNG and PDF)."),
     "reproduce": ("shrinkgrad.cli.reproduce:reproduce_cmd", "Reproduce a paper's claims."),
     "ps": ("shrinkgrad.cli.ps:ps_cmd", "Asynchronous parameter server with stale gradients."),
+    "estimate": (
+        "shrinkgrad.cli.estimate:estimate_cmd",
+        "Predicted time to ε on a network (theory rounds × round cost).",
+    ),
 }
 
 

@@ -92,18 +92,30 @@ def _splits(console: Console) -> None:
 
 def _methods(console: Console) -> None:
     from ..methods import METHODS
+    from ..methods.base import RUNTIMES
 
     title = "methods (simulate(problem, 'name[param=value]', compressor, stepsize='theory*m'))"
-    table = Table(title=escape(title))
-    for col in ("name", "parameters", "compressor", "theory step size", "summary"):
+    caption = (
+        "runtimes: simulator (vectorised clients), runner (multi-process, "
+        "shrinkgrad.distributed.runner), hook (DDP communication hook), ps (asynchronous "
+        "parameter server); why a method does not run somewhere: method.unsupported(runtime)"
+    )
+    table = Table(title=escape(title), caption=escape(caption))
+    for col in ("name", "parameters", "compressor", "theory step size", "runtimes", "summary"):
         table.add_column(col)
     for name in METHODS.names():
         entry = METHODS.entry(name)
-        method = METHODS.make(name)
         params = ", ".join(
             p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in entry.keyword
         )
-        cells = [name, params, method.requires, method.theory_formula(), entry.summary]
+        try:
+            method = METHODS.make(name)
+        except (TypeError, ValueError):  # a required parameter: nothing to say without it
+            cells = [name, params, "", "", "(give the parameters)", entry.summary]
+        else:
+            runtimes = ", ".join(rt for rt in RUNTIMES if method.unsupported(rt) is None)
+            cells = [name, params, method.requires, method.theory_formula(), runtimes]
+            cells.append(entry.summary)
         table.add_row(*(escape(c) for c in cells))
     console.print(table)
 

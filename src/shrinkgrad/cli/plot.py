@@ -1,21 +1,26 @@
 """``shrinkgrad plot DIR --x bits --y grad_norm_sq``: convergence figures of a results directory.
 
-Writes ``DIR/plots/<y>_vs_<x>.png`` and ``.pdf`` (or ``--out STEM``): one panel per problem,
-one curve per method × compressor × step size (median over seeds, shaded quantile band), log
-y, legends with the canonical specs and the step-size rule, L_var in each panel's title.
-``--where method=ef21`` keeps only matching rows (repeatable).
+Writes ``DIR/plots/<y>_vs_<x>.png`` (200 dpi) and ``.pdf`` (or ``--out STEM``): one panel per
+problem (``--facet COLUMN``, ``--facet none`` for one panel), one curve per method ×
+compressor × step size (median over seeds, shaded quantile band), one legend, log y for
+‖∇f‖² and losses, L_var in each panel's title; diverged runs are marked, never drawn as
+converged. ``--where method=ef21`` keeps only matching rows (repeatable).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-__all__ = ["plot_cmd"]
+from ..plotting.axes import X_AXES, Y_AXES
 
-X_CHOICES = ["bits", "bits_paper", "bits_down", "rounds", "time"]
-Y_CHOICES = ["grad_norm_sq", "loss"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["filter_rows", "plot_cmd"]
 
 
 def _band(text: str) -> tuple[float, float]:
@@ -28,24 +33,65 @@ def _band(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+def _listing(values: list[str], limit: int = 12) -> str:
+    shown = ", ".join(values[:limit])
+    return shown + (f", … ({len(values) - limit} more)" if len(values) > limit else "")
+
+
+def filter_rows(table: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
+    """The rows of ``table`` matching every ``COLUMN=VALUE`` (numbers compare as numbers)."""
+    import pandas as pd
+
+    for cond in conditions:
+        col, sep, value = cond.partition("=")
+        col = col.strip()
+        if not sep or col not in table.columns:
+            what = "write COLUMN=VALUE" if not sep else f"the results have no column {col!r}"
+            raise ValueError(
+                f"--where {cond!r}: {what}; columns: {', '.join(map(str, table.columns))}"
+            )
+        column = table[col]
+        keep = column.astype(str) == value
+        if pd.api.types.is_numeric_dtype(column):
+            with contextlib.suppress(ValueError):
+                keep |= column == float(value)
+        if not keep.any():
+            present = sorted({str(v) for v in column.dropna().unique()})
+            raise ValueError(
+                f"--where {cond!r}: no rows have {col} = {value!r}; its values: "
+                + _listing(present)
+            )
+        table = table[keep]
+    return table
+
+
 @click.command("plot")
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--x", "x", type=click.Choice(X_CHOICES), default="bits", show_default=True)
-@click.option("--y", "y", type=click.Choice(Y_CHOICES), default="grad_norm_sq", show_default=True)
+@click.option("--x", "x", type=click.Choice(list(X_AXES)), default="bits", show_default=True)
+@click.option(
+    "--y", "y", type=click.Choice(list(Y_AXES)), default="grad_norm_sq", show_default=True
+)
 @click.option(
     "--out",
     "-o",
     type=click.Path(dir_okay=False, path_type=Path),
     help="output path without extension [default: DIR/plots/<y>_vs_<x>]",
 )
-@click.option("--facet", default="problem_label", show_default=True, help="one panel per value")
+@click.option(
+    "--facet",
+    default="problem_label",
+    show_default=True,
+    help="one panel per value of this column (none: one panel)",
+)
 @click.option("--band", default="0.1,0.9", show_default=True, help="quantiles of the band")
 @click.option("--logx", is_flag=True, help="log-scale x axis")
+@click.option("--logy/--linear-y", default=None, help="y scale [default: log for ‖∇f‖² and losses]")
 @click.option("--where", multiple=True, metavar="COLUMN=VALUE", help="keep matching rows only")
 @click.option("--title", help="figure title")
 @click.option(
     "--formats", default="png,pdf", show_default=True, help="comma-separated file formats"
 )
+@click.option("--dpi", type=click.IntRange(50, 1200), default=200, show_default=True)
 def plot_cmd(
     directory: Path,
     x: str,
@@ -54,37 +100,33 @@ def plot_cmd(
     facet: str,
     band: str,
     logx: bool,
+    logy: bool | None,
     where: tuple[str, ...],
     title: str | None,
     formats: str,
+    dpi: int,
 ) -> None:
     """Plot the results in DIRECTORY (written by 'shrinkgrad run' or 'reproduce')."""
     from ..experiments.results import load_results
     from ..plotting import plot_results
 
-    table = load_results(directory)
-    for cond in where:
-        col, sep, value = cond.partition("=")
-        if not sep or col not in table.columns:
-            known = ", ".join(c for c in table.columns if table[c].dtype == object)
-            raise click.BadParameter(
-                f"{cond!r}: write COLUMN=VALUE with a column of the results ({known})",
-                param_hint="--where",
-            )
-        table = table[table[col].astype(str) == value]
-        if table.empty:
-            raise click.BadParameter(f"no rows have {col} = {value!r}", param_hint="--where")
+    table = filter_rows(load_results(directory), where)
     stem = out if out is not None else Path(directory) / "plots" / f"{y}_vs_{x}"
-    _, paths = plot_results(
-        table,
-        x,
-        y,
-        stem,
-        facet=facet,
-        quantiles=_band(band),
-        logx=logx,
-        title=title,
-        formats=[f.strip() for f in formats.split(",") if f.strip()],
-    )
+    try:
+        _, paths = plot_results(
+            table,
+            x,
+            y,
+            stem,
+            facet=None if facet == "none" else facet,
+            quantiles=_band(band),
+            logx=logx,
+            logy=logy,
+            title=title,
+            formats=[f.strip() for f in formats.split(",") if f.strip()],
+            dpi=dpi,
+        )
+    except OSError as e:
+        raise ValueError(f"{e}; choose another --out") from None
     for p in paths:
         click.echo(str(p))

@@ -19,7 +19,7 @@ from .options import format_option, jobs_option, out_option, profile_option, set
 if TYPE_CHECKING:
     from ..experiments.reproductions import ReproductionResult
 
-__all__ = ["print_claims", "reproduce_cmd"]
+__all__ = ["interrupted_message", "print_claims", "reproduce_cmd"]
 
 
 @click.command("reproduce")
@@ -49,6 +49,23 @@ def reproduce_cmd(
     if quick and profile:
         raise click.UsageError("give --quick or --profile, not both")
     names = REPRODUCTIONS.names() if name == "all" else [REPRODUCTIONS.get(name).name]
+    # the command line as given (re-running it resumes), whatever program ran this function
+    command = ["shrinkgrad", "reproduce", name]
+    for flag, value in (
+        ("--quick", quick),
+        ("--profile", profile),
+        ("--out", out),
+        ("--jobs", jobs),
+        ("--format", fmt),
+        ("--no-progress", no_progress),
+        ("--strict", strict),
+    ):
+        if value is True:
+            command.append(flag)
+        elif value not in (None, False):
+            command += [flag, str(value)]
+    for o in overrides:
+        command += ["--set", o]
     failed = False
     for n in names:
         target = out / n if (out is not None and len(names) > 1) else out
@@ -61,28 +78,48 @@ def reproduce_cmd(
             jobs=jobs,
             fmt=fmt,  # type: ignore[arg-type]
             progress=not no_progress,
-            command=["shrinkgrad", *sys.argv[1:]],
+            command=command,
         )
-        print_claims(result)
         if result.outcome.interrupted:
-            click.echo(
-                "interrupted: the claims were not measured; run the same command again to resume",
-                err=True,
-            )
+            click.echo(interrupted_message(result, names[names.index(n) + 1 :]), err=True)
             sys.exit(130)
+        print_claims(result)
         failed |= not result.passed or not result.outcome.complete
     if strict and failed:
         sys.exit(1)
 
 
+def interrupted_message(result: ReproductionResult, left: list[str] | None = None) -> str:
+    """What an interrupted reproduction says instead of an empty claim table: how far it got
+    and the command that finishes it (finished runs are kept and resume is exact)."""
+    done, total = result.progress
+    runs = f"{done} of {total} runs" if total is not None else f"{done} runs"
+    rest = f"; not started: {', '.join(left)}" if left else ""
+    return (
+        f"{result.reproduction.name}: interrupted after {runs} finished{rest}; the claims are "
+        f"measured once every run has finished. To finish (finished runs are kept), run: "
+        f"{result.resume_command}"
+    )
+
+
 def print_claims(result: ReproductionResult) -> None:
-    """The claim table of ``result`` and where its files are."""
+    """The claim table of ``result`` and where its files are; an interrupted reproduction,
+    or one where no run finished, says so instead of printing an empty table."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     rep = result.reproduction
     console = Console(width=max(120, Console().width))
+    if result.outcome.interrupted:
+        console.print(escape(interrupted_message(result)))
+        return
+    if not result.claims:
+        console.print(
+            escape(f"{rep.name}: ")
+            + "[bold red]no run finished[/]: nothing to measure (see the failures above)"
+        )
+        return
     table = Table(
         title=escape(f"{rep.name}: {rep.title} ({rep.paper})"),
         show_lines=False,
@@ -108,9 +145,7 @@ def print_claims(result: ReproductionResult) -> None:
             f"({result.elapsed_s:.0f} s) → {result.summary_path}"
         )
     )
-    if not result.claims and not result.outcome.interrupted:
-        console.print("[bold red]no run finished[/]: nothing to measure (see the failures above)")
-    elif not result.outcome.complete and not result.outcome.interrupted:
+    if not result.outcome.complete:
         console.print("[bold red]some runs failed[/]: the claims use the finished runs only")
     for p in result.figures:
         if p.suffix == ".png":

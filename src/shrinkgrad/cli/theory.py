@@ -21,6 +21,11 @@ import click
 
 __all__ = ["theory_cmd", "theory_report"]
 
+#: float64 d-vectors the predictions take at most: x⁰ and the temporaries of f(x⁰)
+_WORKING_VECTORS = 6
+#: ... and with the ℓ2 logistic f* solved by L-BFGS (10 correction pairs and temporaries)
+_LBFGS_VECTORS = 32
+
 
 def theory_report(
     problem: Any,
@@ -33,9 +38,19 @@ def theory_report(
     """Constants, step sizes and predictions of one problem × compressor, as plain data."""
     from .. import theory as T
     from ..problems.linear import LinearModelProblem
+    from ..problems.memory import check_memory
     from ..problems.rare import rare_features
 
     d, n = problem.d, problem.n
+    # f(x⁰) for the predictions (and f* for the ℓ2 logistic loss, by L-BFGS) take a few float64
+    # d-vectors; everything else here needs O(nnz + n) memory (nothing is quadratic in d)
+    solve = getattr(problem, "reg", "") == "l2" and getattr(problem, "loss_kind", "") == "logistic"
+    check_memory(
+        8.0 * d * (_LBFGS_VECTORS if solve else _WORKING_VECTORS),
+        f"evaluating f(x⁰){' and f*' if solve else ''} at d = {d:,}",
+        "the constants and step sizes alone need only O(nnz) memory: compute them with the Python "
+        "API (shrinkgrad.problems.rare_features, shrinkgrad.theory)",
+    )
     L_i = problem.L_i.double()
     const: dict[str, Any] = {
         "problem": getattr(problem, "spec", "") or problem.name,
@@ -82,6 +97,7 @@ def theory_report(
         "—",
         scaled,
     )
+    add("ef21_plus", T.stepsize_ef21_plus(L, Q, alpha), "[EF21] Thm 1 carries over", "D", scaled)
     if problem.mu is not None:
         add("ef21_pl", T.stepsize_ef21_pl(L, Q, alpha, problem.mu), "[EF21] Thm 2", "V")
         add("ef21w_pl", T.stepsize_ef21w_pl(L, A, alpha, problem.mu), "[EFR] appendix", "?")
@@ -115,6 +131,13 @@ def theory_report(
             T.stepsize_unbiased_single_optimal(L, omega),
             "descent lemma",
             "D",
+        )
+        add(
+            "diana",
+            T.stepsize_diana(L, Q, omega, n),
+            "derived; [DIANA], [HKMSR]",
+            "D",
+            f"α = 1/(1+ω) = {1.0 / (1.0 + omega):.4g}",
         )
         convex = getattr(problem, "reg", "") == "l2" or getattr(problem, "lam", 1.0) == 0.0
         if convex:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -467,6 +467,7 @@ COMPRESSORS: Registry[Compressor] = Registry("compressor", base=Compressor)
 Compressor.__registry__ = COMPRESSORS
 
 
-def make_compressor(spec: str | Compressor) -> Compressor:
-    """Build a compressor from its name, e.g. ``make_compressor("qsgd[s=4]")``."""
-    return COMPRESSORS.make(spec)
+def make_compressor(spec: str | Compressor, **params: Any) -> Compressor:
+    """Build a compressor from its name, e.g. ``make_compressor("qsgd[s=4]")`` or
+    ``make_compressor("qsgd", s=4)``."""
+    return COMPRESSORS.make(spec, **params)

@@ -7,7 +7,7 @@ distributed runtime reuses exactly this code (see docs/methods.md, "running a me
 of clients").
 """
 
-from . import asynchronous, cgd, delayed, ef, ef21, gd
+from . import asynchronous, delayed, diana, ef, ef21, ef21_plus, ef21_sgdm, gd
 from .asynchronous import Asynchronous
 from .base import (
     METHODS,
@@ -22,27 +22,32 @@ from .base import (
     make_method,
     weighted_sum,
 )
-from .cgd import CGD
 from .delayed import IAG, DelayedDCGD
+from .diana import DIANA
 from .ef import EF
 from .ef21 import EF21
+from .ef21_plus import EF21Plus
+from .ef21_sgdm import EF21SGDM, ClientMomentum
 from .gd import DCGD, GD
 from .oracle import ProblemOracle
 from .stepsize import StepSize, parse_stepsize
 
 __all__ = [
-    "CGD",
     "DCGD",
+    "DIANA",
     "EF",
     "EF21",
+    "EF21SGDM",
     "GD",
     "IAG",
     "METHODS",
     "Asynchronous",
     "BoundMethod",
+    "ClientMomentum",
     "Config",
     "Constants",
     "DelayedDCGD",
+    "EF21Plus",
     "GradientOracle",
     "Message",
     "Method",
@@ -51,10 +56,12 @@ __all__ = [
     "StepSize",
     "Traffic",
     "asynchronous",
-    "cgd",
     "delayed",
+    "diana",
     "ef",
     "ef21",
+    "ef21_plus",
+    "ef21_sgdm",
     "gd",
     "make_method",
     "parse_stepsize",

@@ -127,9 +127,11 @@ class WireConfig(Config):
         fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config) if f.init}
         return cls(**fields)
 
-    def compress(self, x: torch.Tensor, ids: torch.Tensor, round: int) -> torch.Tensor:
+    def compress(
+        self, x: torch.Tensor, ids: torch.Tensor, round: int, *, sent_only: bool = False
+    ) -> torch.Tensor:
         raw = x.to(self.wire_dtype)
-        out = super().compress(raw, ids, round)
+        out = super().compress(raw, ids, round, sent_only=sent_only)
         self.calls.append(_Call(raw, int(round), out))
         return out.to(self.dtype)
 
@@ -631,8 +633,8 @@ class Asynchronous(Method[AsyncState, AsyncClients]):
             self.inner, cfg, memory, ids[received], sent.vector[received]
         )
         clients = AsyncClients(ids, inner, memory)
-        if values is None:
-            return clients, Message(None, None, traffic)
+        if values is None:  # nobody here: an empty contribution, so every group reduces
+            values = torch.zeros(0, cfg.d, dtype=cfg.dtype, device=cfg.device)
         return clients, Message(values, cfg.weights[sel], traffic)
 
     def init_server(
@@ -665,10 +667,9 @@ class Asynchronous(Method[AsyncState, AsyncClients]):
         zero = cfg.no_traffic(ids.numel())
         if pos.numel() == 0:  # the worker of this update is in another group
             sel, values, memory = server_values(self.inner, cfg, memory, ids[:0], None, forget)
-            msg = Message(None, None, zero)
-            if values is not None:
-                msg = Message(values, cfg.weights[sel], zero)
-            return AsyncClients(ids, inner, memory), msg
+            if values is None:  # an empty contribution, so every group takes part in the reduction
+                values = torch.zeros(0, cfg.d, dtype=cfg.dtype, device=dev)
+            return AsyncClients(ids, inner, memory), Message(values, cfg.weights[sel], zero)
         if version is None:
             x = server.ready.x
         else:

@@ -318,6 +318,11 @@ class Config:
     omega: float | None
     #: reduction weight of every client (global, shape (n,)): 1/n, or w_i for EF21-W
     weights: torch.Tensor
+    #: the runtime owns the state (the DDP hook keeps multi-megabyte tensors per parameter and
+    #: hands every round the same ones): client and server parts may then update their state
+    #: tensors in place instead of returning new ones. False (the simulator, the runner): the
+    #: parts are pure functions of their inputs.
+    inplace: bool = False
     _streams: dict[tuple[str, bytes], KeyStream] = dataclasses.field(
         default_factory=dict, repr=False
     )
@@ -342,8 +347,16 @@ class Config:
             self._streams[tag] = ks
         return ks.at(round)
 
-    def compress(self, x: torch.Tensor, ids: torch.Tensor, round: int) -> torch.Tensor:
-        """C applied row-wise to ``x`` (m, d) with the clients' compressor keys at ``round``."""
+    def compress(
+        self, x: torch.Tensor, ids: torch.Tensor, round: int, *, sent_only: bool = False
+    ) -> torch.Tensor:
+        """C applied row-wise to ``x`` (m, d) with the clients' compressor keys at ``round``.
+
+        ``sent_only=True`` says that the caller only sends the result (it becomes the
+        :class:`Message`) and keeps nothing of it in its state (DCGD): a runtime that sends the
+        encoded message itself (the DDP hook) may then skip decoding its own message and return
+        ``x``. Here the result is always C(x).
+        """
         C = self.compressor
         keys = None if C.deterministic else self.keys("compressor", ids, round)
         try:
@@ -355,6 +368,15 @@ class Config:
                     "method diverged; try a smaller step size)"
                 ) from None
             raise
+
+    def scratch(self, like: torch.Tensor) -> torch.Tensor:
+        """A tensor of ``like``'s shape, dtype and device to write an intermediate result into.
+
+        Its content is the caller's until the client step returns; a runtime that owns its
+        buffers (the DDP hook) returns the same preallocated memory on every call, so a client
+        step uses one scratch at a time and keeps none of it in its state. Here: a new tensor.
+        """
+        return torch.empty_like(like)
 
     def message(self, values: torch.Tensor, ids: torch.Tensor, traffic: Traffic) -> Message:
         """A :class:`Message` of the clients ``ids`` with their reduction weights."""
@@ -585,6 +607,41 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
                 f"{reason}; the methods that run there: {', '.join(methods_for(runtime))}"
             )
 
+    @property
+    def identity_is_gd(self) -> bool:
+        """True when, with the identity compressor, this method produces gradient descent's
+        iterates at the same step size (design.md principle 10). A declared property: the method
+        contract suite (tests/methods/test_method_contract.py) checks it wherever it is True.
+        """
+        return False
+
+    # -- runtimes that own the iterate (the DDP hook) ------------------------------------------
+    # A DDP hook does not hold x: the optimizer moves the model. Methods whose server moves x as
+    # x ← x − γ·D (interface 2 of the hook contract) run there in a frame that moves with the
+    # model: the server state's x is the zero displacement at the point where the clients
+    # compute, and the hook hands D to DDP. These two helpers compute D from the method's own
+    # parts; subclasses may override :meth:`server_direction` to avoid arithmetic on x (the
+    # DDP hook's hot path), and the hook contract suite checks the override against the default.
+    def server_direction(
+        self, cfg: Config, server: ServerT, aggregate: torch.Tensor | None, r: int
+    ) -> tuple[ServerT, torch.Tensor]:
+        """``server_post`` of round ``r``, then ``server_pre`` of round ``r + 1`` (moving frame).
+
+        Returns the server state of round ``r + 1`` before its clients act, with ``x`` left at
+        ``server.x``, and the direction D with x_pre(r+1) = x_pre(r) − γ·D.
+        """
+        post = self.server_post(cfg, server, aggregate, r)
+        pre = self.server_pre(cfg, post, r + 1)
+        return _recentre(server.x, pre, cfg.stepsize)
+
+    def init_direction(
+        self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
+    ) -> tuple[ServerT, torch.Tensor]:
+        """``init_server`` then ``server_pre`` of round 1, in the moving frame: the server state
+        of round 1 before its clients act (``x`` left at ``x0``) and D with x_pre(1) = x0 − γ·D."""
+        server = self.init_server(cfg, x0, aggregate)
+        return _recentre(x0, self.server_pre(cfg, server, 1), cfg.stepsize)
+
     def client_weights(self, consts: Constants) -> torch.Tensor:
         """Reduction weight of every client: 1/n (the average), overridden by EF21-W (w_i)."""
         return torch.full((consts.n,), 1.0 / consts.n, dtype=torch.float64)
@@ -753,6 +810,13 @@ class BoundMethod(Generic[ServerT, ClientT]):
         return State(r, server, clients), msg.traffic
 
 
+def _recentre(x: torch.Tensor, moved: Any, stepsize: float) -> tuple[Any, torch.Tensor]:
+    """(``moved`` with its x put back to ``x``, D = (x − moved.x)/γ): see
+    :meth:`Method.server_direction`. Server states are NamedTuples with a field ``x``."""
+    direction = (x - moved.x) / stepsize
+    return moved._replace(x=x), direction
+
+
 def _reduce(msg: Message, reduce: Reduce) -> torch.Tensor | None:
     if msg.values is None:
         return None
@@ -777,9 +841,10 @@ METHODS: Registry[Method[Any, Any]] = Registry("method", base=Method)
 Method.__registry__ = METHODS
 
 
-def make_method(spec: str | Method[Any, Any]) -> Method[Any, Any]:
-    """Build a method from its name, e.g. ``make_method("ef21_pp[p=0.5]")``."""
-    return METHODS.make(spec)
+def make_method(spec: str | Method[Any, Any], **params: Any) -> Method[Any, Any]:
+    """Build a method from its name, e.g. ``make_method("ef21_pp[p=0.5]")`` or
+    ``make_method("ef21_pp", p=0.5)``."""
+    return METHODS.make(spec, **params)
 
 
 def methods_for(runtime: Runtime) -> list[str]:

@@ -130,6 +130,11 @@ class DelayedDCGD(Method[HistState, Group]):
     def default_spec(self) -> str:
         return f"delayed_dcgd[tau={self.tau},model={self.model}]"
 
+    @property
+    def identity_is_gd(self) -> bool:
+        """τ = 0 is DCGD exactly, hence GD with the identity."""
+        return self.tau == 0
+
     def unsupported(self, runtime: Runtime) -> str | None:
         if runtime == "ps":
             return (

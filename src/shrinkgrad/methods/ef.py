@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from .base import METHODS, Config, GradientOracle, Message, Method
+from .base import METHODS, Config, GradientOracle, Message, Method, Runtime
 from .gd import XState
 from .rules import ef_update
 
@@ -27,10 +27,17 @@ class EF(Method[XState, EFClients]):
     Client state e_i⁰ = 0. Round t + 1: p_i = e_i + γ∇f_i(x^t); v_i = C(p_i); e_i ← p_i − v_i;
     client i sends v_i. Server: x^{t+1} = x^t − (1/n) Σ_i v_i. The step size enters on the
     clients. Needs a contractive compressor. methods.md §4 gives no theory step size for EF:
-    pass a number.
+    pass a number. In a DDP hook (γ = 1, the optimizer's learning rate applied afterwards) e_i is
+    the learning-rate-free residual of GRACE: for a constant learning rate and a positively
+    homogeneous C that is [S14] with e/γ in place of e.
     """
 
     requires = "contractive"
+
+    @property
+    def identity_is_gd(self) -> bool:
+        """C = identity keeps e_i = 0, so x^{t+1} = x^t − (1/n) Σ γ∇f_i(x^t)."""
+        return True
 
     def theory_formula(self) -> str:
         return "none in methods.md §4: pass a number"
@@ -54,8 +61,15 @@ class EF(Method[XState, EFClients]):
         self, cfg: Config, server: XState, clients: EFClients, oracle: GradientOracle, r: int
     ) -> tuple[EFClients, Message]:
         ids = clients.ids
-        update = cfg.stepsize * oracle.grads(server.x, ids)
-        v, e = ef_update(clients.e, update, lambda p: cfg.compress(p, ids, r))
+        grads = oracle.grads(server.x, ids)
+
+        def compress(p: torch.Tensor) -> torch.Tensor:
+            return cfg.compress(p, ids, r)
+
+        if cfg.inplace:  # e ← e + γ∇f_i in place (no γ∇f_i tensor)
+            v, e = ef_update(clients.e, grads, compress, inplace=True, step=cfg.stepsize)
+        else:
+            v, e = ef_update(clients.e, cfg.stepsize * grads, compress)
         return EFClients(ids, e), cfg.message(v, ids, cfg.compressed_traffic(v))
 
     def server_post(
@@ -63,3 +77,13 @@ class EF(Method[XState, EFClients]):
     ) -> XState:
         assert aggregate is not None
         return XState(server.x - aggregate)
+
+    def server_direction(
+        self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int
+    ) -> tuple[XState, torch.Tensor]:
+        """x ← x − (1/n) Σ v_i = x − γ·(aggregate/γ): the direction is aggregate/γ."""
+        assert aggregate is not None
+        return server, aggregate if cfg.stepsize == 1.0 else aggregate / cfg.stepsize
+
+    def unsupported(self, runtime: Runtime) -> str | None:
+        return None if runtime == "hook" else super().unsupported(runtime)

@@ -50,7 +50,7 @@ from .stepsize import StepSize, parse_stepsize, theory_function
 
 __all__ = ["EF21", "EF21Clients", "EF21Server"]
 
-Rule = Literal["original", "reloaded"]
+Rule = Literal["original", "reloaded", "rare_features"]
 
 
 class EF21Server(NamedTuple):
@@ -104,8 +104,11 @@ class EF21(Method[EF21Server, EF21Clients]):
         (``zero``). Every client takes part in the initialisation; with minibatches it uses
         exact gradients.
     rule:
-        theory step size of plain EF21: ``original`` 1/(L + L_QM ξ(α)) ([EF21] Thm 1) or
-        ``reloaded`` 1/(L + L_AM ξ(α)) ([EFR] Thm 3). EF21-W always uses the latter.
+        theory step size of plain EF21: ``original`` 1/(L + L_QM ξ(α)) ([EF21] Thm 1),
+        ``reloaded`` 1/(L + L_AM ξ(α)) ([EFR] Thm 3), or ``rare_features``
+        1/(L + L_+ √(c/n) ξ(α)) ([RF]) with c (the most clients sharing a feature) and L_+
+        computed from the problem's sparsity pattern (:func:`shrinkgrad.problems.rare_features`;
+        a linear-model problem with data). EF21-W always uses the L_AM rule.
     pl:
         use the PL-case rule (needs the problem's μ).
     sigma2:
@@ -130,8 +133,8 @@ class EF21(Method[EF21Server, EF21Clients]):
     ) -> None:
         if init not in ("full", "compressed", "zero"):
             raise ValueError(f"init must be full, compressed or zero, got {init!r}")
-        if rule not in ("original", "reloaded"):
-            raise ValueError(f"rule must be original or reloaded, got {rule!r}")
+        if rule not in ("original", "reloaded", "rare_features"):
+            raise ValueError(f"rule must be original, reloaded or rare_features, got {rule!r}")
         p_t = torch.as_tensor(p, dtype=torch.float64).reshape(-1).cpu()
         if p_t.numel() == 0 or not bool(((p_t > 0) & (p_t <= 1)).all()):
             raise ValueError(
@@ -146,11 +149,13 @@ class EF21(Method[EF21Server, EF21Clients]):
             b_t = b_t.to(torch.int64)
         if sigma2 is not None and not (math.isfinite(sigma2) and sigma2 >= 0):
             raise ValueError(f"sigma2 must be a finite number >= 0, got {sigma2}")
-        if rule == "reloaded" and (weighted or b_t is not None or bool((p_t < 1).any())):
+        if rule != "original" and (weighted or b_t is not None or bool((p_t < 1).any())):
             raise ValueError(
-                "rule=reloaded applies to plain ef21 only (EF21-W always uses the L_AM rule; the "
+                f"rule={rule} applies to plain ef21 only (EF21-W always uses the L_AM rule; the "
                 "SGD and PP variants have their own rules)"
             )
+        if rule == "rare_features" and pl:
+            raise ValueError("rule=rare_features has no PL-case form ([RF]); drop pl=true")
         self.weighted = weighted
         self.p = p_t
         self.batch = b_t
@@ -160,10 +165,17 @@ class EF21(Method[EF21Server, EF21Clients]):
         self.sigma2 = None if sigma2 is None else float(sigma2)
         #: σ² read from the problem at bind time (a bound copy of the method carries it)
         self._sigma2_problem: float | None = None
+        #: (c, L_+) of the rare-features rule, read from the problem's data at bind time
+        self._rare: tuple[int, float] | None = None
 
     @property
     def partial(self) -> bool:
         return bool((self.p < 1).any())
+
+    @property
+    def identity_is_gd(self) -> bool:
+        """Exact gradients, everybody every round and g_i⁰ = ∇f_i(x⁰) (also C(∇f_i) with C = id)."""
+        return self.batch is None and not self.partial and self.init != "zero"
 
     def default_spec(self) -> str:
         name = "ef21" + ("_w" if self.weighted else "")
@@ -188,12 +200,38 @@ class EF21(Method[EF21Server, EF21Clients]):
     def for_problem(
         self, problem: ProblemLike, stepsize: float | str | StepSize
     ) -> Method[EF21Server, EF21Clients]:
-        """EF21-SGD's theory step also reads σ² from the problem (:meth:`_variance_bound`)."""
-        if self.batch is None or self.sigma2 is not None or not parse_stepsize(stepsize).theory:
+        """The theory step of EF21-SGD also reads σ² from the problem (:meth:`_variance_bound`),
+        that of ``rule=rare_features`` c and L_+ from its data (:meth:`_rare_constants`)."""
+        needs_sigma2 = self.batch is not None and self.sigma2 is None
+        needs_rare = self.rule == "rare_features"
+        if not (needs_sigma2 or needs_rare) or not parse_stepsize(stepsize).theory:
             return self
         method = copy.copy(self)
-        method._sigma2_problem = self._variance_bound(problem)
+        if needs_sigma2:
+            method._sigma2_problem = self._variance_bound(problem)
+        if needs_rare:
+            method._rare = self._rare_constants(problem)
         return method
+
+    def _rare_constants(self, problem: ProblemLike) -> tuple[int, float]:
+        """(c, L_+) of [RF] from the problem's sparsity pattern (:func:`rare_features`)."""
+        from ..problems.linear import LinearModelProblem
+        from ..problems.rare import rare_features
+
+        if isinstance(problem, Constants):
+            raise ValueError(
+                f"{self.name}: the rare-features rule reads c and L_+ from the problem's data; "
+                "bind the method to the problem itself, not to its Constants"
+            )
+        if not isinstance(problem, LinearModelProblem):
+            raise ValueError(
+                f"{self.name} computes c (the most clients sharing a feature) and L_+ from the "
+                f"problem's data, and {type(problem).__name__} has no data matrix; use a "
+                "linear-model problem (logistic_regression, least_squares), rule=original, or a "
+                "numeric stepsize"
+            )
+        rf = rare_features(problem)
+        return rf.c, rf.L_plus
 
     def _variance_bound(self, problem: ProblemLike) -> float | None:
         """σ² (EF21-SGD) or σ_w² (EF21-W-SGD) from ``problem.minibatch_variance_bound(b)``."""
@@ -234,6 +272,8 @@ class EF21(Method[EF21Server, EF21Clients]):
         return w.to(torch.float64)
 
     def theory_formula(self) -> str:
+        if self.rule == "rare_features":
+            return "1/(L + L_+ √(c/n) ξ(α)) ([RF]; c, L_+ from the data's sparsity pattern)"
         am = self.weighted or self.rule == "reloaded"
         Lm = "L_AM" if am else "L_QM"
         if self.pl:
@@ -257,6 +297,15 @@ class EF21(Method[EF21Server, EF21Clients]):
                 f"{self.name}: no theory step size combines minibatches and partial "
                 "participation; pass a number"
             )
+        if self.rule == "rare_features":
+            if self._rare is None:
+                raise ValueError(
+                    f"{self.name}: the rare-features rule reads c and L_+ from the problem's "
+                    "data; bind the method to the problem itself, not to its Constants"
+                )
+            rare_c, L_plus = self._rare
+            gamma = theory_function("stepsize_rare_features")(L, L_plus, rare_c, c.n, cfg.alpha)
+            return float(gamma), f"stepsize_rare_features[c={rare_c},L_plus={L_plus:.6g}]"
         if self.pl:
             if self.batch is not None or self.partial:
                 raise ValueError(f"{self.name}: the PL rule covers full-gradient EF21/EF21-W only")
@@ -295,7 +344,8 @@ class EF21(Method[EF21Server, EF21Clients]):
     def _targets(
         self, cfg: Config, x: torch.Tensor, ids: torch.Tensor, oracle: GradientOracle, r: int
     ) -> torch.Tensor:
-        """s_i ∇̂f_i(x) for the clients ``ids``: exact or minibatch gradients, scaled for EF21-W."""
+        """s_i ∇̂f_i(x) for the clients ``ids``: exact or minibatch gradients, scaled for EF21-W
+        (in place when the runtime owns the state and the oracle's result is the caller's)."""
         if self.batch is None or r == 0:
             grads = oracle.grads(x, ids)
         else:
@@ -304,7 +354,11 @@ class EF21(Method[EF21Server, EF21Clients]):
             keys = cfg.keys("minibatch", ids, r)
             grads = oracle.stoch_grads(x, ids, b, keys)
         scale = self._scale(cfg, ids)
-        return grads if scale is None else grads * scale
+        if scale is None:
+            return grads
+        if cfg.inplace and bool(getattr(oracle, "fresh", False)):
+            return grads.mul_(scale)
+        return grads * scale
 
     def init_clients(
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
@@ -346,7 +400,11 @@ class EF21(Method[EF21Server, EF21Clients]):
             # results, or the scaled copy of EF21-W): one (n, d) buffer less per round
             owned = self.weighted or bool(getattr(oracle, "fresh", False))
             c, g_new = ef21_update(
-                g, target, lambda p: cfg.compress(p, ids, r), scratch=target if owned else None
+                g,
+                target,
+                lambda p: cfg.compress(p, ids, r),
+                inplace=cfg.inplace,
+                scratch=target if owned else cfg.scratch(target),
             )
             return EF21Clients(ids, g_new), cfg.message(c, ids, cfg.compressed_traffic(c))
         c = torch.zeros_like(g)
@@ -360,10 +418,16 @@ class EF21(Method[EF21Server, EF21Clients]):
         self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int
     ) -> EF21Server:
         assert aggregate is not None
-        return EF21Server(server.x, server.g + aggregate)
+        g = server.g.add_(aggregate) if cfg.inplace else server.g + aggregate
+        return EF21Server(server.x, g)
 
-    # -- asynchronous: c_i computed at a stale x; the server mirrors g_i (no theory) ------------
-    async_memory = True
+    def server_direction(
+        self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int
+    ) -> tuple[EF21Server, torch.Tensor]:
+        """g^r = g^{r−1} + Σ w_i c_i (:meth:`server_post`); the next ``server_pre`` moves x by
+        −γ g^r, so the direction is g^r itself (no arithmetic on x)."""
+        post = self.server_post(cfg, server, aggregate, r)
+        return post, post.g
 
     def unsupported(self, runtime: Runtime) -> str | None:
         if runtime == "ps":
@@ -373,7 +437,23 @@ class EF21(Method[EF21Server, EF21Clients]):
                     "server every arrival takes part (use the method without _pp)"
                 )
             return None
-        return super().unsupported(runtime)
+        if runtime != "hook":
+            return super().unsupported(runtime)
+        if self.batch is not None:
+            return (
+                f"{self.name} samples minibatches through the problem's oracle; in a DDP hook the "
+                "gradient is the one backward computed (use ef21 or ef21_w: their gradient is "
+                "then the training loop's minibatch gradient)"
+            )
+        if self.partial:
+            return (
+                f"{self.name}: partial participation is not implemented in the DDP hook (every "
+                "rank takes part in every collective)"
+            )
+        return None
+
+    # -- asynchronous: c_i computed at a stale x; the server mirrors g_i (no theory) ------------
+    async_memory = True
 
     def async_receive(
         self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor, sent: torch.Tensor

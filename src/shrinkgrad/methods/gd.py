@@ -6,21 +6,12 @@ server steps x^{t+1} = x^t − γ (1/n) Σ_i (message_i).
 
 from __future__ import annotations
 
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from .base import (
-    METHODS,
-    ClientT,
-    Config,
-    GradientOracle,
-    Message,
-    Method,
-    Requirement,
-    Runtime,
-    ServerT,
-)
+from ..compressors import Compressor
+from .base import METHODS, ClientT, Config, GradientOracle, Message, Method, Runtime, ServerT
 from .stepsize import theory_function
 
 __all__ = ["DCGD", "GD", "DelayRule", "Group", "XState", "dcgd_theory"]
@@ -75,6 +66,10 @@ class _GradientStep(Method[XState, Group]):
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         return dcgd_theory(cfg)
 
+    @property
+    def identity_is_gd(self) -> bool:
+        return True
+
     def init_clients(
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
     ) -> tuple[Group, Message]:
@@ -88,6 +83,17 @@ class _GradientStep(Method[XState, Group]):
     ) -> XState:
         assert aggregate is not None
         return XState(server.x - cfg.stepsize * aggregate)
+
+    def server_direction(
+        self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int
+    ) -> tuple[XState, torch.Tensor]:
+        """x ← x − γ·aggregate (:meth:`server_post`; no ``server_pre``): the direction is the
+        aggregate itself."""
+        assert aggregate is not None
+        return server, aggregate
+
+    def unsupported(self, runtime: Runtime) -> str | None:
+        return None if runtime == "hook" else super().unsupported(runtime)
 
 
 @METHODS.register("gd")
@@ -117,19 +123,46 @@ class DCGD(DelayRule[XState, Group], _GradientStep):
     Client i sends Q_i^t(∇f_i(x^t)) with an unbiased compressor (a fresh keyed draw per client
     and round); the server steps x^{t+1} = x^t − γ (1/n) Σ_i Q_i^t(∇f_i(x^t)). No client state.
     Converges to a neighbourhood of size ∝ γω(1/n)Σ‖∇f_i(x*)‖² unless all ∇f_i(x*) = 0.
-    Theory step: 1/(L + 2ωL_max/n) (``stepsize_dcgd``, convex f_i, (D)).
+    Theory step: 1/(L + 2ωL_max/n) (``stepsize_dcgd``, convex f_i, (D)). ``biased=true`` also
+    accepts contractive compressors (compressed GD without error feedback, the DDP hook's
+    ``error_feedback="none"``): the same arithmetic, no theory step.
     """
 
-    requires: ClassVar[Requirement] = "unbiased"
+    requires = "unbiased"
+
+    def __init__(self, biased: bool = False) -> None:
+        if not isinstance(biased, bool):
+            raise TypeError(f"dcgd: biased must be true or false, got {biased!r}")
+        #: also accept contractive (biased) compressors: plain compressed GD without error
+        #: feedback (e.g. Top-k SGD), the baseline error feedback corrects; no theory step
+        self.biased = biased
+
+    def default_spec(self) -> str:
+        return "dcgd[biased=true]" if self.biased else "dcgd"
+
+    def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
+        if not self.biased or C.kind == "unbiased":
+            return super()._check_compressor(C, d)
+        return float(C.alpha(d)), None
 
     def theory_formula(self) -> str:
+        if self.biased:
+            return "1/(L + 2ω L_max/n) (stepsize_dcgd; unbiased compressors only)"
         return "1/(L + 2ω L_max/n) (stepsize_dcgd)"
+
+    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
+        if cfg.omega is None:
+            raise ValueError(
+                f"{self.name} with the biased compressor {cfg.compressor.name} has no theory step "
+                "size (DCGD's rule needs an unbiased one); pass a number, or use ef21"
+            )
+        return dcgd_theory(cfg)
 
     def client_step(
         self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int
     ) -> tuple[Group, Message]:
         ids = clients.ids
-        q = cfg.compress(oracle.grads(server.x, ids), ids, r)
+        q = cfg.compress(oracle.grads(server.x, ids), ids, r, sent_only=True)
         return clients, cfg.message(q, ids, cfg.compressed_traffic(q))
 
     # -- asynchronous: x ← x − γ w_i Q_i(∇f_i(x^{t−τ})) per arriving message ([K18]) -----------

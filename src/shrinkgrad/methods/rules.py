@@ -1,15 +1,14 @@
-"""The per-client update rules of error feedback, shared by the simulator and the DDP hooks.
+"""The per-client update rules of error feedback and client momentum, written once.
 
-A client step of :mod:`shrinkgrad.methods` and a DDP communication hook of
-:mod:`shrinkgrad.distributed` differ in where the gradient comes from (an oracle for a group of
-clients vs. the bucket that backward just filled) and in how the message travels (a dense tensor
-vs. an encoded payload), but the arithmetic of the client's memory is the same. It lives here,
-once; ``compress`` is whatever the caller uses to apply C (the simulator's keyed
-``cfg.compress``, the hook's encode-and-decode of the wire payload).
+The client steps of :mod:`shrinkgrad.methods` call these; every runtime runs those client steps
+(the DDP hook too, through :mod:`shrinkgrad.distributed.hooks`), so the arithmetic of a client's
+memory exists once. ``compress`` is whatever the client step passes to apply C (``cfg.compress``:
+the simulator's keyed call, the hook's encode-into-the-wire-buffer-and-decode).
 
-Both rules work on any shape (a group of clients on a leading axis, or one flat gradient) and
-either return new tensors (the functional style of the methods) or update the state in place
-(``inplace=True``: the hooks, which keep preallocated multi-megabyte buffers).
+The rules work on any shape (a group of clients on a leading axis) and either return new tensors
+(the functional style of the methods) or update the state in place (``inplace=True``: runtimes
+that own their state, ``Config.inplace``, such as the hook with its preallocated multi-megabyte
+buffers). Both forms compute the same operations, so they give the same bits.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["ef21_update", "ef_update"]
+__all__ = ["ef21_update", "ef_update", "momentum_update"]
 
 Compress = Callable[[torch.Tensor], torch.Tensor]
 
@@ -44,15 +43,37 @@ def ef21_update(
 
 
 def ef_update(
-    e: torch.Tensor, update: torch.Tensor, compress: Compress, *, inplace: bool = False
+    e: torch.Tensor,
+    update: torch.Tensor,
+    compress: Compress,
+    *,
+    inplace: bool = False,
+    step: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Classic error feedback's client update ([S14]): p = e + u; v = C(p); e ← p − v.
+    """Classic error feedback's client update ([S14]): p = e + s·u; v = C(p); e ← p − v.
 
-    ``update`` is u = γ∇f_i(x^t) in the method of methods.md §3 (the learning-rate-free form
-    u = ∇f_i, used by the DDP hooks, keeps e/γ instead of e). Returns ``(v, new e)``; the client
-    sends v and the server subtracts (1/n) Σ_i v_i. With ``inplace=True`` the new e is ``e``
-    itself.
+    In the method of methods.md §3, s·u = γ∇f_i(x^t) (``update`` = γ∇f_i and ``step`` 1, or
+    ``update`` = ∇f_i and ``step`` = γ). Returns ``(v, new e)``; the client sends v and the server
+    subtracts (1/n) Σ_i v_i. With ``inplace=True`` the new e is ``e`` itself (and ``update`` is
+    only read).
     """
-    p = e.add_(update) if inplace else e + update
+    if inplace:
+        p = e.add_(update, alpha=step) if step != 1.0 else e.add_(update)
+    else:
+        p = e + (update if step == 1.0 else step * update)
     v = compress(p)
     return v, (p.sub_(v) if inplace else p - v)
+
+
+def momentum_update(
+    v: torch.Tensor, grad: torch.Tensor, beta: float, *, inplace: bool = False
+) -> torch.Tensor:
+    """Client momentum: v ← β v + (1 − β) ∇ (Polyak's heavy ball as a moving average).
+
+    [FTR23] Alg. 1 (EF21-SGDM) line v_i^{t+1} = (1 − η) v_i^t + η ∇f_i(x^{t+1}, ξ_i^{t+1}) with
+    η = 1 − β. Returns the new v (``v`` itself with ``inplace=True``); both forms compute
+    ``v·β`` and then add ``(1 − β)·grad``, so they agree bit for bit.
+    """
+    if inplace:
+        return v.mul_(beta).add_(grad, alpha=1.0 - beta)
+    return torch.add(v * beta, grad, alpha=1.0 - beta)

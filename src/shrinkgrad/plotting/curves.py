@@ -1,17 +1,26 @@
 """Convergence figures as pure functions of a results table (design.md principle 11).
 
-:func:`aggregate` turns the per-seed rows of a results table into one curve per problem × method
-× compressor × step size: the median over seeds and a quantile band, on the union of the seeds'
-x values (each seed's curve is interpolated — log-linearly for positive y — only inside its own
-x range, so a run that stopped early contributes only where it has data). :func:`plot_results`
-draws them like the papers' figures: one panel per problem, log-scale y, legends made of the
-canonical spec strings with the step-size rule, and L_var, L_QM/L_AM in each panel's title.
-Nothing here reads files or global state: the same table gives the same figure.
+:func:`aggregate` turns the per-seed rows of a results table into one curve per panel ×
+method × compressor × step size: the median over seeds and a quantile band, on the union of
+the seeds' x values (each seed's curve is interpolated — log-linearly for positive y — only
+inside its own x range, so a run that stopped early contributes only where it has data).
+
+Diverged runs (``status == "diverged"``) never make a curve look good: they are left out of the
+median of the other seeds, and a curve whose every seed diverged is drawn thin, grey and dotted,
+ending in a cross, with "diverged" in the legend, and does not count for the y-limits.
+
+:func:`plot_results` draws them like the papers' figures: one panel per problem (``facet``),
+log-scale y for positive metrics, one legend per figure made of the canonical spec strings with
+the step-size rule, a colour per curve and a line style per method, readable ticks on short log
+axes, y-limits that ignore numerical floors, and L_var, L_QM/L_AM in each panel's title
+(:mod:`.style`). Nothing here reads files or global state: the same table gives the same figure.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -19,43 +28,66 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-__all__ = ["CURVE_KEYS", "X_AXES", "Y_AXES", "aggregate", "curve_label", "plot_results"]
+from .axes import X_AXES, Y_AXES, axis_of
+from .style import FIGURE_DPI, curve_styles, readable_log_ticks, save_figure, y_limits
 
-#: --x names and the results column each one plots
-X_AXES: dict[str, str] = {
-    "bits": "bits_up",
-    "bits_paper": "bits_up_paper",
-    "bits_down": "bits_down",
-    "rounds": "round",
-    "time": "time_s",
-}
-#: --y names and the results column each one plots
-Y_AXES: dict[str, str] = {"grad_norm_sq": "grad_norm_sq", "loss": "loss"}
+__all__ = ["CURVE_KEYS", "X_AXES", "Y_AXES", "aggregate", "curve_label", "plot_results"]
 
 #: what distinguishes one curve from another within a panel
 CURVE_KEYS = ("method", "compressor", "stepsize_spec")
-
-_AXIS_LABELS = {
-    "bits_up": "uplink bits per client (honest: values + indices + scales)",
-    "bits_up_paper": "#bits / n (papers' convention: 32 bits per sent float)",
-    "bits_down": "downlink bits per client",
-    "round": "rounds",
-    "time_s": "time (s, excluding metric evaluation)",
-    "grad_norm_sq": "‖∇f(xᵗ)‖²",
-    "loss": "f(xᵗ)",
-}
+#: the default panel column; a table without it is drawn in one panel
+DEFAULT_FACET = "problem_label"
+#: the value of ``status`` that marks a diverged run
+DIVERGED = "diverged"
 
 
 def _column(name: str, axes: dict[str, str], table: pd.DataFrame, what: str) -> str:
     col = axes.get(name, name)
     if col not in table.columns:
+        have = [k for k, c in axes.items() if c in table.columns]
+        hint = " (the problem has no held-out part)" if col.startswith("test_") else ""
         raise ValueError(
-            f"cannot plot {what}={name!r}: the results table has no column {col!r}; use one of "
-            + ", ".join(axes)
+            f"cannot plot {what}={name!r}: the results table has no column {col!r}{hint}; use "
+            "one of " + ", ".join(have or list(axes))
         )
     if not pd.api.types.is_numeric_dtype(table[col]):
         raise ValueError(f"cannot plot {what}={name!r}: column {col!r} is not numeric")
     return col
+
+
+def _facet(table: pd.DataFrame, facet: str | None) -> str | None:
+    """The panel column, checked: None for one panel (also for a missing default)."""
+    if facet is None or facet == "none":
+        return None
+    if facet not in table.columns:
+        if facet == DEFAULT_FACET:
+            return None
+        raise ValueError(
+            f"cannot facet by {facet!r}: the results table has no such column; use none or one "
+            "of " + ", ".join(map(str, table.columns))
+        )
+    return facet
+
+
+def _curve_keys(table: pd.DataFrame, facet: str | None) -> list[str]:
+    """The columns that tell the curves of one panel apart: :data:`CURVE_KEYS` but the facet,
+    and the problem when the panels are not the problems (curves never mix problems)."""
+    keys = [k for k in CURVE_KEYS if k != facet]
+    if (
+        facet != DEFAULT_FACET
+        and DEFAULT_FACET in table.columns
+        and table[DEFAULT_FACET].nunique(dropna=False) > 1
+    ):
+        keys.insert(0, DEFAULT_FACET)
+    return keys
+
+
+def _run_column(table: pd.DataFrame) -> str:
+    """The column that tells one run (seed) of a curve from another."""
+    for col in ("run_id", "seed_index"):
+        if col in table.columns:
+            return col
+    return "seed"
 
 
 def aggregate(
@@ -63,31 +95,34 @@ def aggregate(
     x: str = "bits",
     y: str = "grad_norm_sq",
     *,
-    facet: str = "problem_label",
+    facet: str | None = DEFAULT_FACET,
     quantiles: tuple[float, float] = (0.1, 0.9),
     max_points: int = 4000,
 ) -> pd.DataFrame:
     """Median and quantile band over seeds of ``y`` against ``x``, one curve per group.
 
-    Returns a long table with the columns ``facet``, :data:`CURVE_KEYS`, ``x``, ``median``,
-    ``lo``, ``hi`` and ``seeds`` (how many seeds have data at that x). ``x``/``y`` are axis names
-    of :data:`X_AXES`/:data:`Y_AXES` or column names. Where all seeds share their x values (the
-    usual case on the rounds axis, or for deterministic bit counts) the median is exactly the
-    median of the table's values.
+    Returns a long table with the columns ``facet`` (when used), the curve keys
+    (:data:`CURVE_KEYS` but the facet), ``x``, ``median``, ``lo``, ``hi``, ``seeds`` (how many
+    seeds have data at that x), ``diverged`` (how many of the curve's seeds diverged) and
+    ``all_diverged`` (the curve is made of diverged seeds only). ``x``/``y`` are axis names of
+    :data:`X_AXES`/:data:`Y_AXES` or column names; ``facet`` a column (None: one panel). Where
+    all seeds share their x values the median is exactly the median of the table's values.
     """
     xcol = _column(x, X_AXES, table, "x")
     ycol = _column(y, Y_AXES, table, "y")
     lo_q, hi_q = quantiles
     if not (0 <= lo_q <= 0.5 <= hi_q <= 1):
         raise ValueError(f"quantiles must satisfy 0 ≤ lo ≤ 0.5 ≤ hi ≤ 1, got {quantiles}")
-    keys = [facet, *CURVE_KEYS] if facet in table.columns else list(CURVE_KEYS)
+    panel = _facet(table, facet)
+    keys = ([panel] if panel else []) + _curve_keys(table, panel)
     missing = [k for k in keys if k not in table.columns]
     if missing:
         raise ValueError(f"the results table lacks the column(s) {', '.join(missing)}")
-    seed_col = "seed_index" if "seed_index" in table.columns else "seed"
+    seed_col = _run_column(table)
     out = []
     for group, df in table.groupby(keys, sort=False, dropna=False):
-        series = []
+        series: list[tuple[np.ndarray, np.ndarray]] = []
+        bad: list[tuple[np.ndarray, np.ndarray]] = []
         for _, s in df.groupby(seed_col, sort=True):
             s = s.sort_values(xcol)
             xs = s[xcol].to_numpy(dtype=np.float64)
@@ -97,34 +132,42 @@ def aggregate(
             if xs.size:
                 # a repeated x (nothing sent in a round) keeps its last value
                 last = np.r_[xs[1:] != xs[:-1], True]
-                series.append((xs[last], ys[last]))
-        if not series:
+                diverged = "status" in s.columns and bool((s["status"] == DIVERGED).any())
+                (bad if diverged else series).append((xs[last], ys[last]))
+        all_diverged = not series
+        use = series or bad
+        if not use:
             continue
-        grid = np.unique(np.concatenate([xs for xs, _ in series]))
-        if grid.size > max_points:
-            grid = np.linspace(grid[0], grid[-1], max_points)
-        values = np.full((len(series), grid.size), np.nan)
-        for i, (xs, ys) in enumerate(series):
-            values[i] = _interp(grid, xs, ys)
-        count = np.isfinite(values).sum(axis=0)
-        keep = count > 0
-        with np.errstate(all="ignore"):
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                med = np.nanmedian(values[:, keep], axis=0)
-                lo = np.nanquantile(values[:, keep], lo_q, axis=0)
-                hi = np.nanquantile(values[:, keep], hi_q, axis=0)
-        frame = pd.DataFrame(
-            {"x": grid[keep], "median": med, "lo": lo, "hi": hi, "seeds": count[keep]}
-        )
+        frame = _median_band(use, lo_q, hi_q, max_points)
+        frame["diverged"] = len(bad)
+        frame["all_diverged"] = all_diverged
         for k, v in zip(keys, group if isinstance(group, tuple) else (group,), strict=True):
             frame.insert(0, k, cast(Any, v))  # a group key: str or number
         out.append(frame)
     if not out:
         raise ValueError("nothing to plot: the results table has no finite values")
-    return pd.concat(out, ignore_index=True)[[*keys, "x", "median", "lo", "hi", "seeds"]]
+    cols = [*keys, "x", "median", "lo", "hi", "seeds", "diverged", "all_diverged"]
+    return pd.concat(out, ignore_index=True)[cols]
+
+
+def _median_band(
+    series: list[tuple[np.ndarray, np.ndarray]], lo_q: float, hi_q: float, max_points: int
+) -> pd.DataFrame:
+    """Median and band of the seeds' curves on the union of their x values."""
+    grid = np.unique(np.concatenate([xs for xs, _ in series]))
+    if grid.size > max_points:
+        grid = np.linspace(grid[0], grid[-1], max_points)
+    values = np.full((len(series), grid.size), np.nan)
+    for i, (xs, ys) in enumerate(series):
+        values[i] = _interp(grid, xs, ys)
+    count = np.isfinite(values).sum(axis=0)
+    keep = count > 0
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(values[:, keep], axis=0)
+        lo = np.nanquantile(values[:, keep], lo_q, axis=0)
+        hi = np.nanquantile(values[:, keep], hi_q, axis=0)
+    return pd.DataFrame({"x": grid[keep], "median": med, "lo": lo, "hi": hi, "seeds": count[keep]})
 
 
 def _interp(grid: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
@@ -146,7 +189,10 @@ def _interp(grid: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
 def curve_label(row: pd.Series | dict[str, Any], rule: str | None = None) -> str:
     """The legend entry of a curve: canonical specs, and the step-size rule when given."""
-    text = f"{row['method']} · {row['compressor']} · γ={row['stepsize_spec']}"
+    parts = [str(row[k]) for k in (DEFAULT_FACET, "method", "compressor") if k in row]
+    if "stepsize_spec" in row:
+        parts.append(f"γ={row['stepsize_spec']}")
+    text = " · ".join(parts)
     return f"{text} ({rule})" if rule else text
 
 
@@ -167,18 +213,16 @@ def _rules(
 
 
 def _panel_title(df: pd.DataFrame, name: str) -> str:
-    import textwrap
-
     first = df.iloc[0]
     parts = []
     for col, fmt in (("n_clients", "n={}"), ("d", "d={}")):
-        if col in df.columns:
+        if col in df.columns and df[col].nunique() == 1:
             parts.append(fmt.format(first[col]))
-    if "L_var" in df.columns and np.isfinite(first["L_var"]):
+    if "L_var" in df.columns and df["L_var"].nunique() == 1 and np.isfinite(first["L_var"]):
         scale = float(first["L_AM"]) ** 2 if "L_AM" in df.columns else 1.0
         lvar = float(first["L_var"])
         parts.append("L_var=0" if abs(lvar) <= 1e-12 * scale else f"L_var={lvar:.3g}")
-    if {"L_QM", "L_AM"} <= set(df.columns) and first["L_AM"] > 0:
+    if {"L_QM", "L_AM"} <= set(df.columns) and df["L_AM"].nunique() == 1 and first["L_AM"] > 0:
         parts.append(f"L_QM/L_AM={first['L_QM'] / first['L_AM']:.3g}")
     # wrap long labels (problem specs) after a comma, never inside a word
     head = "\n".join(textwrap.wrap(name.replace(",", ", "), 60)).replace(", ", ",")
@@ -191,130 +235,150 @@ def plot_results(
     y: str = "grad_norm_sq",
     out: str | Path | None = None,
     *,
-    facet: str = "problem_label",
+    facet: str | None = DEFAULT_FACET,
     quantiles: tuple[float, float] = (0.1, 0.9),
     title: str | None = None,
-    logy: bool = True,
+    logy: bool | None = None,
     logx: bool = False,
     formats: Sequence[str] = ("png", "pdf"),
-    dpi: int = 110,
+    dpi: int = FIGURE_DPI,
     ncols: int = 3,
+    max_decades: float = 12.0,
 ) -> tuple[Any, list[Path]]:
     """Draw ``y`` against ``x`` for every curve of ``table``; save to ``out.png``/``out.pdf``.
 
-    One panel per value of ``facet`` (the problem), one line per method × compressor × step
-    size (median over seeds) with a shaded quantile band. Returns the matplotlib Figure and the
-    paths written (none when ``out`` is None). Raises ValueError for unknown axes or an empty
-    table.
+    One panel per value of ``facet`` (the problem; None or ``"none"``: one panel), one line
+    per method × compressor × step size (median over seeds) with a shaded quantile band, one
+    legend for the figure. ``logy`` defaults to the metric's scale (log for ‖∇f‖² and losses,
+    linear for accuracy); a log axis spans at most ``max_decades`` below its highest value.
+    Returns the matplotlib Figure and the paths written (none when ``out`` is None). Raises
+    ValueError for unknown axes, facets or formats, or an empty table, and OSError when a file
+    cannot be written.
     """
     from matplotlib.figure import Figure
 
     agg = aggregate(table, x, y, facet=facet, quantiles=quantiles)
     xcol = _column(x, X_AXES, table, "x")
     ycol = _column(y, Y_AXES, table, "y")
-    has_facet = facet in table.columns
-    panels = list(dict.fromkeys(agg[facet])) if has_facet else [None]
-    keys = [facet, *CURVE_KEYS] if has_facet else list(CURVE_KEYS)
-    curve_ids = list(dict.fromkeys(map(tuple, agg[list(CURVE_KEYS)].to_numpy().tolist())))
-    # few curves: a legend in each panel, with each curve's γ; many: one legend below the
-    # panels (the same colour is the same curve in every panel), with the rule only
-    shared = len(curve_ids) > 4
-    rules = _rules(table, keys, with_value=not shared)
-    colors = _palette(len(curve_ids))
+    log_y = axis_of(ycol).log if logy is None else bool(logy)
+    panel_col = _facet(table, facet)
+    curve_keys = _curve_keys(table, panel_col)
+    panels = list(dict.fromkeys(agg[panel_col])) if panel_col else [None]
+    curve_ids = list(dict.fromkeys(map(tuple, agg[curve_keys].to_numpy().tolist())))
+    methods = [dict(zip(curve_keys, c, strict=True)).get("method", "") for c in curve_ids]
+    styles = dict(zip(curve_ids, curve_styles(curve_ids, methods), strict=True))
+    # one legend: with one panel each curve's γ value too; with several, γ differs by panel
+    keys = ([panel_col] if panel_col else []) + curve_keys
+    rules = _rules(table, keys, with_value=len(panels) == 1)
     cols = min(ncols, len(panels))
     rows = math.ceil(len(panels) / cols)
-    width = max(4.6 * cols, 7.0 if shared else 0.0)
-    extra = 0.16 * math.ceil(len(curve_ids) / max(1, int(width // 4.5))) if shared else 0.0
-    if not shared:
-        longest = max(
-            (
-                len(curve_label(dict(zip(CURVE_KEYS, c, strict=True)), r))
-                for c in curve_ids
-                for r in rules.values()
-            ),
-            default=0,
-        )
-        if longest > 60:  # the legends go under the panels, two lines per curve
-            extra = rows * (0.25 * len(curve_ids) + 0.2)
-    fig = Figure(figsize=(width, 3.6 * rows + 0.4 + extra), layout="constrained")
+    width = max(4.6 * cols, 6.4)
+    longest = max(
+        (
+            len(curve_label(dict(zip(curve_keys, c, strict=True)), r))
+            for c in curve_ids
+            for r in (rules.values() or [None])
+        ),
+        default=0,
+    )
+    outside = len(panels) > 1 or len(curve_ids) > 6
+    legend_cols = max(1, int(width // (4.6 if longest > 60 else 3.6)))
+    lines = 2 if longest > 60 else 1
+    legend_h = (
+        (0.14 * lines + 0.04) * math.ceil(len(curve_ids) / legend_cols) + 0.25 if outside else 0.0
+    )
+    fig = Figure(figsize=(width, 3.6 * rows + 0.4 + legend_h), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
+    handles: dict[str, Any] = {}
     for ax, panel in zip(axes.flat, panels, strict=False):
-        sub = agg[agg[facet] == panel] if has_facet else agg
-        src = table[table[facet] == panel] if has_facet else table
+        sub = agg[agg[panel_col] == panel] if panel_col else agg
+        src = table[table[panel_col] == panel] if panel_col else table
+        shown = sub[~sub["all_diverged"].astype(bool)]
+        limits = y_limits(
+            np.concatenate([shown[c].to_numpy(dtype=np.float64) for c in ("median", "lo", "hi")]),
+            log_y,
+            max_decades,
+        )
+        floor = limits[0] if limits is not None else 0.0
         for cid in curve_ids:
             mask = np.ones(len(sub), dtype=bool)
-            for k, v in zip(CURVE_KEYS, cid, strict=True):
+            for k, v in zip(curve_keys, cid, strict=True):
                 mask &= (sub[k] == v).to_numpy()
             c = sub[mask]
             if c.empty:
                 continue
-            color = colors[curve_ids.index(cid)]
-            key = ((panel,) if has_facet else ()) + tuple(cid)
-            label = curve_label(dict(zip(CURVE_KEYS, cid, strict=True)), rules.get(key))
-            ax.plot(c["x"].to_numpy(), c["median"].to_numpy(), color=color, lw=1.4, label=label)
-            if (c["lo"] != c["hi"]).any():
-                ax.fill_between(
-                    c["x"].to_numpy(),
-                    c["lo"].to_numpy(),
-                    c["hi"].to_numpy(),
-                    color=color,
-                    alpha=0.2,
-                    lw=0,
-                )
-        if logy and (sub["median"] > 0).all():
+            key = ((panel,) if panel_col else ()) + tuple(cid)
+            label = curve_label(dict(zip(curve_keys, cid, strict=True)), rules.get(key))
+            line = _draw_curve(ax, c, styles[cid], label, log_y, floor)
+            handles.setdefault(str(line.get_label()), line)
+        if log_y and limits is not None:
             ax.set_yscale("log")
+        if limits is not None:
+            ax.set_ylim(*limits)
+            if log_y:
+                readable_log_ticks(ax.yaxis, *limits)
         if logx and (sub["x"] > 0).all():
             ax.set_xscale("log")
         if xcol.startswith("bits"):
             from matplotlib.ticker import EngFormatter
 
             ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, 1.5M bits
-        ax.set_xlabel(_AXIS_LABELS.get(xcol, xcol), fontsize=8)
-        ax.set_ylabel(_AXIS_LABELS.get(ycol, ycol), fontsize=8)
+        ax.set_xlabel(axis_of(xcol).label, fontsize=8)
+        ax.set_ylabel(axis_of(ycol).label, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(True, which="major", alpha=0.3)
         if panel is not None:
             ax.set_title(_panel_title(src, str(panel)), fontsize=8)
-        if not shared:
-            longest = max((len(str(h.get_label())) for h in ax.get_lines()), default=0)
-            if longest > 60:  # long labels would hide the curves: two lines, under the panel
-                lines = ax.get_lines()
-                wrapped = [str(h.get_label()).replace(" (", "\n(", 1) for h in lines]
-                ax.legend(
-                    lines, wrapped, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22)
-                )
-            else:
-                ax.legend(fontsize=6, loc="best")
-    if shared:
-        handles: dict[str, Any] = {}
-        for ax in axes.flat[: len(panels)]:
-            for line in ax.get_lines():
-                handles.setdefault(str(line.get_label()), line)
-        fig.legend(
-            list(handles.values()),
-            list(handles),
-            loc="outside lower center",
-            ncols=max(1, int(width // 4.5)),
-            fontsize=6,
-            frameon=False,
-        )
+    _legend(fig, axes.flat[0], handles, outside, legend_cols)
     if title:
         fig.suptitle(title, fontsize=10)
-    paths: list[Path] = []
-    if out is not None:
-        stem = Path(out)
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        for fmt in formats:
-            path = stem.with_name(f"{stem.name}.{fmt}")
-            fig.savefig(path, dpi=dpi)
-            paths.append(path)
+    paths = save_figure(fig, Path(out), formats, dpi) if out is not None else []
     return fig, paths
 
 
-def _palette(n: int) -> list[Any]:
-    from matplotlib import colormaps
+def _draw_curve(
+    ax: Any, c: pd.DataFrame, style: dict[str, Any], label: str, log_y: bool, floor: float
+) -> Any:
+    """One curve: its median line and band; a curve of diverged seeds only is thin, grey,
+    dotted and ends in a cross. On a log axis values ≤ 0 are drawn below the floor (they run
+    off the bottom of the panel instead of vanishing)."""
+    xs = c["x"].to_numpy()
 
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]
-    return [cmap(i % cmap.N) for i in range(n)]
+    def ys(col: str) -> np.ndarray:
+        v = c[col].to_numpy(dtype=np.float64)
+        return np.where(v > 0, v, floor * 1e-3) if log_y and floor > 0 else v
+
+    n_div = int(c["diverged"].iloc[0])
+    if bool(c["all_diverged"].iloc[0]):
+        (line,) = ax.plot(
+            xs, ys("median"), color="0.55", lw=0.9, ls=":", label=f"{label} — diverged"
+        )
+        ax.plot(xs[-1:], ys("median")[-1:], color="0.35", marker="x", ms=6, ls="none")
+        return line
+    seeds = int(c["seeds"].max()) + n_div
+    extra = f" ({n_div}/{seeds} seeds diverged, left out)" if n_div else ""
+    (line,) = ax.plot(xs, ys("median"), lw=1.4, label=label + extra, **style)
+    if (c["lo"] != c["hi"]).any():
+        ax.fill_between(xs, ys("lo"), ys("hi"), color=style["color"], alpha=0.2, lw=0)
+    return line
+
+
+def _legend(fig: Any, ax: Any, handles: dict[str, Any], outside: bool, ncols: int) -> None:
+    """One legend for the figure: inside a single panel with few curves, else below."""
+    if not handles:
+        return
+    long = max(len(k) for k in handles) > 60
+    labels = [k.replace(" (", "\n(", 1) if long else k for k in handles]
+    if not outside:
+        ax.legend(list(handles.values()), labels, fontsize=6, loc="best")
+    else:
+        fig.legend(
+            list(handles.values()),
+            labels,
+            loc="outside lower center",
+            ncols=ncols,
+            fontsize=6,
+            frameon=False,
+        )

@@ -277,11 +277,12 @@ def _unknown() -> NoReturn:
 PROBLEMS: Registry[Problem] = Registry("problem", base=Problem)
 
 
-def make_problem(spec: str | Spec | Problem) -> Problem:
+def make_problem(spec: str | Spec | Problem, **params: Any) -> Problem:
     """Build a problem by name (see ``shrinkgrad list problems`` for names and parameters).
 
-    Example: ``make_problem("logistic_regression[dataset=a9a,n_clients=20]")``. Every factory is
-    registered when the package :mod:`shrinkgrad.problems` is imported, which importing this
+    Example: ``make_problem("logistic_regression[dataset=a9a,n_clients=20]")``, or with keyword
+    arguments ``make_problem("logistic_regression", dataset="a9a", n_clients=20)``. Every factory
+    is registered when the package :mod:`shrinkgrad.problems` is imported, which importing this
     module already does.
     """
-    return PROBLEMS.make(spec)
+    return PROBLEMS.make(spec, **params)

@@ -39,6 +39,8 @@ from typing import IO, Any
 import numpy as np
 import scipy.sparse as sp
 
+from .memory import MemoryBudgetError, check_memory
+
 __all__ = [
     "BUNDLED",
     "IMAGE_DATASETS",
@@ -225,6 +227,8 @@ def load(dataset: str | os.PathLike[str] | Dataset, *, n_features: int | None = 
     ):
         raise ValueError(f"n_features must be a positive integer, got {n_features!r}")
     text = os.fspath(dataset)
+    if n_features is not None:
+        _check_dimension(n_features, text)
     if isinstance(dataset, str) and text in IMAGE_DATASETS:
         info_img = IMAGE_DATASETS[text]
         width = math.prod(info_img.image_shape)
@@ -292,6 +296,7 @@ def _load_file(
         raise DatasetError(f"{path}, line {line}: {why}") from None
     if X.shape[0] == 0:
         raise DatasetError(f"{path}, line 1: the file has no samples (it is empty or all comments)")
+    _check_dimension(int(X.shape[1]), path)
     X = sp.csr_matrix(X, dtype=np.float64)
     if not np.all(np.isfinite(X.data)) or not np.all(np.isfinite(y)):
         line, why = _locate(path, n_features)
@@ -302,6 +307,18 @@ def _load_file(
 
     y_pm, values = _map_labels(np.asarray(y, dtype=np.float64), path, locate=locate_label)
     return Dataset(name, _freeze(X), y_pm, values, source)
+
+
+def _check_dimension(d: int, where: str) -> None:
+    """Refuse (one line) a declared dimension d whose float64 vector (the iterate) cannot fit."""
+    try:
+        check_memory(
+            8.0 * d,
+            f"{where}: d = {d:,} features; one float64 vector of d entries (the iterate x)",
+            "select or hash the features to fewer dimensions",
+        )
+    except MemoryBudgetError as e:
+        raise DatasetError(str(e)) from None
 
 
 def _freeze(X: sp.csr_matrix) -> sp.csr_matrix:

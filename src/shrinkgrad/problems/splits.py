@@ -296,9 +296,10 @@ def check_parts(parts: Sequence[np.ndarray], n_samples: int) -> list[np.ndarray]
     return out
 
 
-def make_split(spec: str | Spec | Split) -> Split:
-    """Build a split from its name, e.g. ``make_split("shuffled[seed=1]")``."""
-    return SPLITS.make(spec)
+def make_split(spec: str | Spec | Split, **params: Any) -> Split:
+    """Build a split from its name, e.g. ``make_split("shuffled[seed=1]")`` or
+    ``make_split("shuffled", seed=1)``."""
+    return SPLITS.make(spec, **params)
 
 
 def resolve_split(

@@ -5,8 +5,8 @@ source and validates its input. Formulas marked (?) in methods.md are all in
 :mod:`shrinkgrad.theory.stepsizes` and say so in their docstrings.
 
 * :mod:`~shrinkgrad.theory.constants`: L_AM, L_QM, L_max, L_var, EF21-W weights, θ(α), β(α), ξ(α);
-* :mod:`~shrinkgrad.theory.stepsizes`: EF21 (original, reloaded/EF21-W, PL, PP, SGD), rare
-  features, delayed gradients, single-node unbiased compression, DCGD;
+* :mod:`~shrinkgrad.theory.stepsizes`: EF21 (original, reloaded/EF21-W, PL, PP, SGD, SGDM), EF21+,
+  rare features, delayed gradients, single-node unbiased compression, DCGD, DIANA;
 * :mod:`~shrinkgrad.theory.complexity`: predicted rounds and bits to reach ‖∇f‖² ≤ ε.
 """
 
@@ -16,17 +16,21 @@ from .complexity import bits_to_accuracy, lyapunov0, rounds_ef21, rounds_ef21_pl
 from .constants import L_AM, L_QM, L_max, L_var, beta, ef21w_weights, theta, xi
 from .stepsizes import (
     dcgd_neighborhood,
+    diana_alpha,
     ef21_sgd_noise_floor,
     ef21_sgd_nu,
     ef21_speedup,
     pp_constants,
     stepsize_dcgd,
     stepsize_delayed,
+    stepsize_diana,
     stepsize_ef21,
     stepsize_ef21_pl,
+    stepsize_ef21_plus,
     stepsize_ef21_pp,
     stepsize_ef21_reloaded,
     stepsize_ef21_sgd,
+    stepsize_ef21_sgdm,
     stepsize_ef21w,
     stepsize_ef21w_pl,
     stepsize_ef21w_pp,
@@ -44,6 +48,7 @@ __all__ = [
     "beta",
     "bits_to_accuracy",
     "dcgd_neighborhood",
+    "diana_alpha",
     "ef21_sgd_noise_floor",
     "ef21_sgd_nu",
     "ef21_speedup",
@@ -54,11 +59,14 @@ __all__ = [
     "rounds_ef21_pl",
     "stepsize_dcgd",
     "stepsize_delayed",
+    "stepsize_diana",
     "stepsize_ef21",
     "stepsize_ef21_pl",
+    "stepsize_ef21_plus",
     "stepsize_ef21_pp",
     "stepsize_ef21_reloaded",
     "stepsize_ef21_sgd",
+    "stepsize_ef21_sgdm",
     "stepsize_ef21w",
     "stepsize_ef21w_pl",
     "stepsize_ef21w_pp",

@@ -28,17 +28,21 @@ from .constants import check_alpha, check_nonnegative, check_positive, xi
 
 __all__ = [
     "dcgd_neighborhood",
+    "diana_alpha",
     "ef21_sgd_noise_floor",
     "ef21_sgd_nu",
     "ef21_speedup",
     "pp_constants",
     "stepsize_dcgd",
     "stepsize_delayed",
+    "stepsize_diana",
     "stepsize_ef21",
     "stepsize_ef21_pl",
+    "stepsize_ef21_plus",
     "stepsize_ef21_pp",
     "stepsize_ef21_reloaded",
     "stepsize_ef21_sgd",
+    "stepsize_ef21_sgdm",
     "stepsize_ef21w",
     "stepsize_ef21w_pl",
     "stepsize_ef21w_pp",
@@ -83,6 +87,23 @@ def stepsize_ef21_reloaded(L: SupportsFloat, L_AM: SupportsFloat, alpha: Support
 
 #: EF21-W uses the reloaded rule ([EFR] Thm 2); the alias keeps call sites readable.
 stepsize_ef21w = stepsize_ef21_reloaded
+
+
+def stepsize_ef21_plus(L: SupportsFloat, L_QM: SupportsFloat, alpha: SupportsFloat) -> float:
+    """EF21+ ([EF21] §EF21+; the authors' ``bdfg_plus_*`` code): γ = 1/(L + L_QM ξ(α)).
+
+    EF21+ keeps, per client, whichever of the EF21 estimator g_i + C(∇f_i − g_i) and the plain
+    compressed gradient C(∇f_i) is closer to ∇f_i. (D) The chosen estimator's error is, draw by
+    draw, at most that of the EF21 candidate, so the per-client contraction of [EF21] Lemma 3
+    (E‖g_i⁺ − ∇f_i⁺‖² ≤ (1 − θ)‖g_i − ∇f_i‖² + β L_i² ‖x⁺ − x‖²) holds for EF21+ as well, and
+    with it every EF21 rule that uses only that contraction: this one ([EF21] Thm 1) and the
+    reloaded 1/(L + L_AM ξ(α)) ([EFR] Thm 3, :func:`stepsize_ef21_reloaded`). The authors' code
+    runs EF21+ at the EF21 step (V).
+    """
+    return _inverse(
+        check_nonnegative("L", L) + check_nonnegative("L_QM", L_QM) * xi(alpha),
+        "stepsize_ef21_plus",
+    )
 
 
 def stepsize_ef21_pl(
@@ -370,6 +391,30 @@ def stepsize_ef21w_sgd(
     return _inverse(L_ + A * xi(_alpha_nu(a, v)), "stepsize_ef21w_sgd")
 
 
+def stepsize_ef21_sgdm(
+    L: SupportsFloat, L_QM: SupportsFloat, alpha: SupportsFloat, eta: SupportsFloat
+) -> float:
+    """EF21-SGDM: γ = min{α/(20 L_QM), η/(7L)} ([FTR23] Thm 3, (?)).
+
+    [FTR23] Fatkhullin, Tyurin, Richtárik, *Momentum Provably Improves Error Feedback!*,
+    NeurIPS 2023, Alg. 1: v_i ← (1 − η) v_i + η ∇f_i(x, ξ_i), then EF21 on v_i (the method
+    ``ef21_sgdm[beta]`` with η = 1 − β). Its main theorem allows any γ up to
+    min{α/(20 L̃), η/(7L)} with L̃ = L_QM, under smoothness and bounded variance, and then tunes η
+    to the noise (η = 1 for exact gradients). (?) The constants 20 and 7 are the ones of the
+    theorem as we read it; the text available here (the abstract) could not confirm them, so the
+    rule is marked unconfirmed, like the others of this module that methods.md marks (?). The
+    rule is conservative: for α = η = 1 it is min{1/(20 L_QM), 1/(7L)}, far below GD's 1/L.
+    """
+    L_, Q = check_positive("L", L), check_positive("L_QM", L_QM)
+    a = check_alpha(alpha)
+    e = check_positive("eta", eta)
+    if e > 1.0:
+        raise ValueError(
+            f"eta (= 1 − beta, the momentum weight of the new gradient) must be in (0, 1], got {e}"
+        )
+    return min(a / (20.0 * Q), e / (7.0 * L_))
+
+
 def ef21_sgd_noise_floor(
     alpha: SupportsFloat, sigma2: SupportsFloat, *, nu: SupportsFloat | None = None
 ) -> float:
@@ -456,6 +501,66 @@ def stepsize_unbiased_single_optimal(L: SupportsFloat, omega: SupportsFloat) -> 
     Half of :func:`stepsize_unbiased_single`; it guarantees E f(x⁺) ≤ f(x) − ‖∇f(x)‖²/(2L(1 + ω)).
     """
     return 0.5 * stepsize_unbiased_single(L, omega)
+
+
+def diana_alpha(omega: SupportsFloat, alpha: SupportsFloat | None = None) -> float:
+    """DIANA's shift step size α: ``alpha`` checked against α ≤ 1/(1 + ω), or 1/(1 + ω) itself.
+
+    [DIANA] (Mishchenko, Gorbunov, Takáč, Richtárik 2019) and [HKMSR] (Horváth et al. 2019) take
+    α ≤ 1/(1 + ω); then E‖h_i + αQ(Δ) − ∇f_i‖² ≤ (1 − α)‖Δ‖² for Δ = ∇f_i − h_i (see
+    :func:`stepsize_diana`).
+    """
+    w = check_nonnegative("omega", omega)
+    bound = 1.0 / (1.0 + w)
+    if alpha is None:
+        return bound
+    a = check_positive("alpha", alpha)
+    if a > bound * (1.0 + 1e-12):
+        raise ValueError(
+            f"DIANA's theory needs alpha ≤ 1/(1 + ω) = {bound:.6g} (ω = {w:g}), got alpha = {a:g}; "
+            "omit alpha (it defaults to 1/(1 + ω)) or pass a numeric stepsize"
+        )
+    return min(a, bound)
+
+
+def stepsize_diana(
+    L: SupportsFloat,
+    L_QM: SupportsFloat,
+    omega: SupportsFloat,
+    n: int,
+    alpha: SupportsFloat | None = None,
+) -> float:
+    """DIANA, smooth nonconvex f_i: γ = 2/(L + √(L² + 4K²)), K = √(ω/n) L_QM/(1 − √(1 − α)) (D).
+
+    The largest step of the following analysis (derived here; the published nonconvex DIANA rate
+    of [HKMSR] has the same dependence (1 + (1 + ω)√(ω/n)) L, its constants are (?)).
+    Assumptions: f L-smooth and bounded below by f^inf, f_i L_i-smooth, independent unbiased
+    compressors with variance ω, α ≤ 1/(1 + ω) (:func:`diana_alpha`, default 1/(1 + ω)).
+    DIANA: Δ_i = ∇f_i(x^k) − h_i, ĝ = h + (1/n) Σ Q_i(Δ_i), x^{k+1} = x^k − γĝ,
+    h_i ← h_i + αQ_i(Δ_i). With H^k = (1/n) Σ ‖h_i^k − ∇f_i(x^k)‖²:
+
+    1. E ĝ = ∇f(x^k) and E‖ĝ − ∇f‖² ≤ (ω/n) H^k (independent draws);
+    2. E‖h_i + αQ(Δ_i) − ∇f_i(x^k)‖² = (1 − 2α)‖Δ_i‖² + α² E‖Q(Δ_i)‖² ≤ (1 − α)‖Δ_i‖²;
+    3. Young (s > 0) and L_i-smoothness: E H^{k+1} ≤ (1 − θ) H^k + β L_QM² γ² E‖ĝ‖² with
+       θ = 1 − (1 + s)(1 − α), β = 1 + 1/s;
+    4. the descent lemma: E f(x^{k+1}) ≤ f(x^k) − γ‖∇f‖² + (Lγ²/2)(‖∇f‖² + (ω/n) H^k).
+
+    For Φ = f − f^inf + cH with c = Lγ²ω/(2n(θ − βL_QM²γ²ω/n)) these give
+    E Φ^{k+1} ≤ Φ^k − (γ/2)‖∇f(x^k)‖² whenever Lγ + (β/θ)(ω/n) L_QM² γ² ≤ 1; β/θ is smallest,
+    1/(1 − √(1 − α))², at 1 + s = 1/√(1 − α), and the positive root of the quadratic is the
+    step above. Then (1/T) Σ_k E‖∇f(x^k)‖² ≤ 2Φ⁰/(γT) with Φ⁰ = f(x⁰) − f^inf + cH⁰ (H⁰ = 0 when
+    h_i⁰ = ∇f_i(x⁰)). ω = 0 gives 1/L (gradient descent); the tests check the decrease exactly,
+    by enumerating every draw of rand-1, at this step.
+    """
+    L_, Q = check_nonnegative("L", L), check_nonnegative("L_QM", L_QM)
+    w = check_nonnegative("omega", omega)
+    k = _check_int("n (number of clients)", n, 1)
+    a = diana_alpha(w, alpha)
+    if w == 0.0:
+        return _inverse(L_, "stepsize_diana")
+    K = math.sqrt(w / k) * Q * (1.0 + math.sqrt(1.0 - a)) / a  # 1/(1 − √(1 − α)), stably
+    denominator = L_ + math.sqrt(L_ * L_ + 4.0 * K * K)
+    return 2.0 * _inverse(denominator, "stepsize_diana")
 
 
 def stepsize_dcgd(L: SupportsFloat, L_max: SupportsFloat, omega: SupportsFloat, n: int) -> float:

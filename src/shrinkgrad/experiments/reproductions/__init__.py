@@ -178,6 +178,29 @@ class ReproductionResult:
     figures: list[Path]
     elapsed_s: float
     summary_path: Path
+    #: the command line that ran it (re-running it resumes an interrupted reproduction)
+    command: tuple[str, ...] = ()
+
+    @property
+    def progress(self) -> tuple[int, int | None]:
+        """(runs finished, runs in the config — None when the executor does not say)."""
+        table = self.outcome.table
+        done = int(table["run_id"].nunique()) if "run_id" in table.columns else 0
+        runs = getattr(self.outcome, "runs", None)
+        total = len(runs) if isinstance(runs, pd.DataFrame) else None
+        return done, total
+
+    @property
+    def resume_command(self) -> str:
+        """What to run to finish an interrupted reproduction (its own command line again)."""
+        import shlex
+
+        if self.command:
+            return shlex.join(self.command)
+        profile = self.config.profile
+        flag = "--quick" if profile == "quick" else f"--profile {profile}" if profile else ""
+        words = ["shrinkgrad reproduce", self.reproduction.name, flag, "--out"]
+        return " ".join(w for w in words if w) + " " + shlex.quote(str(self.out))
 
     @property
     def table(self) -> pd.DataFrame:
@@ -263,7 +286,17 @@ def reproduce(
     }
     summary_path = out_dir / "summary.json"
     write_json(summary_path, summary)
-    return ReproductionResult(rep, cfg, out_dir, outcome, claims, figures, elapsed, summary_path)
+    return ReproductionResult(
+        rep,
+        cfg,
+        out_dir,
+        outcome,
+        claims,
+        figures,
+        elapsed,
+        summary_path,
+        tuple(command) if command is not None else (),
+    )
 
 
 def draw(
@@ -284,7 +317,6 @@ def draw(
             facet=spec.facet,
             logx=spec.logx,
             title=f"{rep.title} ({rep.paper})",
-            dpi=90,
         )
         paths += written
     if rep.figures is not None:

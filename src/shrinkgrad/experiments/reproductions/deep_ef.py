@@ -2,7 +2,8 @@
 
 Set-up (the config says which): an MLP on a9a and the small CNN on scikit-learn's digits, n = 20
 clients split by label (every client sees one class, or two), Top-k with k ≈ 5% of d. Full
-gradients: uncompressed GD, Top-k without feedback (``cgd``), classic EF [S14] and EF21.
+gradients: uncompressed GD, Top-k without feedback (``dcgd[biased=true]``), classic EF [S14]
+and EF21.
 Minibatches (b per client and round): uncompressed SGD (``ef21_sgd`` with the identity
 compressor, which is exactly minibatch SGD), EF21-SGD and EF21-SGDM [FTR23] with Top-k. Every
 method runs at every step size of its grid and is tuned: its step is the one with the lowest
@@ -40,7 +41,7 @@ from . import REPRODUCTIONS, PlotSpec, Reproduction
 DEFAULTS: dict[str, Any] = {
     "ef21": "ef21",
     "ef": "ef",
-    "no_feedback": "cgd",
+    "no_feedback": "dcgd[biased=true]",
     "gd": "gd",
     "sgd": "ef21_sgd[b=16]",
     "sgdm": "ef21_sgdm[beta=0.9,b=16]",

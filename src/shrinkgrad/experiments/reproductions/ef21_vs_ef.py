@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from ...plotting.style import FIGURE_DPI
 from ..claims import Claim, fmt, median, reach, runs_of
 from . import REPRODUCTIONS, PlotSpec, Reproduction
 
@@ -147,7 +148,7 @@ def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> 
     paths = []
     for ext in ("png", "pdf"):
         p = directory / f"final_vs_multiplier.{ext}"
-        fig.savefig(p, dpi=90)
+        fig.savefig(p, dpi=FIGURE_DPI)
         paths.append(p)
     return paths
 

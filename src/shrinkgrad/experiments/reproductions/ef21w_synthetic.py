@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from ...plotting.style import FIGURE_DPI
 from ..claims import Claim, fmt
 from . import REPRODUCTIONS, PlotSpec, Reproduction
 from .common import ef21w_ratios
@@ -110,7 +111,7 @@ def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> 
     paths = []
     for ext in ("png", "pdf"):
         p = directory / f"advantage_vs_L_var.{ext}"
-        fig.savefig(p, dpi=90)
+        fig.savefig(p, dpi=FIGURE_DPI)
         paths.append(p)
     return paths
 

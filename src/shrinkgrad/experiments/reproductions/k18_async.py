@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ...plotting.style import FIGURE_DPI
 from ..claims import Claim, fmt
 from ..config import ExperimentConfig
 from ..results import CONFIG_COLUMNS, default_format, write_table
@@ -310,7 +311,7 @@ def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> 
     )
     fig.tight_layout()
     path = directory / "convergence.png"
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=FIGURE_DPI)
     plt.close(fig)
     paths.append(path)
     runs_dir = directory.parent / "runs"

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ...plotting.style import FIGURE_DPI
 from ...registry import parse_spec
 from ..claims import Claim, fmt, median, rank_correlation, reach, runs_of, tail_mean
 from . import REPRODUCTIONS, PlotSpec, Reproduction
@@ -310,7 +311,7 @@ def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> 
     paths = []
     for ext in ("png", "pdf"):
         p = directory / f"tradeoff_and_floor.{ext}"
-        fig.savefig(p, dpi=90)
+        fig.savefig(p, dpi=FIGURE_DPI)
         paths.append(p)
     return paths
 

@@ -1,0 +1,245 @@
+"""The method adapter: how the hook runs a registered method on one tensor of one rank.
+
+Every tensor is its own problem: the method is bound (``Method.bind``, so its compressor check,
+its weights and its constants are its own) to ``Constants(n=world size, d=numel, L=None,
+L_i=weights)`` with step size 1 and the tensor's compressor, and runs one client, ``ids =
+[rank]``. The pieces it talks to are the hook's:
+
+* :class:`HookOracle` — ``oracle.grads(x, ids)`` is the bucket's slice of this tensor (a view the
+  caller may overwrite, ``fresh``; a copy during the initialisation, which may keep it);
+* :class:`HookConfig` — ``cfg.compress`` encodes into the plan's preallocated wire buffer
+  (through the :class:`Port` the hook sets for each tensor) and returns the decoded message;
+  ``cfg.scratch`` is a preallocated work vector; ``cfg.inplace`` is set, so the method updates
+  its state tensors in place; bit counting is the hook's own (the traffic methods return zeros);
+* the server state's ``x`` is the zero displacement: the hook's frame moves with the model, and
+  :meth:`~shrinkgrad.methods.Method.server_direction` / ``init_direction`` give the direction D
+  that the optimizer applies (x ← x − lr·D).
+
+The optimizer's learning rate is the method's γ: a method's step size enters only through D,
+except for the methods that apply it on the clients (EF), which then run learning-rate free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ...methods.base import Config, Message, Method, State, Traffic
+from ...rng import Keys
+
+__all__ = ["Adapter", "HookConfig", "HookOracle", "Port"]
+
+#: ``encode(p, sent_only) -> C(p)``: puts C(p)'s message on the wire, returns what the method
+#: sees as C(p) (``p`` itself is allowed when ``sent_only``)
+Encoder = Callable[[torch.Tensor, bool], torch.Tensor]
+
+
+class Port:
+    """Where ``cfg.compress`` of the tensor being processed sends its message (set per tensor)."""
+
+    def __init__(self) -> None:
+        self.encoder: Encoder | None = None
+        self.scratch_vector: torch.Tensor | None = None
+        self.result: torch.Tensor | None = None  # what compress returned (the message)
+        self.method = ""
+
+    def open(self, encoder: Encoder, scratch: torch.Tensor, method: str) -> None:
+        self.encoder, self.scratch_vector, self.result, self.method = encoder, scratch, None, method
+
+    def compress(self, x: torch.Tensor, sent_only: bool) -> torch.Tensor:
+        if self.encoder is None:
+            raise RuntimeError("the hook's compressor port is not open (internal error)")
+        if self.result is not None:
+            raise ValueError(
+                f"{self.method} compresses twice in one round; a DDP hook sends one message per "
+                "tensor and round"
+            )
+        out = self.encoder(x, sent_only)
+        self.result = out
+        return out
+
+    def sent(self, msg: Message) -> bool:
+        """Whether the message's values are what ``compress`` returned (then it is on the wire)."""
+        v, r = msg.values, self.result
+        if v is None or r is None:
+            return False
+        return v.data_ptr() == r.data_ptr() and v.shape == r.shape
+
+    def close(self) -> None:
+        self.encoder = self.scratch_vector = self.result = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HookConfig(Config):
+    """A bound method's :class:`~shrinkgrad.methods.Config` in a DDP hook (module docstring)."""
+
+    port: Port = dataclasses.field(default_factory=Port)
+    #: the zero Traffic the client steps report (the hook counts bytes at the collectives)
+    nothing: Traffic | None = None
+    #: the reduction weights as floats, and whether they are all 1/n (then the hook sums and
+    #: divides by n once, as DDP's own all-reduce does)
+    w: tuple[float, ...] = ()
+    uniform: bool = True
+
+    def compress(
+        self, x: torch.Tensor, ids: torch.Tensor, round: int, *, sent_only: bool = False
+    ) -> torch.Tensor:
+        return self.port.compress(x, sent_only)
+
+    def scratch(self, like: torch.Tensor) -> torch.Tensor:
+        s = self.port.scratch_vector
+        if s is None or s.numel() != like.numel():
+            return torch.empty_like(like)
+        return s.view(like.shape)
+
+    def dense_traffic(self, m: int, *, down: bool = True) -> Traffic:
+        assert self.nothing is not None
+        return self.nothing
+
+    def compressed_traffic(
+        self, c: torch.Tensor, active: torch.Tensor | None = None, *, down: bool = True
+    ) -> Traffic:
+        assert self.nothing is not None
+        return self.nothing
+
+    def no_traffic(self, m: int) -> Traffic:
+        assert self.nothing is not None
+        return self.nothing
+
+
+class HookOracle:
+    """``oracle.grads(x, ids)``: this rank's gradient of the tensor being processed, (1, d)."""
+
+    #: the caller may overwrite what grads returns (it is the bucket, about to be overwritten)
+    fresh = True
+
+    def __init__(self) -> None:
+        self.x: torch.Tensor | None = None
+        self.copy = False
+        self.read = False
+
+    def load(self, x: torch.Tensor, *, copy: bool) -> None:
+        self.x, self.copy, self.read = x.view(1, -1), copy, False
+
+    def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        assert self.x is not None
+        self.read = True
+        return self.x.clone() if self.copy else self.x
+
+    def stoch_grads(
+        self, x: torch.Tensor, ids: torch.Tensor, batch_sizes: torch.Tensor, keys: Keys
+    ) -> torch.Tensor:
+        raise TypeError(
+            "a DDP hook has only the gradient that backward computed; a method that samples its "
+            "own minibatches cannot run there"
+        )
+
+
+class Adapter:
+    """Runs one method for every tensor: the bound configurations (per size and compressor), the
+    oracle, the port, and the calls of the method's parts."""
+
+    def __init__(self, method: Method[Any, Any], constants: Callable[[int], Any], seed: int):
+        self.method = method
+        self._constants = constants
+        self._seed = seed
+        self.port = Port()
+        self.oracle = HookOracle()
+        self._configs: dict[tuple[int, str, torch.dtype, torch.device], HookConfig] = {}
+        self._zeros: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+        self.rank = 0
+
+    def config(self, numel: int, compressor: Any, like: torch.Tensor) -> HookConfig:
+        """The method bound for a tensor of ``numel`` entries and ``compressor`` (cached)."""
+        key = (numel, compressor.name, like.dtype, like.device)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            bound = self.method.bind(
+                self._constants(numel),
+                compressor,
+                stepsize=1.0,
+                seed=self._seed,
+                dtype=like.dtype,
+                device=like.device,
+            )
+            base = {
+                f.name: getattr(bound.cfg, f.name)
+                for f in dataclasses.fields(Config)
+                if not f.name.startswith("_")
+            }
+            z = torch.zeros(1, dtype=torch.float64, device=like.device)
+            base.update(inplace=True)
+            w = tuple(float(v) for v in bound.cfg.weights.tolist())
+            cfg = HookConfig(
+                **base,
+                port=self.port,
+                nothing=Traffic(z, z, z),
+                w=w,
+                uniform=len(set(w)) == 1,
+            )
+            self._configs[key] = cfg
+        return cfg
+
+    def x0(self, numel: int, like: torch.Tensor) -> torch.Tensor:
+        """The zero displacement (a broadcast zero: writing into it fails loudly)."""
+        key = (numel, like.dtype, like.device)
+        z = self._zeros.get(key)
+        if z is None:
+            z = torch.zeros((), dtype=like.dtype, device=like.device).expand(numel)
+            self._zeros[key] = z
+        return z
+
+    def ids(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor([self.rank], dtype=torch.int64, device=device)
+
+    # -- the parts ---------------------------------------------------------------------------
+    def init_clients(
+        self, cfg: HookConfig, x: torch.Tensor, encoder: Encoder, scratch: torch.Tensor
+    ) -> tuple[Any, Message, bool]:
+        """The method's client initialisation on this rank's gradient ``x`` (d,): (client state,
+        message, whether it read the gradient)."""
+        self.oracle.load(x, copy=True)
+        self.port.open(encoder, scratch, self.method.name)
+        try:
+            clients, msg = self.method.init_clients(
+                cfg, self.x0(x.numel(), x), self.oracle, self.ids(x.device)
+            )
+        finally:
+            self.port.close()
+        return clients, msg, self.oracle.read
+
+    def client_step(
+        self,
+        cfg: HookConfig,
+        state: State[Any, Any],
+        x: torch.Tensor,
+        encoder: Encoder,
+        scratch: torch.Tensor,
+    ) -> tuple[Any, Message, bool]:
+        """One round of the method's client part on ``x`` (d,): (new client state, message,
+        whether the message is on the wire already, i.e. it is what ``cfg.compress`` returned)."""
+        self.oracle.load(x, copy=False)
+        self.port.open(encoder, scratch, self.method.name)
+        try:
+            clients, msg = self.method.client_step(
+                cfg, state.server, state.clients, self.oracle, state.round + 1
+            )
+            sent = self.port.sent(msg)
+        finally:
+            self.port.close()
+        return clients, msg, sent
+
+    def init_server(
+        self, cfg: HookConfig, numel: int, like: torch.Tensor, aggregate: torch.Tensor | None
+    ) -> tuple[Any, torch.Tensor]:
+        """(the server state of round 1 before its clients act, the direction D of iteration 0)."""
+        return self.method.init_direction(cfg, self.x0(numel, like), aggregate)
+
+    def server_step(
+        self, cfg: HookConfig, state: State[Any, Any], aggregate: torch.Tensor | None
+    ) -> tuple[Any, torch.Tensor]:
+        """(the server state of the next round before its clients act, the direction D)."""
+        return self.method.server_direction(cfg, state.server, aggregate, state.round + 1)

@@ -1,0 +1,284 @@
+"""The hook's configuration: argument checks, the method (and its deprecated aliases), the
+compressor of every tensor size, and the keys of the random draws.
+
+Nothing here runs per step except :meth:`Settings.keys` and the cached lookups of
+:meth:`Settings.compressor_for`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from ...compressors import COMPRESSORS, Compressor
+from ...methods.base import Constants, Method, UnknownConstantError, make_method
+from ...methods.ef21 import EF21
+from ...methods.ef21_sgdm import EF21SGDM, ClientMomentum
+from ...rng import Keys
+
+__all__ = ["ALIASES", "STREAM", "ErrorFeedback", "Mode", "Settings", "resolve_method"]
+
+#: the deprecated ``error_feedback=`` names and the methods they stand for
+ErrorFeedback = Literal["none", "ef", "ef21", "ef21_w"]
+ALIASES: dict[str, str] = {
+    "none": "dcgd[biased=true]",
+    "ef": "ef",
+    "ef21": "ef21",
+    "ef21_w": "ef21_w",
+}
+#: stream of the hooks' keyed draws (see :mod:`shrinkgrad.rng`)
+STREAM = "ddp_hook"
+#: how compressed messages travel (see :attr:`Settings.collective`)
+Mode = Literal["allreduce", "values", "allgather"]
+
+_IDENTITY = COMPRESSORS.make("identity")
+
+
+def _check_int(name: str, value: Any, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def resolve_method(
+    method: str | Method[Any, Any] | None,
+    error_feedback: str | None,
+    momentum: float,
+    warmup_steps: int,
+) -> Method[Any, Any]:
+    """The method the hook runs, from ``method=``, the deprecated ``error_feedback=`` and
+    ``momentum=`` (docs/distributed.md, "methods"); raises for a method that cannot run in a hook.
+
+    * ``error_feedback`` ``"none"``/``"ef"``/``"ef21"``/``"ef21_w"`` → ``dcgd[biased=true]`` (any
+      compressor, no memory), ``ef``, ``ef21``, ``ef21_w`` (with a DeprecationWarning); with
+      ``warmup_steps=0`` EF21's memory started at zero, so the alias is then ``init=zero``;
+    * ``momentum=β`` > 0: plain EF21 becomes ``ef21_sgdm[beta=β]``, any other method gets the same
+      client momentum in front (:class:`~shrinkgrad.methods.ClientMomentum`).
+    """
+    if error_feedback is not None:
+        if method is not None:
+            raise ValueError(
+                f"give method= or the deprecated error_feedback=, not both (got method={method!r}, "
+                f"error_feedback={error_feedback!r})"
+            )
+        if error_feedback not in ALIASES:
+            raise ValueError(
+                f"error_feedback must be one of {', '.join(ALIASES)}, got {error_feedback!r}"
+            )
+        spec = ALIASES[error_feedback]
+        if error_feedback in ("ef21", "ef21_w") and warmup_steps == 0:
+            spec += "[init=zero]"
+        warnings.warn(
+            f"CompressionState(error_feedback={error_feedback!r}) is deprecated; use "
+            f"method={spec!r}",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        method = spec
+    m = make_method("dcgd[biased=true]" if method is None else method)
+    if momentum > 0.0:
+        if isinstance(m, ClientMomentum):
+            raise ValueError(
+                f"momentum={momentum:g} and method {m.name!r} both put a momentum on the clients; "
+                "drop momentum= (ef21_sgdm[beta=...] is EF21 with client momentum)"
+            )
+        if type(m) is EF21 and not (m.weighted or m.partial or m.batch is not None):
+            m = EF21SGDM(beta=momentum, init=m.init)
+        else:
+            m = ClientMomentum(m, momentum)
+    m.check_runtime("hook")
+    return m
+
+
+@dataclasses.dataclass
+class Settings:
+    """The validated configuration of a :class:`~shrinkgrad.distributed.CompressionState`."""
+
+    method: Method[Any, Any]
+    template: str | Compressor
+    ratio: float | None
+    weights: torch.Tensor | None  # the ranks' weights as given (float64), or None
+    seed: int
+    warmup_steps: int
+    min_numel: int
+    world_size: int
+    rank: int
+    _compressors: dict[int, Compressor | None] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        compressor: str | Compressor,
+        *,
+        method: str | Method[Any, Any] | None,
+        error_feedback: str | None,
+        ratio: float | None,
+        weights: Sequence[float] | torch.Tensor | None,
+        seed: int,
+        warmup_steps: int,
+        momentum: float,
+        min_numel: int,
+        world_size: int,
+        rank: int,
+    ) -> Settings:
+        seed = _check_int("seed", seed)
+        warmup_steps = _check_int("warmup_steps", warmup_steps)
+        min_numel = _check_int("min_numel", min_numel)
+        if (
+            isinstance(momentum, bool)
+            or not isinstance(momentum, (int, float))
+            or not (0.0 <= float(momentum) < 1.0)
+        ):
+            raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
+        if ratio is not None and (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, (int, float))
+            or not 0.0 < float(ratio) <= 1.0
+        ):
+            raise ValueError(f"ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got {ratio!r}")
+        m = resolve_method(method, error_feedback, float(momentum), warmup_steps)
+        out = cls(
+            method=m,
+            template=compressor,
+            ratio=None if ratio is None else float(ratio),
+            weights=None,
+            seed=seed,
+            warmup_steps=warmup_steps,
+            min_numel=min_numel,
+            world_size=world_size,
+            rank=rank,
+        )
+        out.weights = out._check_weights(weights)
+        out.build_compressor(None)  # validates the name (k may still be missing)
+        return out
+
+    # -- the ranks' weights ----------------------------------------------------------------------
+    def _check_weights(self, weights: Sequence[float] | torch.Tensor | None) -> torch.Tensor | None:
+        """The weights as given, checked against what the method needs (EF21-W's L_i)."""
+        n, name = self.world_size, self.method.name
+        w = None
+        if weights is not None:
+            w = torch.as_tensor(weights, dtype=torch.float64).reshape(-1).cpu()
+            if w.numel() != n:
+                raise ValueError(
+                    f"weights needs one entry per rank (world size {n}), got {w.numel()}"
+                )
+            if not bool(torch.isfinite(w).all()) or bool((w <= 0).any()):
+                raise ValueError(f"weights must be finite and > 0, got {w.tolist()}")
+        try:
+            self.method.client_weights(Constants(n, 1))
+        except UnknownConstantError:
+            if w is None:
+                raise ValueError(
+                    f"method {name!r} needs weights: one positive number per rank, e.g. the ranks' "
+                    "smoothness constants L_i ([EFR] Alg. 2: w_i = L_i / Σ_j L_j)"
+                ) from None
+            return w
+        if w is not None:
+            raise ValueError(
+                f"weights are the ranks' weights of a weighted method (method='ef21_w'); method "
+                f"{name!r} does not use them"
+            )
+        return None
+
+    def constants(self, numel: int) -> Constants:
+        """The constants a tensor of ``numel`` entries is bound with: n = world size, d = numel,
+        L unknown, and the weights as the ranks' L_i (EF21-W normalises them itself)."""
+        return Constants(self.world_size, numel, None, self.weights)
+
+    # -- compressors ------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The compressor's name as used in result tables (``top_k[ratio=0.01]`` style)."""
+        C = self.build_compressor(None)
+        base = C.name if C is not None else str(self.template)
+        return f"{base}[ratio={self.ratio:g}]" if self.ratio is not None else base
+
+    def build_compressor(self, k: int | None) -> Compressor | None:
+        """The compressor, with ``k`` substituted when a ratio is used (None: not yet known)."""
+        if self.ratio is None:
+            return COMPRESSORS.make(self.template)
+        text = self.template.spec if isinstance(self.template, Compressor) else self.template
+        if not text:
+            raise ValueError(
+                "ratio needs the compressor by name (e.g. 'top_k' or 'rand_k[shared_seed=true]')"
+            )
+        entry = COMPRESSORS.entry(str(text).split("[")[0].split("(")[0].strip())
+        if "k" not in {p.name for p in entry.keyword}:
+            raise ValueError(
+                f"ratio={self.ratio:g} needs a compressor with a k parameter (top_k, rand_k, "
+                f"rand_k_scaled), got {text!r}; drop ratio for this compressor"
+            )
+        if k is None:
+            return None
+        return COMPRESSORS.make(text, k=k)
+
+    def compressor_for(self, numel: int) -> Compressor | None:
+        """The compressor of a tensor with ``numel`` entries (None: sent uncompressed)."""
+        if numel in self._compressors:
+            return self._compressors[numel]
+        C: Compressor | None = None
+        if numel >= max(self.min_numel, 1):
+            if self.ratio is not None:
+                C = self.build_compressor(min(numel, max(1, math.ceil(self.ratio * numel))))
+            else:
+                C = self.build_compressor(None)
+            assert C is not None
+            try:
+                C.bits(numel)
+            except ValueError as e:
+                raise ValueError(
+                    f"cannot compress a tensor of {numel} entries with {C.name}: {e}; use ratio=, "
+                    f"or min_numel > {numel} to send such tensors uncompressed"
+                ) from None
+        self._compressors[numel] = C
+        return C
+
+    @staticmethod
+    def identity() -> Compressor:
+        """The compressor of uncompressed tensors and of the warm-up iterations."""
+        return _IDENTITY
+
+    @property
+    def collective(self) -> Mode:
+        """How compressed messages travel: ``allreduce`` (dense results, summable), ``values``
+        (shared-seed sparsifiers: the k values, summable) or ``allgather`` (packed payloads)."""
+        C = self.build_compressor(None if self.ratio is None else 1)
+        assert C is not None
+        if C.collective == "allreduce":
+            return "allreduce"
+        if getattr(C, "shared_seed", False):
+            return "values"
+        return "allgather"
+
+    # -- keys --------------------------------------------------------------------------------------
+    def keys(self, C: Compressor, uid: int, rank: int, iteration: int) -> Keys | None:
+        """The keys of ``rank``'s draw for tensor ``uid`` at ``iteration`` (None: deterministic).
+
+        ``Keys.derive(seed, round=iteration, client=rank, stream="ddp_hook").fold(uid)``, with
+        client 0 on every rank for ``shared_seed`` compressors.
+        """
+        if C.deterministic:
+            return None
+        client = 0 if getattr(C, "shared_seed", False) else rank
+        return Keys.derive(self.seed, round=iteration, client=client, stream=STREAM).fold(uid)
+
+    def describe(self) -> dict[str, Any]:
+        """What a checkpoint must match (:mod:`.memory`)."""
+        template = self.template.spec if isinstance(self.template, Compressor) else self.template
+        return {
+            "compressor": str(template),
+            "ratio": self.ratio,
+            "method": self.method.name,
+            "weights": None if self.weights is None else self.weights.tolist(),
+            "seed": self.seed,
+            "warmup_steps": self.warmup_steps,
+            "min_numel": self.min_numel,
+            "world_size": self.world_size,
+            "rank": self.rank,
+        }

@@ -1,0 +1,195 @@
+"""The hook's memory: the method state of every tensor, its snapshot (overflows) and checkpoints.
+
+A tensor's error-feedback memory *is* the method's state for that tensor (design.md principle
+13): a :class:`~shrinkgrad.methods.State` (round, server part, client part of this rank), keyed by
+the tensor's canonical id. For checkpoints a state is flattened into plain tensors named by their
+path (``server.g``, ``clients.g``, ``clients.v``, ``clients.inner.g``, ...); the fields the hook
+owns are left out: ``server.x`` (the zero displacement) and the ``ids`` (this rank). A loaded
+state is rebuilt when its tensor is first planned, on a template from the method's own
+initialisation, so a checkpoint holds nothing but tensors and numbers (``torch.load`` with
+``weights_only=True`` reads it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ...methods.base import State
+from .plan import Unit
+
+__all__ = ["STATE_FORMAT", "Memory"]
+
+#: format tag of :meth:`CompressionState.state_dict <shrinkgrad.distributed.CompressionState>`
+STATE_FORMAT = "shrinkgrad.distributed.CompressionState/2"
+_OLD_FORMAT = "shrinkgrad.distributed.CompressionState/1"
+
+
+def _skipped(path: str) -> bool:
+    """The hook's own fields: the zero displacement ``server.x`` and every ``ids`` (this rank)."""
+    return path == "server.x" or path.endswith(".ids")
+
+
+#: ``template(uid) -> State``: a state of the right structure for the tensor ``uid``
+Template = Callable[[int], State[Any, Any]]
+
+
+def _is_tuple(v: Any) -> bool:
+    return isinstance(v, tuple) and hasattr(v, "_fields")
+
+
+def _leaves(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    if _is_tuple(value):
+        for name in value._fields:
+            yield from _leaves(f"{prefix}.{name}", getattr(value, name))
+    elif not _skipped(prefix):
+        yield prefix, value
+
+
+def flatten(state: State[Any, Any]) -> dict[str, Any]:
+    """The saved leaves of a state: ``{path: tensor or number}``."""
+    return dict(_leaves("server", state.server)) | dict(_leaves("clients", state.clients))
+
+
+def _fill(prefix: str, template: Any, saved: dict[str, Any], where: str) -> Any:
+    if _is_tuple(template):
+        return template._replace(
+            **{
+                name: _fill(f"{prefix}.{name}", getattr(template, name), saved, where)
+                for name in template._fields
+            }
+        )
+    if _skipped(prefix):
+        return template
+    if prefix not in saved:
+        raise ValueError(f"{where}: the checkpoint lacks {prefix!r}")
+    value = saved[prefix]
+    if isinstance(template, torch.Tensor):
+        if not isinstance(value, torch.Tensor) or value.shape != template.shape:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(
+                f"{where}: {prefix!r} has shape {shape} in the checkpoint but "
+                f"{tuple(template.shape)} in this model"
+            )
+        return template.copy_(value)
+    return value
+
+
+class Memory:
+    """Method states by tensor id, with the snapshot that undoes an overflowing iteration."""
+
+    def __init__(self, template: Template) -> None:
+        self._template = template
+        self.states: dict[int, State[Any, Any]] = {}
+        #: loaded from a checkpoint, rebuilt when the tensor is first planned: (round, leaves)
+        self.pending: dict[int, tuple[int, dict[str, Any]]] = {}
+        self._backup: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
+
+    def get(self, uid: int) -> State[Any, Any] | None:
+        state = self.states.get(uid)
+        if state is None and uid in self.pending:
+            round_, saved = self.pending.pop(uid)
+            t = self._template(uid)
+            where = f"the hook state of tensor #{uid}"
+            state = State(
+                round_,
+                _fill("server", t.server, saved, where),
+                _fill("clients", t.clients, saved, where),
+            )
+            extra = sorted(set(saved) - set(flatten(state)))
+            if extra:
+                raise ValueError(f"{where}: the checkpoint has {extra}, which this method lacks")
+            self.states[uid] = state
+        return state
+
+    def put(self, uid: int, state: State[Any, Any]) -> None:
+        self.states[uid] = state
+
+    def check(self, u: Unit) -> None:
+        """A planned tensor against the memory kept (or loaded) for its id: same size."""
+        state = self.states.get(u.uid)
+        if state is not None:
+            leaves = flatten(state)
+        elif u.uid in self.pending:
+            leaves = self.pending[u.uid][1]
+        else:
+            return
+        for name, t in leaves.items():
+            if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[-1] != u.numel:
+                raise ValueError(
+                    f"the error-feedback state {name!r} of tensor #{u.uid} has {t.shape[-1]} "
+                    f"entries but the model's gradient has {u.numel}: the checkpoint belongs to "
+                    "another model (or another parameter order)"
+                )
+
+    # -- overflows ------------------------------------------------------------------------------
+    def snapshot(self) -> None:
+        """Copy every state into the backup (buffers reused from the previous snapshot)."""
+        backup: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
+        for uid, state in self.states.items():
+            old = self._backup.get(uid, (0, {}))[1]
+            saved: dict[str, torch.Tensor] = {}
+            for name, t in flatten(state).items():
+                if not isinstance(t, torch.Tensor):
+                    continue
+                b = old.get(name)
+                if b is None or b.shape != t.shape or b.dtype != t.dtype or b.device != t.device:
+                    b = torch.empty_like(t)
+                saved[name] = b.copy_(t)
+            backup[uid] = (state.round, saved)
+        self._backup = backup
+
+    def restore(self) -> None:
+        """The states as at the last snapshot (states created since are dropped)."""
+        for uid in list(self.states):
+            if uid not in self._backup:
+                del self.states[uid]
+                continue
+            round_, saved = self._backup[uid]
+            state = self.states[uid]
+            for name, t in flatten(state).items():
+                if name in saved:
+                    t.copy_(saved[name])
+            self.states[uid] = State(round_, state.server, state.clients)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for uid, (round_, saved) in self.pending.items():
+            out[uid] = {"round": round_, "state": {k: _cpu(v) for k, v in saved.items()}}
+        for uid, state in self.states.items():
+            out[uid] = {
+                "round": state.round,
+                "state": {k: _cpu(v) for k, v in flatten(state).items()},
+            }
+        return dict(sorted(out.items()))
+
+    def load(self, memory: dict[Any, dict[str, Any]]) -> None:
+        self.states = {}
+        self._backup = {}
+        self.pending = {
+            int(uid): (int(entry["round"]), {k: _cpu(v) for k, v in entry["state"].items()})
+            for uid, entry in memory.items()
+        }
+
+    @staticmethod
+    def check_format(state: Any) -> None:
+        if isinstance(state, dict) and state.get("format") == _OLD_FORMAT:
+            raise ValueError(
+                f"this hook checkpoint has the format {_OLD_FORMAT!r} of shrinkgrad before the "
+                "hook ran registered methods; its memory cannot be mapped exactly onto the method "
+                "states (the uncompressed tensors carry method state now): restore the model and "
+                "the optimizer, and start the hook state afresh (it initialises in one dense "
+                "iteration)"
+            )
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                "not a CompressionState checkpoint (expected the dict of state_dict(), format "
+                f"{STATE_FORMAT!r})"
+            )
+
+
+def _cpu(v: Any) -> Any:
+    return v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v

@@ -1,0 +1,255 @@
+"""EF21-SGDM ([FTR23]) and client momentum in front of any method.
+
+[FTR23] Fatkhullin, Tyurin, Richtárik, *Momentum Provably Improves Error Feedback!*, NeurIPS 2023,
+Alg. 1 (EF21-SGDM), round t + 1 with η = 1 − β:
+
+1. server: x^{t+1} = x^t − γ g^t;
+2. client i: v_i ← (1 − η) v_i + η ∇̂f_i(x^{t+1}) (Polyak momentum as a moving average of the
+   client's stochastic gradients); c_i = C(v_i − g_i); g_i ← g_i + c_i; sends c_i;
+3. server: g^{t+1} = g^t + (1/n) Σ_i c_i.
+
+Steps 1 and 3 and the EF21 part of step 2 are EF21's own (:mod:`shrinkgrad.methods.ef21`): the
+method is :class:`ClientMomentum`, which keeps v_i and hands it to the inner method as the
+client's gradient, around plain EF21. Momentum starts from v_i = 0, applied to the initial
+gradient as well: v_i⁰ = (1 − β) ∇f_i(x⁰) and g_i⁰ = v_i⁰ (EF21's ``init="full"`` on v) — the
+semantics of the DDP hook's ``momentum=β`` since it was written (a momentum-free optimizer at
+learning rate lr/(1 − β) then gives SGD(lr, momentum=β) for an exact compressor). With β = 0 the
+method is EF21 exactly.
+
+The same wrapper puts client momentum in front of DCGD, EF or EF21-W (the DDP hook's
+``momentum=β`` with those methods); those combinations have no theory step size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+
+from ..compressors import Compressor
+from ..rng import Keys
+from .base import (
+    METHODS,
+    Config,
+    Constants,
+    GradientOracle,
+    Init,
+    Message,
+    Method,
+    Runtime,
+)
+from .ef21 import EF21
+from .rules import momentum_update
+from .stepsize import theory_function
+
+__all__ = ["EF21SGDM", "ClientMomentum", "MomentumClients"]
+
+
+class MomentumClients(NamedTuple):
+    """Client state of :class:`ClientMomentum`: the momenta v_i (m, d) and the inner method's
+    client state (a NamedTuple with the same ids)."""
+
+    ids: torch.Tensor
+    v: torch.Tensor
+    inner: Any
+
+
+class _Given:
+    """The oracle the inner method sees: the clients' momenta as their gradients."""
+
+    #: the inner method must not overwrite v (it is the client state)
+    fresh = False
+
+    def __init__(self, v: torch.Tensor, ids: torch.Tensor) -> None:
+        self.v, self.ids = v, ids
+
+    def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if ids is self.ids or torch.equal(ids, self.ids):
+            return self.v
+        index = torch.full((int(self.ids.max()) + 1,), -1, dtype=torch.int64, device=ids.device)
+        index[self.ids] = torch.arange(self.ids.numel(), device=ids.device)
+        rows = index[ids]
+        if bool((rows < 0).any()):
+            raise ValueError(f"clients {ids[rows < 0].tolist()} are not in this group")
+        return self.v[rows]
+
+    def stoch_grads(
+        self, x: torch.Tensor, ids: torch.Tensor, batch_sizes: torch.Tensor, keys: Keys
+    ) -> torch.Tensor:
+        raise TypeError(
+            "client momentum feeds the inner method its momenta, not minibatches: wrap a method "
+            "with exact gradients (give the minibatch size to the momentum, b=...)"
+        )
+
+
+class _FirstGradient:
+    """The oracle of the inner method's initialisation: v_i⁰ = (1 − β) ∇f_i(x⁰) (momentum from
+    v = 0), computed only if the inner initialisation asks for a gradient."""
+
+    fresh = False
+
+    def __init__(self, oracle: GradientOracle, beta: float) -> None:
+        self.oracle, self.beta = oracle, beta
+        self.v: torch.Tensor | None = None
+
+    def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        self.v = (1.0 - self.beta) * self.oracle.grads(x, ids)
+        return self.v.clone()  # the inner state must not share memory with v
+
+    def stoch_grads(
+        self, x: torch.Tensor, ids: torch.Tensor, batch_sizes: torch.Tensor, keys: Keys
+    ) -> torch.Tensor:
+        raise TypeError("the initialisation uses exact gradients")
+
+
+class ClientMomentum(Method[Any, MomentumClients]):
+    """Client momentum in front of ``inner``: v_i ← β v_i + (1 − β) ∇̂f_i(x), the inner method
+    then runs on v_i as its client gradient (module docstring; [FTR23] Alg. 1 for EF21).
+
+    Parameters
+    ----------
+    inner:
+        a method whose client step reads exact gradients (``oracle.grads``): ef21, ef21_w, ef,
+        dcgd, gd.
+    beta:
+        the momentum β ∈ [0, 1) (η = 1 − β of [FTR23]).
+    batch:
+        minibatch size b of the gradient estimators ∇̂f_i (keyed by (seed, "minibatch", i,
+        round)); ``None`` uses the oracle's gradients (exact in the simulator, the training
+        loop's minibatch gradient in a DDP hook). The initialisation uses exact gradients.
+    """
+
+    def __init__(self, inner: Method[Any, Any], beta: float = 0.9, batch: int | None = None):
+        if not isinstance(inner, Method) or isinstance(inner, ClientMomentum):
+            raise TypeError(f"client momentum wraps one method, got {inner!r}")
+        if (
+            isinstance(beta, bool)
+            or not isinstance(beta, (int, float))
+            or not (0.0 <= float(beta) < 1.0)
+        ):
+            raise ValueError(f"the momentum beta must be a number in [0, 1), got {beta!r}")
+        if batch is not None and (
+            isinstance(batch, bool) or not isinstance(batch, int) or batch < 1
+        ):
+            raise ValueError(f"minibatch size b must be a positive integer, got {batch!r}")
+        self.inner = inner
+        self.beta = float(beta)
+        self.batch = batch
+
+    def default_spec(self) -> str:
+        extra = "" if self.batch is None else f",b={self.batch}"
+        return f"{self.inner.name}+momentum[beta={self.beta!r}{extra}]"
+
+    # -- configuration (the inner method's) ---------------------------------------------------
+    def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
+        return self.inner._check_compressor(C, d)
+
+    def check_problem(self, consts: Constants) -> None:
+        self.inner.check_problem(consts)
+
+    def client_weights(self, consts: Constants) -> torch.Tensor:
+        return self.inner.client_weights(consts)
+
+    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
+        raise ValueError(f"{self.name} has no theory step size; pass a number")
+
+    def unsupported(self, runtime: Runtime) -> str | None:
+        if runtime == "hook" and self.batch is not None:
+            return (
+                f"{self.name} samples minibatches through the problem's oracle; in a DDP hook the "
+                "gradient is the one backward computed (drop b)"
+            )
+        if runtime == "hook":
+            return self.inner.unsupported(runtime)
+        return super().unsupported(runtime)
+
+    # -- the parts ----------------------------------------------------------------------------
+    def _gradients(
+        self, cfg: Config, x: torch.Tensor, ids: torch.Tensor, oracle: GradientOracle, r: int
+    ) -> torch.Tensor:
+        if self.batch is None:
+            return oracle.grads(x, ids)
+        b = torch.full((ids.numel(),), self.batch, dtype=torch.int64, device=ids.device)
+        return oracle.stoch_grads(x, ids, b, cfg.keys("minibatch", ids, r))
+
+    def init_clients(
+        self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
+    ) -> tuple[MomentumClients, Message]:
+        first = _FirstGradient(oracle, self.beta)
+        inner, msg = self.inner.init_clients(cfg, x0, first, ids)
+        v = first.v
+        if v is None:  # the inner initialisation read no gradient: the momentum starts at 0
+            v = torch.zeros(ids.numel(), cfg.d, dtype=cfg.dtype, device=cfg.device)
+        return MomentumClients(ids, v, inner), msg
+
+    def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> Any:
+        return self.inner.init_server(cfg, x0, aggregate)
+
+    def server_pre(self, cfg: Config, server: Any, r: int) -> Any:
+        return self.inner.server_pre(cfg, server, r)
+
+    def client_step(
+        self, cfg: Config, server: Any, clients: MomentumClients, oracle: GradientOracle, r: int
+    ) -> tuple[MomentumClients, Message]:
+        ids = clients.ids
+        grads = self._gradients(cfg, server.x, ids, oracle, r)
+        v = momentum_update(clients.v, grads, self.beta, inplace=cfg.inplace)
+        inner, msg = self.inner.client_step(cfg, server, clients.inner, _Given(v, ids), r)
+        return MomentumClients(ids, v, inner), msg
+
+    def server_post(self, cfg: Config, server: Any, aggregate: torch.Tensor | None, r: int) -> Any:
+        return self.inner.server_post(cfg, server, aggregate, r)
+
+    def server_direction(
+        self, cfg: Config, server: Any, aggregate: torch.Tensor | None, r: int
+    ) -> tuple[Any, torch.Tensor]:
+        return self.inner.server_direction(cfg, server, aggregate, r)
+
+    def init_direction(
+        self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
+    ) -> tuple[Any, torch.Tensor]:
+        return self.inner.init_direction(cfg, x0, aggregate)
+
+
+class EF21SGDM(ClientMomentum):
+    """EF21-SGDM ([FTR23] Alg. 1): EF21 on the clients' momenta v_i ← β v_i + (1 − β) ∇̂f_i.
+
+    Needs a contractive compressor. ``b`` (minibatch size) gives the simulator stochastic
+    gradients; without it the client gradient is the oracle's (exact in the simulator, the
+    training loop's minibatch gradient in a DDP hook). Theory step:
+    :func:`shrinkgrad.theory.stepsize_ef21_sgdm` = min{α/(20 L_QM), (1 − β)/(7L)} ((?), see
+    there).
+    """
+
+    requires = "contractive"
+
+    def __init__(self, beta: float = 0.9, batch: int | None = None, init: Init = "full") -> None:
+        super().__init__(EF21(init=init), beta, batch)
+
+    def default_spec(self) -> str:
+        params = [f"beta={self.beta!r}"]
+        if self.batch is not None:
+            params.append(f"b={self.batch}")
+        init = getattr(self.inner, "init", "full")
+        if init != "full":
+            params.append(f"init={init}")
+        return f"ef21_sgdm[{','.join(params)}]"
+
+    def theory_formula(self) -> str:
+        return "min{α/(20 L_QM), (1 − β)/(7L)} ([FTR23] Thm 3, (?))"
+
+    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
+        c = cfg.constants
+        L = c.smoothness()[0]
+        eta = 1.0 - self.beta
+        if not math.isfinite(eta) or eta <= 0:
+            raise ValueError(f"{self.name}: the theory step needs beta < 1")
+        gamma = theory_function("stepsize_ef21_sgdm")(L, c.L_QM, cfg.alpha, eta)
+        return float(gamma), "stepsize_ef21_sgdm"
+
+
+@METHODS.register("ef21_sgdm")
+def ef21_sgdm(beta: float = 0.9, b: int | None = None, init: Init = "full") -> EF21SGDM:
+    """EF21-SGDM ([FTR23] Alg. 1): EF21 on client momenta v_i ← βv_i + (1−β)∇̂f_i (b: minibatch)."""
+    return EF21SGDM(beta=beta, batch=b, init=init)

@@ -1,0 +1,260 @@
+"""Predicted wall-clock time to ε: the theory's rounds to ε times the modelled cost of a round.
+
+For a problem, a method with its compressor and step size, and a network:
+
+1. **rounds** T to min_{t<T} E‖∇f(x^t)‖² ≤ ε from the theorem that covers the method
+   (:data:`ROUNDS_THEOREMS`): T = ⌈2Φ⁰/(γε)⌉, Φ⁰ = f(x⁰) − f^inf + (γ/(2θ(α))) G⁰ ([EF21] Thm 1,
+   [EFR] Thms 2–3; :func:`shrinkgrad.theory.rounds_ef21`), G⁰ = Σ_i w_i‖g_i⁰ − ∇f_i(x⁰)/(n w_i)‖²
+   measured at the initialisation (0 for ``init="full"``); or T given by the caller;
+2. **traffic** of a round: the method's own messages, from a few simulated rounds (what each
+   client sends and receives: :class:`shrinkgrad.methods.Traffic`, the compressor's honest
+   ``bits``), so partial participation and random message sizes are in it;
+3. **compute** per round: the network spec's ``compute`` (given), or the caller's, or measured —
+   the wall time of a simulated round divided by n (one client's share of the vectorised step);
+4. **cost** of each simulated round on the network (:meth:`~.topology.Network.round`: the
+   slowest active client on a star; the all-reduce or padded all-gather on a ring), averaged.
+
+The prediction is ``init + T × mean round``: a bound-based estimate (the theorem's T is an upper
+bound on the rounds needed, often loose by orders of magnitude; ``shrinkgrad plot --x time``
+of a real run shows the actual curve).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..registry import parse_spec
+from .topology import Network, RoundCost, make_network
+from .traffic import summable
+
+__all__ = ["ROUNDS_THEOREMS", "Estimate", "MeasuredRounds", "estimate", "measure_rounds"]
+
+#: registered method name → the theorem bounding its rounds to min‖∇f‖² ≤ ε (deterministic
+#: gradients; the SGD variants also need the noise floor's σ², not known here)
+ROUNDS_THEOREMS: dict[str, str] = {
+    "gd": "[EF21] Thm 1 with α = 1 (GD)",
+    "ef21": "[EF21] Thm 1",
+    "ef21_w": "[EFR] Thm 2",
+    "ef21_pp": "[BW] Thm 7 (EF21-PP)",
+    "ef21_w_pp": "[EFR] §3.2 (EF21-W-PP)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredRounds:
+    """What a few simulated rounds of a method showed: per-client traffic and compute."""
+
+    #: per round: (bytes up per client, bytes down per client), as float lists
+    traffic: list[tuple[list[float], list[float]]]
+    init_traffic: tuple[list[float], list[float]]
+    #: measured compute time per client per round (median wall time of a round / n; the
+    #: initialisation, whose first call may compile kernels, is charged the same)
+    compute_s: float
+    #: mean uplink bits per client per round, and of the initialisation
+    bits_up: float
+    init_bits_up: float
+    G0: float
+    summable: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A prediction of :func:`estimate` (seconds; see the module docstring)."""
+
+    problem: str
+    method: str
+    compressor: str
+    network: str
+    n: int
+    d: int
+    eps: float
+    stepsize: float
+    stepsize_rule: str
+    rounds: int
+    rounds_source: str
+    compute_source: str
+    init: RoundCost
+    per_round: RoundCost
+    bits_up_per_round: float
+    init_bits_up: float
+
+    @property
+    def time_s(self) -> float:
+        """init + rounds × the mean round."""
+        return self.init.total_s + self.rounds * self.per_round.total_s
+
+    @property
+    def bits_up(self) -> float:
+        """Uplink bits per client to ε (initialisation included)."""
+        return self.init_bits_up + self.rounds * self.bits_up_per_round
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key in ("init", "per_round"):
+            cost: RoundCost = getattr(self, key)
+            out[key] = {
+                "compute_s": cost.compute_s,
+                "transfer_s": cost.transfer_s,
+                "latency_s": cost.latency_s,
+                "total_s": cost.total_s,
+                "slowest_client": cost.client,
+            }
+        out["time_s"] = self.time_s
+        out["bits_up"] = self.bits_up
+        return out
+
+
+def measure_rounds(bound: Any, problem: Any, rounds: int = 10) -> MeasuredRounds:
+    """Run the initialisation and ``rounds`` rounds of ``bound`` (a bound method) on
+    ``problem``, recording each round's per-client traffic and wall time."""
+    import torch
+
+    from ..methods.oracle import ProblemOracle
+
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"the number of measured rounds must be an integer >= 1, got {rounds!r}")
+    oracle = ProblemOracle(problem)
+    x0 = problem.x0()
+    n = int(problem.n)
+    state, tr = bound.init(x0, oracle)
+
+    def per_client(t: Any) -> tuple[list[float], list[float]]:
+        return (t.up / 8.0).tolist(), (t.down / 8.0).tolist()
+
+    init_traffic = per_client(tr)
+    init_bits = float(tr.up.mean())
+    G0 = 0.0
+    g = getattr(state.clients, "g", None)
+    if isinstance(g, torch.Tensor) and g.shape == (n, problem.d):
+        w = bound.cfg.weights.to(torch.float64).reshape(-1, 1)
+        target = oracle.grads(state.x, torch.arange(n)).to(torch.float64) / (n * w)
+        G0 = float((w.reshape(-1) * ((g.to(torch.float64) - target) ** 2).sum(1)).sum())
+    traffic, times, bits = [], [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        state, tr = bound.step(state, oracle)
+        times.append(time.perf_counter() - t0)
+        traffic.append(per_client(tr))
+        bits.append(float(tr.up.mean()))
+    times.sort()
+    return MeasuredRounds(
+        traffic=traffic,
+        init_traffic=init_traffic,
+        compute_s=times[len(times) // 2] / n,  # the median round
+        bits_up=sum(bits) / len(bits),
+        init_bits_up=init_bits,
+        G0=G0,
+        summable=summable(bound.cfg.compressor),
+    )
+
+
+def theory_rounds(bound: Any, problem: Any, eps: float, G0: float) -> tuple[int, str]:
+    """T to min‖∇f‖² ≤ ε of the theorem covering ``bound``'s method, and the theorem's name."""
+    from ..theory import rounds_ef21
+
+    name = parse_spec(bound.method.name).name
+    source = ROUNDS_THEOREMS.get(name)
+    if source is None:
+        raise ValueError(
+            f"no rounds-to-ε theorem for {name!r} in shrinkgrad.theory (there is one for "
+            f"{', '.join(ROUNDS_THEOREMS)}); give the number of rounds (--rounds N, rounds=N)"
+        )
+    x0 = problem.x0()
+    f_low = getattr(problem, "f_star", None)
+    if f_low is None:
+        f_low = getattr(problem, "f_lower", None)
+    if f_low is None:
+        raise ValueError(
+            f"{problem.name}: no certified lower bound on f (f_star or f_lower), so f(x⁰) − f^inf "
+            "is unknown; give the number of rounds (--rounds N, rounds=N)"
+        )
+    gap = max(0.0, float(problem.loss(x0)) - float(f_low))
+    gamma_max, rule = bound.method.theory_stepsize(bound.cfg)
+    if bound.cfg.stepsize > gamma_max * (1 + 1e-12):
+        raise ValueError(
+            f"the step size γ = {bound.cfg.stepsize:.4g} exceeds the theory step "
+            f"{gamma_max:.4g} ({rule}): {source} does not bound its rounds; use a step "
+            "<= theory, or give the number of rounds (--rounds N, rounds=N)"
+        )
+    T = rounds_ef21(bound.cfg.stepsize, gap, eps, alpha=bound.cfg.alpha, G0=G0)
+    return T, source
+
+
+def _mean(costs: Sequence[RoundCost]) -> RoundCost:
+    """The average round; its client is the one that was slowest most often."""
+    total = RoundCost.total(costs).scaled(1.0 / len(costs))
+    clients = [c.client for c in costs if c.client is not None]
+    most = max(set(clients), key=clients.count) if clients else None
+    return dataclasses.replace(total, client=most)
+
+
+def estimate(
+    problem: Any,
+    method: Any = "ef21",
+    compressor: Any = "top_k[k=1]",
+    network: str | Network = "star[up=10mbit]",
+    *,
+    eps: float = 1e-3,
+    stepsize: float | str = "theory",
+    compute: float | str | None = None,
+    rounds: int | None = None,
+    measure: int = 10,
+    seed: int = 0,
+    measured: MeasuredRounds | None = None,
+) -> Estimate:
+    """Predicted time to ε on ``network`` (see the module docstring).
+
+    ``problem``/``method``/``compressor``/``network``: components or their specs; ``compute``:
+    seconds per client per round (overrides the measurement; the network's own ``compute`` wins
+    over both); ``rounds``: use this T instead of the theorem's; ``measure``: how many rounds
+    to simulate for the traffic and compute; ``measured``: reuse an earlier
+    :func:`measure_rounds` (several networks, one simulation).
+    """
+    from ..methods import make_method
+    from ..problems import make_problem
+    from .units import parse_duration
+
+    prob = make_problem(problem)
+    meth = make_method(method)
+    bound = meth.bind(prob, compressor, stepsize, seed)
+    net = make_network(network)
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a number > 0, got {eps!r}")
+    m = measured if measured is not None else measure_rounds(bound, prob, measure)
+    if rounds is not None:
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}")
+        T, source = rounds, "given"
+    else:
+        T, source = theory_rounds(bound, prob, float(eps), m.G0)
+    if net.compute is not None:
+        c, csource = None, f"given by the network ({net.compute})"
+    elif compute is not None:
+        c, csource = parse_duration(compute, "compute"), "given"
+    else:
+        c, csource = m.compute_s, "measured (median simulated round / n)"
+    costs = [net.round(up, down, compute=c, summable=m.summable) for up, down in m.traffic]
+    up0, down0 = m.init_traffic
+    init = net.round(up0, down0, compute=c, summable=m.summable)
+    return Estimate(
+        problem=getattr(prob, "spec", "") or prob.name,
+        method=meth.name,
+        compressor=bound.cfg.compressor.name,
+        network=net.name,
+        n=int(prob.n),
+        d=int(prob.d),
+        eps=float(eps),
+        stepsize=bound.cfg.stepsize,
+        stepsize_rule=bound.cfg.stepsize_rule,
+        rounds=T,
+        rounds_source=source,
+        compute_source=csource,
+        init=init,
+        per_round=_mean(costs),
+        bits_up_per_round=m.bits_up,
+        init_bits_up=m.init_bits_up,
+    )

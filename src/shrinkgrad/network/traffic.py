@@ -1,0 +1,232 @@
+"""What each runtime sends: the bytes of every collective and message, from the compressor.
+
+The sizes come from the compressor's honest ``bits`` and its ``collective`` exactly as the
+runtimes use them, so the cost model charges what is sent:
+
+* :func:`hook_collectives` — one step of the DDP communication hook
+  (:mod:`shrinkgrad.distributed.hooks`), bucket by bucket. Its rules: a tensor with fewer than
+  ``min_numel`` entries travels raw; with ``ratio`` a tensor of d entries keeps k = ⌈ratio·d⌉;
+  a compressor whose results are summable (``collective == "allreduce"``) is all-reduced as the
+  dense bucket; a fixed-size sparsifier with a shared seed all-reduces its k values only;
+  anything else is encoded (⌈bits(d)/8⌉ bytes per tensor) and all-gathered with the raw small
+  tensors in front; variable-size messages (bernoulli) first all-gather their sizes (one int64)
+  and then a block holding one int32 size per tensor and the payloads, padded to the largest
+  rank's block; with a loss scaler every all-gathered block ends with one flag byte; a bucket
+  with nothing to compress is a plain all-reduce; the warm-up steps all-reduce the dense bucket.
+* :func:`ps_messages` — one cycle of a parameter-server worker
+  (:mod:`shrinkgrad.distributed.ps.wire`): the model down (header + d values), the header and
+  the encoded gradient up.
+
+``bytes`` here are what a rank hands to the collective as its own message — what the hook
+counts in ``CompressionState.last_step_bytes``; the time of the collective (which moves more
+than that through the network) is the network's business (:mod:`.collectives`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..compressors import Compressor
+
+__all__ = [
+    "Collective",
+    "CollectiveKind",
+    "PSMessages",
+    "hook_collectives",
+    "ps_messages",
+    "summable",
+]
+
+#: a synchronous collective among all ranks
+CollectiveKind = Literal["allreduce", "allgather"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective: its kind, and the bytes each rank hands to it (the all-reduced buffer,
+    or its own all-gather block)."""
+
+    kind: CollectiveKind
+    nbytes: int
+    what: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class PSMessages:
+    """Bytes of a parameter-server worker's messages in one cycle: ``down`` (server → worker)
+    and ``up`` (worker → server), one entry per point-to-point send."""
+
+    down: tuple[int, ...]
+    up: tuple[int, ...]
+
+
+def summable(compressor: Compressor) -> bool:
+    """Whether ranks can sum their messages with an all-reduce (dense results, or the k values
+    of a shared-seed sparsifier) instead of all-gathering them."""
+    return compressor.collective == "allreduce" or bool(getattr(compressor, "shared_seed", False))
+
+
+def _buckets(tensors: Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]]:
+    """``tensors`` as a list of buckets (a flat list of sizes is one bucket)."""
+    if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Sequence) or not tensors:
+        raise ValueError(
+            "tensors must be a non-empty list of tensor sizes (numel), e.g. [p.numel() for p in "
+            "model.parameters()], or a list of such lists (one per DDP bucket)"
+        )
+    nested = [isinstance(t, Sequence) for t in tensors]
+    if all(nested):
+        out = [list(b) for b in tensors]  # type: ignore[arg-type]
+    elif not any(nested):
+        out = [list(tensors)]  # type: ignore[arg-type]
+    else:
+        raise ValueError("tensors mixes sizes and lists of sizes; give one form")
+    for b in out:
+        if not b:
+            raise ValueError("a bucket of tensors is empty")
+        for n in b:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"a tensor size must be an integer >= 1, got {n!r}")
+    return out
+
+
+def _per_tensor(template: Compressor, numel: int, ratio: float | None) -> Compressor:
+    """The compressor of one tensor: ``template``, or with k = ⌈ratio·numel⌉ (as the hook)."""
+    if ratio is None:
+        return template
+    from ..compressors import COMPRESSORS
+
+    k = min(numel, max(1, math.ceil(ratio * numel)))
+    return COMPRESSORS.make(template.name, k=k)
+
+
+def _template(compressor: str | Compressor, ratio: float | None) -> Compressor:
+    """The compressor as the hook builds it (with ``ratio``: k = 1, substituted per tensor)."""
+    from ..compressors import COMPRESSORS, make_compressor
+    from ..registry import parse_spec
+
+    if ratio is None:
+        return make_compressor(compressor)
+    spec = parse_spec(compressor if isinstance(compressor, str) else compressor.name)
+    if "k" not in {p.name for p in COMPRESSORS.entry(spec.name).keyword}:
+        raise ValueError(
+            f"ratio={ratio:g} needs a compressor with a k parameter (top_k, rand_k, "
+            f"rand_k_scaled), got {str(spec)!r}; drop ratio for this compressor"
+        )
+    return COMPRESSORS.make(spec, k=1)
+
+
+def hook_collectives(
+    compressor: str | Compressor,
+    tensors: Sequence[int] | Sequence[Sequence[int]],
+    *,
+    ratio: float | None = None,
+    min_numel: int = 1024,
+    dtype: torch.dtype | None = None,
+    warmup: bool = False,
+    scaler: bool = False,
+) -> list[Collective]:
+    """The collectives of one step of :func:`~shrinkgrad.distributed.compression_hook`.
+
+    ``tensors``: the gradients' sizes (numel), one bucket, or a list of buckets as DDP forms
+    them; ``compressor``, ``ratio``, ``min_numel`` as given to ``CompressionState``; ``dtype``
+    the gradients' (float32 by default); ``warmup`` for a warm-up step (dense all-reduce);
+    ``scaler`` when a loss scaler is attached (one flag byte per all-gathered block). The sum of
+    the ``nbytes`` equals the hook's ``last_step_bytes`` for fixed-size messages; for
+    variable-size ones (bernoulli) the block holds the expected payload (the hook pads to the
+    largest rank's actual one).
+    """
+    import torch
+
+    dt = torch.float32 if dtype is None else dtype
+    esize = torch.finfo(dt).bits // 8
+    if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
+        raise ValueError(f"min_numel must be an integer >= 0, got {min_numel!r}")
+    if ratio is not None and not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) <= 1.0):
+        raise ValueError(f"ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got {ratio!r}")
+    template = _template(compressor, ratio)
+    out: list[Collective] = []
+    for b, bucket in enumerate(_buckets(tensors)):
+        dense = sum(bucket) * esize
+        if warmup:
+            out.append(Collective("allreduce", dense, f"bucket {b}: warm-up (dense all-reduce)"))
+            continue
+        comps = [
+            _per_tensor(template, n, ratio) if n >= max(min_numel, 1) else None for n in bucket
+        ]
+        if all(C is None for C in comps):
+            out.append(Collective("allreduce", dense, f"bucket {b}: nothing to compress"))
+            continue
+        if template.collective == "allreduce":
+            out.append(Collective("allreduce", dense, f"bucket {b}: summable dense results"))
+            continue
+        raw = sum(n * esize for n, C in zip(bucket, comps, strict=True) if C is None)
+        if getattr(template, "shared_seed", False):
+            values = 0
+            for n, C in zip(bucket, comps, strict=True):
+                if C is not None:
+                    k = C.sparse_k(n)
+                    if k is None:
+                        raise ValueError(
+                            f"{C.name}: shared_seed=true needs a fixed-size sparsifier (rand_k)"
+                        )
+                    values += k * esize
+            out.append(Collective("allreduce", raw + values, f"bucket {b}: shared-seed values"))
+            continue
+        payload = 0
+        for n, C in zip(bucket, comps, strict=True):
+            if C is not None:
+                try:
+                    payload += math.ceil(C.bits(n, dt) / 8)
+                except ValueError as e:
+                    raise ValueError(
+                        f"cannot compress a tensor of {n} entries with {C.name}: {e}"
+                    ) from None
+        flag = 1 if scaler else 0
+        if template.variable_size:
+            m = sum(C is not None for C in comps)
+            out.append(Collective("allgather", 8, f"bucket {b}: message sizes"))
+            block = raw + 4 * m + payload + flag
+            out.append(Collective("allgather", block, f"bucket {b}: padded packed payloads"))
+        else:
+            block = raw + payload + flag
+            out.append(Collective("allgather", block, f"bucket {b}: packed payloads"))
+    return out
+
+
+def ps_messages(
+    compressor: str | Compressor,
+    d: int,
+    *,
+    dtype: torch.dtype | None = None,
+    wire_dtype: torch.dtype | None = None,
+    dense: bool = False,
+) -> PSMessages:
+    """The messages of one worker cycle of the parameter server (:mod:`...distributed.ps`).
+
+    Down: one message of the 32-byte header and the d model values in the run ``dtype``
+    (float64 by default). Up: the reply header (``REPLY_WORDS`` int64 words), then the payload:
+    ``C.encode(v)`` of ⌈bits(d, wire_dtype)/8⌉ bytes (wire dtype float32 by default), or the d
+    values in the wire dtype for a method's ``dense`` message; an empty payload is not sent.
+    """
+    import torch
+
+    from ..compressors import make_compressor
+    from ..distributed.ps.wire import HEADER_BYTES, REPLY_WORDS
+
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d must be an integer >= 1, got {d!r}")
+    dt = torch.float64 if dtype is None else dtype
+    wire = torch.float32 if wire_dtype is None else wire_dtype
+    if dense:
+        payload = d * (torch.finfo(wire).bits // 8)
+    else:
+        payload = math.ceil(make_compressor(compressor).bits(d, wire) / 8)
+    down = HEADER_BYTES + d * (torch.finfo(dt).bits // 8)
+    header = 8 * REPLY_WORDS
+    return PSMessages((down,), (header, payload) if payload else (header,))

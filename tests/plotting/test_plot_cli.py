@@ -1,0 +1,96 @@
+"""``shrinkgrad plot``: facets, filters and output paths; every mistake is one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from plot_tables import make_table
+
+from shrinkgrad.cli import main
+
+CURVES = [("ef21", "top_k[k=1]"), ("ef21_w", "top_k[k=1]"), ("ef21", "qsgd[s=4]")]
+
+
+def run_cli(args: list[str]) -> int:
+    try:
+        main(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    d = tmp_path / "sweep"
+    d.mkdir()
+    make_table(CURVES, problems=("dataset=a", "dataset=b")).to_parquet(d / "results.parquet")
+    return d
+
+
+@pytest.mark.parametrize("facet", ["method", "compressor", "none", "n_clients"])
+def test_facets(results: Path, facet: str, capsys: pytest.CaptureFixture[str]) -> None:
+    stem = results / "f"
+    assert (
+        run_cli(["plot", str(results), "--facet", facet, "-o", str(stem), "--formats", "png"]) == 0
+    )
+    assert capsys.readouterr().out.split() == [str(stem) + ".png"]
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], start: str) -> str:
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), cap.err
+    assert "Traceback" not in cap.err
+    return lines[0]
+
+
+def test_an_unknown_facet_is_an_error(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["plot", str(results), "--facet", "colour"]) == 2
+    err = one_line_error(capsys, "error: cannot facet by 'colour'")
+    assert "method" in err and "problem_label" in err
+
+
+def test_where_lists_columns_and_values(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["plot", str(results), "--where", "colour=red"]) == 2
+    err = one_line_error(capsys, "error: --where 'colour=red': the results have no column")
+    assert "columns: round, grad_norm_sq" in err and "method" in err
+    assert run_cli(["plot", str(results), "--where", "method=ef2"]) == 2
+    one_line_error(
+        capsys, "error: --where 'method=ef2': no rows have method = 'ef2'; its values: ef21, ef21_w"
+    )
+    assert run_cli(["plot", str(results), "--where", "methodef21"]) == 2
+    one_line_error(capsys, "error: --where 'methodef21': write COLUMN=VALUE")
+    # numbers compare as numbers; conditions combine
+    stem = results / "w"
+    args = [
+        "--where",
+        "n_clients=10.0",
+        "--where",
+        "method=ef21",
+        "-o",
+        str(stem),
+        "--formats",
+        "png",
+    ]
+    assert run_cli(["plot", str(results), *args]) == 0 and (results / "w.png").exists()
+
+
+def test_output_paths_that_cannot_be_created(
+    results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("", encoding="utf-8")
+    assert run_cli(["plot", str(results), "-o", str(blocker / "sub" / "fig")]) == 2
+    err = one_line_error(capsys, "error: cannot write the figure")
+    assert f"{str(blocker)!r} is a file, not a directory" in err and "choose another --out" in err
+    assert run_cli(["plot", str(results), "-o", str(tmp_path / "x"), "--formats", "png,jpgx"]) == 2
+    one_line_error(capsys, "error: cannot write figures as jpgx: give formats among")
+    assert not list(tmp_path.glob("x.*"))  # nothing half-written
+
+
+def test_held_out_axes_need_their_columns(
+    results: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(["plot", str(results), "--y", "test_accuracy"]) == 2
+    one_line_error(capsys, "error: cannot plot y='test_accuracy': the results table has no column")
