@@ -905,6 +905,7 @@ def _from_dataset(
     **options: Any,
 ) -> LinearModelProblem:
     data = load(dataset, n_features=n_features)
+    data.require_binary("logistic regression" if loss == "logistic" else "least squares")
     parts, split_name = resolve_split(split, data, n_clients)
     return LinearModelProblem(
         data.X, data.y, parts, loss=loss, dataset=data.name, split=split_name, **options

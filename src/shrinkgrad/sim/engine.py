@@ -96,7 +96,7 @@ def held_out_values(problem: Problem, names: Sequence[str], x: torch.Tensor) -> 
     """``problem.held_out(x)`` as floats in the order of ``names`` (its ``held_out_columns``)."""
     if not names:
         return ()
-    values = problem.held_out(x)  # type: ignore[attr-defined]
+    values = problem.held_out(x)
     if not isinstance(values, Mapping) or set(values) != set(names):
         got = sorted(values) if isinstance(values, Mapping) else type(values).__name__
         raise TypeError(
