@@ -1,6 +1,7 @@
 """Speed of every compressor on CPU, as GB/s of input and as a ratio to a memcpy.
 
-Run: ``python benchmarks/compressors.py [--d 1e6 1e7] [--repeat 7] [--threads N] [--no-wire]``.
+Run: ``python benchmarks/compressors.py [--d 1e6 1e7] [--repeat 7] [--threads N] [--no-wire]
+[--no-sparse] [--contraction]``.
 
 Like is compared with like: every compressor writes into a preallocated output tensor
 (``C(x, keys, out=buf)``) and the memcpy baseline copies the same input into a preallocated
@@ -17,9 +18,19 @@ of the ~12 GB/s of DRAM). ``--cold`` (the default) therefore rotates every measu
 baseline included, through enough distinct input/output pairs to exceed twice the last-level cache,
 so that both stream from DRAM; ``--hot`` reuses one pair (everything cache-resident).
 
-A second table times the wire format of every compressor: ``encode(x, keys, out=payload)`` into a
+A second table times the sparse form ``C.sparse(x, keys) -> (indices, values)`` of the
+sparsifiers, which never builds a dense output (the form the DDP hook sends), against the same
+cache-cold memcpy. It retires the old "rand_k ≥ 1× memcpy" target of the dense form, whose
+floor (zero the output, read k values) is itself ~1× memcpy: the sparse form only reads x once
+(the finiteness check of the contract) and touches O(k) memory otherwise.
+
+A third table times the wire format of every compressor: ``encode(x, keys, out=payload)`` into a
 preallocated byte buffer and ``decode(payload, d, dtype, keys, out=buf)`` into a preallocated
 vector, each against a memcpy measured just before it.
+
+``--contraction`` prints no timing: the measured contraction 1 − ‖C(x) − x‖²/‖x‖² of the
+low-rank compressors (power_sgd has no worst-case α; rank_k's α = r/min(m, n) for comparison)
+on Gaussian matrices and on the inputs EF21 actually compresses on LIBSVM problems.
 """
 
 from __future__ import annotations
@@ -34,6 +45,14 @@ import torch
 from shrinkgrad import Compressor, make_compressor
 from shrinkgrad.rng import Keys
 
+#: the sparse form's rows (sparsifiers only)
+SPARSE_SPECS = [
+    "top_k[k={k}]",
+    "rand_k[k={k}]",
+    "rand_k[k={k},shared_seed=true]",
+    "bernoulli[p=0.01]",
+]
+
 SPECS = [
     "identity",
     "top_k[k={k}]",
@@ -45,6 +64,9 @@ SPECS = [
     "ternary",
     "natural",
     "natural_dithering[s=8]",
+    "natural_dithering[s=8,norm=inf]",
+    "standard_dithering[s=16,norm=inf]",
+    "lazy_bernoulli[p=0.01]",
     "scaled_sign",
     "scaled(qsgd[s=16])",
     "compose(top_k[k={k}],scaled(qsgd[s=16]))",
@@ -165,6 +187,90 @@ def rand_k_floor(pool: Pool, k: int, measure: Callable[[str, Callable[[], object
     measure("floor of rand_k: both (no draw, no check)", both)
 
 
+def bench_sparse(d: int, repeat: int, only: str | None, cold: bool) -> None:
+    """The sparse form ``C.sparse(x, keys)`` of the sparsifiers against a memcpy of x (same
+    cache-cold rotation), and the dense form ``C(x, keys, out=buf)`` of the same compressor."""
+    k = max(1, d // 100)
+    pool = Pool(d, cold)
+    keys = Keys.derive(1, round=0, client=0)
+    print(f"\nsparse form, d = {d:.0e} (k = {k}): C.sparse(x, keys) -> (indices, values)")
+    print(
+        f"{'compressor':42s} {'sparse ms':>9s} {'dense ms':>9s} {'memcpy ms':>9s} {'x memcpy':>9s}"
+    )
+
+    def copy() -> object:
+        x, buf = pool.next()
+        return buf.copy_(x)
+
+    for spec in SPARSE_SPECS:
+        name = spec.format(k=k)
+        if only and only not in name:
+            continue
+        c = make_compressor(name)
+
+        def sparse(c: Compressor = c) -> object:
+            x, _ = pool.next()
+            return c.sparse(x, keys)
+
+        def dense(c: Compressor = c) -> object:
+            x, buf = pool.next()
+            return c(x, keys, out=buf)
+
+        t_copy = best_of(copy, repeat)
+        t_sparse = best_of(sparse, repeat)
+        t_dense = best_of(dense, repeat)
+        print(
+            f"{name:42s} {t_sparse * 1e3:9.2f} {t_dense * 1e3:9.2f} {t_copy * 1e3:9.2f} "
+            f"{t_copy / t_sparse:9.3f}"
+        )
+
+
+def contraction() -> None:
+    """Measured 1 − ‖C(x) − x‖²/‖x‖² of power_sgd (no worst-case α) and rank_k (α = r/min)."""
+    import numpy as np
+
+    from shrinkgrad import make_method, make_problem
+    from shrinkgrad.methods.oracle import ProblemOracle
+
+    print("\nmeasured contraction 1 − ‖C(x) − x‖²/‖x‖² (min / median / mean over the inputs)")
+    gen = torch.Generator().manual_seed(0)
+    xs = torch.randn(500, 64 * 64, generator=gen, dtype=torch.float64)
+    keys = Keys.derive(0, client=np.arange(500))
+    for r in (1, 4):
+        for spec in (f"power_sgd[rank={r}]", f"rank_k[r={r}]"):
+            c = make_compressor(spec)
+            y = c(xs, keys)
+            a = 1 - ((y - xs) ** 2).sum(-1) / (xs**2).sum(-1)
+            extra = f"α = {c.alpha(64 * 64):.4g}" if c.constant_known else "first step (fresh Q)"
+            print(
+                f"  Gaussian 64×64, {spec:20s} {float(a.min()):.4f} / {float(a.median()):.4f} / "
+                f"{float(a.mean()):.4f}   ({extra})"
+            )
+    for dataset, n, gamma in (("a9a", 50, 1.0), ("w8a", 50, 1.0), ("mushrooms", 50, 1.0)):
+        p = make_problem(f"logistic_regression[dataset={dataset},n_clients={n}]")
+        oracle = ProblemOracle(p)
+        for spec in ("power_sgd[rank=1]", "power_sgd[rank=2]", "rank_k[r=1]"):
+            c = make_compressor(spec)
+            bound = make_method("ef21").bind(p, c, gamma, seed=0)
+            state, _ = bound.init(p.x0(), oracle)
+            ratios = []
+            for _ in range(200):
+                new, _ = bound.step(state, oracle)
+                grads = p.client_grads(new.x)
+                before = ((grads - state.clients.g) ** 2).sum(-1)
+                after = ((grads - new.clients.g) ** 2).sum(-1)
+                keep = before > 1e-30
+                ratios.append(1 - after[keep] / before[keep])
+                state = new
+            a = torch.cat(ratios)
+            m, nn = c.matrix_shape(p.d)
+            extra = f"α = {c.alpha(p.d):.4g}" if c.constant_known else "no α"
+            print(
+                f"  EF21 on {dataset:9s} (d = {p.d}, {m}×{nn}), {spec:18s} {float(a.min()):.4f} / "
+                f"{float(a.median()):.4f} / {float(a.mean()):.4f}   ({extra}; {a.numel()} inputs)"
+            )
+
+
 def bench_wire(d: int, repeat: int, only: str | None) -> None:
     """Encode (into a preallocated payload buffer) and decode (into a preallocated vector) of
     every compressor's wire format, each paired with a memcpy measured just before it."""
@@ -202,6 +308,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch and kernel threads")
     ap.add_argument("--only", type=str, default=None, help="substring filter on the specs")
     ap.add_argument("--no-wire", action="store_true", help="skip the encode/decode table")
+    ap.add_argument("--no-sparse", action="store_true", help="skip the sparse-form table")
+    ap.add_argument(
+        "--contraction", action="store_true", help="only the low-rank contraction measurement"
+    )
     cache = ap.add_mutually_exclusive_group()
     cache.add_argument(
         "--cold",
@@ -214,6 +324,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.contraction:
+        contraction()
+        return
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads (torch and the numba "
         "kernels); float32; output and memcpy into preallocated buffers"
@@ -221,6 +334,9 @@ def main() -> None:
     print(f"last-level cache: {last_level_cache_bytes() >> 20} MB")
     for df in args.d:
         bench(int(df), args.repeat, args.only, args.cold)
+    if not args.no_sparse:
+        for df in args.d:
+            bench_sparse(int(df), args.repeat, args.only, args.cold)
     if not args.no_wire:
         for df in args.d:
             bench_wire(int(df), args.repeat, args.only)

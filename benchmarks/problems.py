@@ -9,6 +9,10 @@ Prints ratios against baselines measured in the same run:
   A_iᵀ r / m_i with scipy): target ≥ 20× at n = 1000;
 * ``client_grads_at`` (a point per client), minibatch ``client_stoch_grads`` and the torch
   (``index_add``) backend relative to ``client_grads``;
+* the fused ``client_grads_and_losses`` (what the simulator logs from) relative to
+  ``client_grads`` (target: the losses cost ≤ 15% of the gradient pass) and against the separate
+  ``client_losses`` pass it replaces; ``client_grads`` with ``threads=2`` (wall time: meaningful
+  only on a quiet machine);
 * construction times (exact L_i included) and the synthetic generator at n = 2000.
 """
 
@@ -62,6 +66,7 @@ def main() -> None:
     x = torch.linspace(-0.5, 0.5, 123, dtype=torch.float64)
     base = None
     rows = []
+    extra: list[tuple[int, float, float, float]] = []
     for n in (20, 100, 1000):
         t0 = time.perf_counter()
         p = logistic_regression("a9a", n_clients=n)
@@ -79,6 +84,12 @@ def main() -> None:
         p.backend = "torch"
         t_torch = timeit(lambda p=p: p.client_grads(x))
         p.backend = "numba"
+        t_fused = timeit(lambda p=p: p.client_grads_and_losses(x))
+        t_losses = timeit(lambda p=p: p.client_losses(x))
+        p.threads = 2
+        t_two = timeit(lambda p=p: p.client_grads(x))
+        p.threads = 1
+        extra.append((n, t_fused / t_fast, t_losses / t_fast, t_fast / t_two))
         base = base or t_fast
         rows.append(
             (
@@ -101,6 +112,11 @@ def main() -> None:
             f"{n:>5} {build:>8.2f} {t * 1e3:>16.2f} {r20:>8.2f} {rl:>9.1f}× {rat:>9.2f} "
             f"{rsgd:>11.2f} {rt:>12.2f}"
         )
+    print(
+        f"\n{'n':>5} {'fused/grads':>12} {'separate losses/grads':>22} {'2 threads speed-up':>19}"
+    )
+    for n, rf, rl, r2 in extra:
+        print(f"{n:>5} {rf:>12.3f} {rl:>22.3f} {r2:>19.2f}")
     r = rows[-1]
     print(
         f"\nratio n=1000 / n=20: {r[3]:.2f} (target ≤ 1.5); per-client loop / one pass at n=1000: "

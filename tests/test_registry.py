@@ -116,6 +116,8 @@ NOT_REGISTERED = {
     "Python API (split=[...]); no name can express it",
     "shrinkgrad.methods.ef21_sgdm.ClientMomentum": "the DDP hook's momentum= in front of a method "
     "other than ef21 (named: ef21_sgdm); open question: register it as a wrapper by name",
+    "shrinkgrad.compressors.lowrank.LowRank": "the shared base (matrix view, rank check, bits, "
+    "factor wire format) of rank_k and power_sgd, which are named",
 }
 
 

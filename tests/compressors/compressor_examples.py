@@ -16,11 +16,23 @@ EXAMPLES: dict[str, list[str]] = {
     "rand_k": ["rand_k[k=3]", "rand_k[k=2,shared_seed=true]"],
     "rand_k_scaled": ["rand_k_scaled[k=3]"],
     "bernoulli": ["bernoulli[p=0.3]"],
+    "lazy_bernoulli": ["lazy_bernoulli[p=0.4]"],
     "qsgd": ["qsgd[s=1]", "qsgd[s=4]"],
     "ternary": ["ternary"],
+    "standard_dithering": [
+        "standard_dithering[s=3,norm=inf]",
+        "standard_dithering[s=4,norm=2]",  # = qsgd[s=4]
+        "standard_dithering[s=1,norm=inf]",  # = ternary
+    ],
     "natural": ["natural"],
-    "natural_dithering": ["natural_dithering[s=2]", "natural_dithering[s=5]"],
+    "natural_dithering": [
+        "natural_dithering[s=2]",
+        "natural_dithering[s=5]",
+        "natural_dithering[s=3,norm=inf]",
+    ],
     "scaled_sign": ["scaled_sign"],
+    "rank_k": ["rank_k[r=1]", "rank_k[r=2,rows=5]"],  # D = 20: the 4 × 5 view, then 5 × 4
+    "power_sgd": ["power_sgd[rank=1]", "power_sgd[rank=2,alpha=0.1]"],
     "scaled": [
         "scaled(qsgd[s=2])",
         "scaled(rand_k[k=3])",

@@ -77,7 +77,9 @@ def _check_exact_bound(c: Compressor, x: torch.Tensor) -> None:
 
 
 _F30 = float(np.float32(1e30))
-DETERMINISTIC = [s for s in ALL if make_compressor(s).deterministic]
+# rank_k's SVD rounds at every step (not only one scalar): its bound is tested to round-off in
+# test_lowrank.py
+DETERMINISTIC = [s for s in ALL if make_compressor(s).deterministic and not s.startswith("rank_k")]
 
 
 def test_deterministic_examples_exist() -> None:
@@ -152,8 +154,10 @@ def test_monte_carlo_unbiased_and_bound(spec: str) -> None:
         se_j = y.std(dim=0) / math.sqrt(y.shape[0])
         assert bool(((mean - x).abs() <= 6 * se_j + 1e-12 * x.abs().max()).all()), (mean, x)
         assert m <= c.omega(D) * norm2 + 6 * se
-    else:
+    elif c.constant_known:
         assert m <= (1 - c.alpha(D)) * norm2 + 6 * se
+    else:  # power_sgd: a projection, never an expansion, but no α to check
+        assert bool((err <= norm2 * (1 + 1e-6)).all())
 
 
 def _exact_variance(spec: str, x: torch.Tensor) -> float:
@@ -165,8 +169,15 @@ def _exact_variance(spec: str, x: torch.Tensor) -> float:
         return (d / 3 - 1) * n2
     if spec.startswith("bernoulli"):
         return (1 / 0.3 - 1) * n2
-    if spec == "ternary":
+    if spec.startswith("lazy_bernoulli"):
+        return (1 / 0.4 - 1) * n2
+    if spec in ("ternary", "standard_dithering[s=1,norm=inf]"):
         return float(a.sum() * a.max()) - n2
+    if spec.startswith("standard_dithering") and "norm=inf" in spec:
+        s = int(spec.split("s=")[1].split(",")[0])
+        step = float(a.max()) / s
+        f = a / step - (a / step).floor()
+        return float((step**2 * f * (1 - f)).sum())
     if spec.startswith("qsgd"):
         s = int(spec[7:-1])
         step = math.sqrt(n2) / s
@@ -177,19 +188,24 @@ def _exact_variance(spec: str, x: torch.Tensor) -> float:
         lo = 2.0 ** torch.floor(torch.log2(a.clamp_min(1e-300)))
         return float(torch.where(a > 0, (a - lo) * (2 * lo - a), 0.0).sum())
     if spec.startswith("natural_dithering"):
-        s = int(spec.split("=")[1][:-1])
-        u = a / math.sqrt(n2)
+        s = int(spec.split("s=")[1].split(",")[0].rstrip("]"))
+        u = a / (float(a.max()) if "norm=inf" in spec else math.sqrt(n2))
         low = 2.0 ** (1 - s)
         lo = torch.where(u < low, 0.0, 2.0 ** torch.floor(torch.log2(u.clamp_min(1e-300))))
         hi = torch.where(u < low, low, 2 * lo)
-        return float(n2 * ((u - lo) * (hi - u)).sum())
+        scale2 = float(a.max()) ** 2 if "norm=inf" in spec else n2
+        return float(scale2 * ((u - lo) * (hi - u)).sum())
     raise KeyError(spec)
 
 
 EXACT = [
     "rand_k[k=3]",
     "bernoulli[p=0.3]",
+    "lazy_bernoulli[p=0.4]",
     "ternary",
+    "standard_dithering[s=1,norm=inf]",
+    "standard_dithering[s=3,norm=inf]",
+    "natural_dithering[s=3,norm=inf]",
     "qsgd[s=1]",
     "qsgd[s=4]",
     "natural",

@@ -2,7 +2,8 @@
 
 Shape and dtype kept, finite output, determinism per key, batched == per-client, zero in → zero
 out, bad input rejected, wire round trip with the declared size, ``out=`` and the torch / numba
-paths agreeing bit for bit.
+paths agreeing bit for bit; the same for 16-bit inputs; the sparse form equal to the dense one;
+constant functions refusing a nonsensical d; the convenience form needing a seed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from shrinkgrad import COMPRESSORS, Compressor, Keys, make_compressor
 from shrinkgrad.compressors import base
 
 DTYPES = [torch.float32, torch.float64]
+HALF = [torch.bfloat16, torch.float16]
 
 
 def _x(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -33,7 +35,8 @@ def _keys(n: int | None, seed: int = 7) -> Keys:
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """Bit patterns, so that comparisons distinguish -0.0 and +0.0."""
-    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int64)
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64}
+    return t.view(ints.get(t.dtype, torch.int16))
 
 
 def test_every_compressor_has_examples() -> None:
@@ -54,12 +57,16 @@ def test_canonical_name_round_trips(spec: str) -> None:
 
 
 @pytest.mark.parametrize("spec", ALL)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES + HALF)
 @pytest.mark.parametrize("shape", [(D,), (3, D), (2, 3, D)])
 def test_shape_dtype_finite_and_per_key_determinism(
     spec: str, dtype: torch.dtype, shape: tuple[int, ...]
 ) -> None:
     c = make_compressor(spec)
+    if dtype not in c.dtypes():
+        with pytest.raises(TypeError, match="compresses float32"):
+            c(_x(shape, dtype), _keys(None))
+        return
     x = _x(shape, dtype)
     keys = Keys.derive(5, round=1, client=np.arange(math.prod(shape[:-1])).reshape(shape[:-1]))
     y = c(x, keys)
@@ -72,9 +79,11 @@ def test_shape_dtype_finite_and_per_key_determinism(
 
 
 @pytest.mark.parametrize("spec", ALL)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES + HALF)
 def test_batched_equals_per_client(spec: str, dtype: torch.dtype) -> None:
     c = make_compressor(spec)
+    if dtype not in c.dtypes():
+        return
     n = 4
     x = _x((n, D), dtype, seed=1)
     batched = c(x, Keys.derive(11, round=2, client=np.arange(n)))
@@ -87,9 +96,11 @@ def test_batched_equals_per_client(spec: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("spec", ALL)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES + HALF)
 def test_zero_vector_compresses_to_zero(spec: str, dtype: torch.dtype) -> None:
     c = make_compressor(spec)
+    if dtype not in c.dtypes():
+        return
     x = torch.zeros(2, D, dtype=dtype)
     y = c(x, _keys(2))
     assert bool((y == 0).all())
@@ -104,10 +115,8 @@ def test_bad_inputs_are_rejected(spec: str) -> None:
         xb[1, 7] = bad
         with pytest.raises(ValueError, match="non-finite"):
             c(xb, _keys(2))
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match=r"compresses float32, float64.* tensors, got torch.int64"):
         c(x.to(torch.int64), _keys(2))
-    with pytest.raises(TypeError, match="float32 or float64"):
-        c(x.half(), _keys(2))
     with pytest.raises(TypeError, match="torch tensors"):
         c(x.numpy(), _keys(2))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="last axis"):
@@ -120,9 +129,14 @@ def test_bad_inputs_are_rejected(spec: str) -> None:
 
 
 @pytest.mark.parametrize("spec", ALL)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES + HALF)
 def test_wire_round_trip_and_size(spec: str, dtype: torch.dtype) -> None:
+    """decode(encode(x)) == C(x) bit for bit, in exactly ⌈bits(d, dtype)/8⌉ bytes; 16-bit
+    inputs send their values in 16 bits (and so fewer bytes than float32 whenever values are
+    sent, the same when only codes and a float32 norm are)."""
     c = make_compressor(spec)
+    if dtype not in c.dtypes():
+        return
     for seed in range(3):
         x = _x((D,), dtype, seed=seed)
         if seed == 2:
@@ -137,6 +151,9 @@ def test_wire_round_trip_and_size(spec: str, dtype: torch.dtype) -> None:
         if not c.variable_size:
             assert nbits == c.bits(D, dtype)
             assert payload.numel() == math.ceil(c.bits(D, dtype) / 8)
+    if dtype in HALF:
+        assert c.bits(D, dtype) <= c.bits(D, torch.float32)
+        assert c.paper_bits(D, dtype) <= c.paper_bits(D, torch.float32)
 
 
 @pytest.mark.parametrize("spec", ALL)
@@ -161,7 +178,14 @@ def test_out_argument(spec: str) -> None:
 def test_declared_constants_are_consistent(spec: str) -> None:
     c = make_compressor(spec)
     assert c.kind in ("unbiased", "contractive")
-    assert c.collective in ("allreduce", "allgather")
+    assert c.collective in ("allreduce", "allgather", "allreduce_factors")
+    if not c.constant_known:  # power_sgd without alpha=: the unknown constant is a state
+        from shrinkgrad.compressors import ConstantUnknownError
+
+        with pytest.raises(ConstantUnknownError, match="no worst-case"):
+            c.alpha(D)
+        assert 0 < c.paper_bits(D) <= c.bits(D, torch.float32) < c.bits(D, torch.float64)
+        return
     a = c.alpha(D)
     assert 0.0 < a <= 1.0
     if c.kind == "unbiased":
@@ -192,11 +216,77 @@ def test_numba_path_equals_torch_path(
     ref = c(x, keys)
     monkeypatch.setattr(base, "KERNELS", "numba")
     fast = c(x, keys)
-    norm_based = any(n in spec for n in ("qsgd", "natural_dithering", "scaled_sign"))
+    norm_based = any(n in spec for n in ("qsgd", "scaled_sign")) or (
+        "dithering" in spec and "norm=inf" not in spec
+    )
     if dtype == torch.float64 and norm_based:
         torch.testing.assert_close(fast, ref, rtol=1e-14, atol=0.0)
     else:
         assert torch.equal(_bits(fast), _bits(ref))
+
+
+@pytest.mark.parametrize("spec", ALL)
+@pytest.mark.parametrize("bad", [-3, 0, 2.5, True, "20", None])
+def test_constant_functions_say_what_is_wrong_with_d(spec: str, bad: object) -> None:
+    """alpha(-3), bits(0), omega(2.5), ...: a one-line error naming d and what it must be."""
+    c = make_compressor(spec)
+    fns = ["alpha", "bits", "paper_bits", "index_bits", "sparse_k"]
+    fns += ["omega"] if c.kind == "unbiased" else []
+    for fn in fns:
+        err = TypeError if not isinstance(bad, int) or isinstance(bad, bool) else ValueError
+        with pytest.raises(err, match=r"\(d\): d is the vector length, a positive integer; got"):
+            getattr(c, fn)(bad)
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_convenience_form_needs_a_seed_and_draws_per_row(spec: str) -> None:
+    """12.4: C.compress(x) without a seed refuses for random compressors (a fixed default gave
+    the same "random" draw on every call); the rows of a batch are clients 0, 1, … by
+    default, each its own draw — exactly C(x, Keys.derive(seed, client=arange(n)))."""
+    c = make_compressor(spec)
+    x = _x((1, D), torch.float64, seed=2).expand(8, D).clone()  # equal rows: only keys differ
+    if c.deterministic:
+        assert torch.equal(c.compress(x), c(x))
+        return
+    with pytest.raises(ValueError, match=r"is random: compress\(x, seed=\.\.\.\) needs a seed"):
+        c.compress(x)
+    y = c.compress(x, seed=3)
+    assert torch.equal(_bits(y), _bits(c(x, Keys.derive(3, client=np.arange(8)))))
+    assert any(not torch.equal(y[0], y[i]) for i in range(1, 8)), "one shared draw per batch"
+    assert torch.equal(_bits(c.compress(x[0], seed=3)), _bits(y[0]))  # a vector is client 0
+    assert torch.equal(c.compress(x, seed=3, client=7), c(x, Keys.derive(3, client=7)))
+
+
+@pytest.mark.parametrize("spec", [s for s in ALL if make_compressor(s).sparse_message])
+@pytest.mark.parametrize("dtype", DTYPES + HALF)
+def test_sparse_form_equals_the_dense_form(spec: str, dtype: torch.dtype) -> None:
+    """C.sparse(x, keys) scattered into zeros is C(x, keys) bit for bit (batches for the
+    fixed-size sparsifiers, one vector for random-size messages); distinct int64 indices."""
+    c = make_compressor(spec)
+    x = _x((3, D), dtype, seed=5)
+    x[1, ::4] = 0.0
+    x[2, 3] = -0.0
+    keys = _keys(3, seed=6)
+    dense = c(x, keys)
+    rows = [(x, keys, dense)] if c.sparse_batches else []
+    rows += [(x[i], keys[i], dense[i]) for i in range(3)]
+    for xi, ki, want in rows:
+        idx, vals = c.sparse(xi, ki)
+        assert idx.dtype == torch.int64 and vals.dtype == dtype
+        assert idx.shape == vals.shape and idx.shape[:-1] == xi.shape[:-1]
+        flat = idx.reshape(-1, idx.shape[-1])
+        assert all(row.unique().numel() == row.numel() for row in flat)
+        got = torch.zeros_like(xi).scatter_(-1, idx, vals)
+        assert torch.equal(_bits(got), _bits(want))
+    if not c.sparse_batches:
+        with pytest.raises(ValueError, match=r"one\s+vector"):
+            c.sparse(x, keys)
+
+
+@pytest.mark.parametrize("spec", [s for s in ALL if not make_compressor(s).sparse_message])
+def test_dense_messages_have_no_sparse_form(spec: str) -> None:
+    with pytest.raises(TypeError, match="no sparse form"):
+        make_compressor(spec).sparse(_x((D,), torch.float32), _keys(None))
 
 
 _SPEC = st.sampled_from(ALL)

@@ -162,6 +162,12 @@ def test_rand_k_bits_with_and_without_shared_seed() -> None:
         ("qsgd[s=1]", 100, 32 + 100 * 2),
         ("qsgd[s=3]", 100, 32 + 100 * 3),
         ("ternary", 100, 32 + 200),
+        ("standard_dithering[s=1,norm=inf]", 100, 32 + 200),
+        ("standard_dithering[s=16,norm=inf]", 100, 32 + 100 * 6),
+        ("lazy_bernoulli[p=0.25]", 128, 1 + 0.25 * 128 * 32),
+        ("rank_k[r=2]", 10**4, 32 * 2 * 200),
+        ("rank_k[r=2,rows=50]", 10**4, 32 * 2 * 250),
+        ("power_sgd[rank=4]", 4096, 32 * 4 * 128),
         ("natural", 100, 900),
         ("natural_dithering[s=8]", 100, 32 + 100 * (1 + 4)),
         ("scaled_sign", 100, 132),
@@ -174,6 +180,42 @@ def test_rand_k_bits_with_and_without_shared_seed() -> None:
 )
 def test_bit_formulas(spec: str, d: int, bits: float) -> None:
     assert make_compressor(spec).bits(d) == pytest.approx(bits, rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    "spec,d,bits",
+    [
+        ("ternary", 100, 32 + 200),  # TernGrad's 2 bits per element (Wen et al. §3), as qsgd[s=1]
+        ("qsgd[s=1]", 100, 32 + 200),
+        ("scaled_sign", 100, 32 + 100),
+        ("lazy_bernoulli[p=0.25]", 128, 32 * 0.25 * 128),
+        ("bernoulli[p=0.25]", 128, 32 * 0.25 * 128),
+        ("rank_k[r=2]", 10**4, 32 * 2 * 200),
+    ],
+)
+def test_paper_bits_formulas(spec: str, d: int, bits: float) -> None:
+    """12.5: paper_bits says what the docs say (ternary: 32 + 2d, computed and documented)."""
+    assert make_compressor(spec).paper_bits(d) == pytest.approx(bits, rel=1e-15)
+
+
+def test_lazy_bernoulli_is_all_or_nothing() -> None:
+    """The whole vector ÷ p with probability p, else 0 (one draw per row); the message is a
+    flag bit and, when sent, d values; a zero vector is never sent."""
+    c = make_compressor("lazy_bernoulli[p=0.3]")
+    n, d = 4000, 16
+    x = torch.randn(d, dtype=torch.float32)
+    y = c(x.expand(n, d).contiguous(), Keys.derive(1, client=np.arange(n)))
+    sent = (y != 0).any(dim=1)
+    scaled = x * torch.tensor(1 / 0.3, dtype=torch.float32)
+    assert bool((y[sent] == scaled).all()) and bool((y[~sent] == 0).all())
+    frac = float(sent.double().mean())
+    assert abs(frac - 0.3) <= 6 * math.sqrt(0.3 * 0.7 / n)
+    bits = c.message_bits(y)
+    assert torch.equal(bits, torch.where(sent, 1.0 + 32 * d, 1.0).double())
+    assert c.omega(d) == make_compressor("bernoulli[p=0.3]").omega(d) == pytest.approx(1 / 0.3 - 1)
+    k = Keys.derive(1, client=int(sent.to(torch.int64).argmax()))
+    assert c.encode(x, k).numel() == math.ceil((1 + 32 * d) / 8)
+    assert c.encode(torch.zeros(d), k).numel() == 1 and bool((c(torch.zeros(d), k) == 0).all())
 
 
 def test_bernoulli_message_bits_count_the_actual_message() -> None:
@@ -242,6 +284,12 @@ def test_scaled_needs_an_unbiased_compressor() -> None:
         ("natural_dithering[s=99]", r"s \(the number of levels\) in \[1, 62\]"),
         ("bernoulli[p=0]", r"p \(the keep probability\) in \(0, 1\], got p=0"),
         ("bernoulli[p=1.5]", r"in \(0, 1\]"),
+        ("lazy_bernoulli[p=0]", r"p \(the send probability\) in \(0, 1\], got p=0"),
+        ("standard_dithering[s=0]", r"standard_dithering needs s \(the number of levels\)"),
+        ("standard_dithering[s=2,norm=1]", r"needs norm=2 or norm=inf"),
+        ("power_sgd[rank=0]", r"power_sgd needs the rank >= 1, got 0"),
+        ("power_sgd[rank=2,alpha=2]", r"alpha in \(0, 1\]"),
+        ("rank_k[r=1,rows=-1]", r"rows \(the matrix view\) >= 1"),
         ("top_k[k=1.5]", r"'k' must be an integer"),
         ("qsgd[levels=3]", r"no parameter 'levels'; allowed: s \(int, required\)"),
         ("qsgd", r"needs parameter 's'"),
@@ -397,8 +445,17 @@ def test_list_compressors_cli_prints_every_compressor() -> None:
     assert result.exit_code == 0, result.output
     for name in COMPRESSORS.names():
         assert name in result.output
-    for formula in ("d/k − 1", "min(d/s², √d/s)", "1/(1 + ω_C)", "32 + d·(1 + ⌈log₂(s+1)⌉)"):
-        assert formula in result.output
+    import io
+
+    from rich.console import Console
+
+    from shrinkgrad.cli.listing import LISTINGS
+
+    wide = io.StringIO()
+    LISTINGS["compressors"](Console(width=600, file=wide))  # no wrapping inside the cells
+    formulas = ("d/k − 1", "min(d/s², √d/s)", "1/(1 + ω_C)", "32 + d·(1 + ⌈log₂(s+1)⌉)")
+    for formula in (*formulas, "(√d − 1)/2", "α = r/min(m, n)", "f32 f64 bf16 f16"):
+        assert formula in wide.getvalue()
 
 
 # --------------------------------------------------------------------------------------------

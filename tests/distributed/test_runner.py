@@ -7,13 +7,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from shrinkgrad.distributed import WorkerError, spawn
 from shrinkgrad.distributed.runner import client_ids, run_distributed
-from shrinkgrad.problems import least_squares, logistic_regression
+from shrinkgrad.problems import LinearModelProblem, least_squares, load, logistic_regression
 from shrinkgrad.sim import simulate
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
@@ -160,10 +161,14 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
         # non-finite metrics at a logged round: the state and the bit counters are those of the
         # last round before it, on every rank as in the simulator
         dict(stepsize=50.0, rounds=300, log_every=7, divergence_factor=None),
+        # a saturated logistic loss: f grows, ‖∇f‖² does not (the loss test, issue 12.1)
+        dict(stepsize=1e6, rounds=20, logistic=True),
     ],
 )
 def test_divergence_stops_every_rank_as_the_simulator_does(how: dict[str, Any]) -> None:
-    problem = least_squares("a1a", n_clients=4)
+    how = dict(how)
+    logistic = how.pop("logistic", False)
+    problem = A1A if logistic else least_squares("a1a", n_clients=4)
     kwargs = dict(problem=problem, method="ef21", compressor="top_k[k=2]", **how)
     out = spawn(_run, 2, (kwargs,))
     sim, _ = _simulate(kwargs)
@@ -174,6 +179,35 @@ def test_divergence_stops_every_rank_as_the_simulator_does(how: dict[str, Any]) 
     assert torch.equal(out[0]["bits_up"], sim.bits_up)
     cols = [c for c in sim.table.columns if c not in ("time_s", "grad_norm_sq", "loss")]
     pd.testing.assert_frame_equal(out[0]["table"][cols], sim.table[cols])
+
+
+class HeldOutA1A(LinearModelProblem):
+    """a1a's first 1200 samples over 4 clients, the rest held out (PLAN interface 1)."""
+
+    held_out_columns = ("test_loss",)
+
+    def __init__(self) -> None:
+        data = load("a1a")
+        parts = np.array_split(np.arange(1200), 4)
+        super().__init__(data.X, data.y, parts, loss="logistic", lam=0.1, dataset="a1a")
+        self.test_X = torch.from_numpy(data.X[1200:].toarray())
+        self.test_y = torch.from_numpy(data.y[1200:].astype(np.float64))
+
+    def held_out(self, x: torch.Tensor) -> dict[str, float]:
+        z = self.test_X @ x
+        return {"test_loss": float(torch.nn.functional.softplus(-self.test_y * z).mean())}
+
+
+HELD_OUT = HeldOutA1A()
+
+
+def test_held_out_columns_are_evaluated_on_the_full_problem_by_every_rank() -> None:
+    kwargs = dict(problem=HELD_OUT, method="ef21", compressor="top_k[k=2]", rounds=9, log_every=3)
+    out = spawn(_run, 2, (kwargs,))
+    sim, xs = _simulate(kwargs)
+    _assert_same_run(out, sim, xs)
+    assert "test_loss" in sim.table.columns
+    pd.testing.assert_series_equal(out[0]["table"]["test_loss"], sim.table["test_loss"])
 
 
 def test_more_ranks_than_clients_is_a_clear_error() -> None:

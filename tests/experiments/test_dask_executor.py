@@ -16,7 +16,8 @@ from shrinkgrad.experiments.executors import make_executor
 from shrinkgrad.experiments.grid import expand
 from shrinkgrad.experiments.runner import run_experiment
 
-pytest.importorskip("distributed")
+# "dask.distributed", not "distributed": tests/distributed is importable by that name
+pytest.importorskip("dask.distributed")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CONFIG = """

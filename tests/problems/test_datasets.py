@@ -52,8 +52,26 @@ def test_label_quirks_map_smaller_label_to_minus_one() -> None:
 
 
 def test_shrinkgrad_datasets_module_is_the_loader() -> None:
-    assert sd.load is load and sd.available() == sorted(PUBLISHED)
+    assert sd.load is load and sd.available() == sorted([*PUBLISHED, "digits"])
     assert sd.load("australian") is load("australian")  # cached: one copy per process
+
+
+def test_digits_is_scikit_learns_bundled_image_data() -> None:
+    from sklearn.datasets import load_digits
+
+    ds = load("digits")
+    raw = load_digits()
+    assert ds.X.shape == (1797, 64) and ds.image_shape == (1, 8, 8) and ds.n_classes == 10
+    assert np.array_equal(ds.X.toarray(), raw.data / 16.0) and float(ds.X.max()) == 1.0
+    assert np.array_equal(ds.y, raw.target.astype(np.float64)) and ds.label_values == tuple(
+        float(c) for c in range(10)
+    )
+    assert load("digits") is ds and not ds.y.flags.writeable
+    with pytest.raises(DatasetError, match="'digits' has 64 features, not n_features=10"):
+        load("digits", n_features=10)
+    with pytest.raises(DatasetError, match=r"least squares needs binary \(±1\) labels"):
+        ds.require_binary("least squares")
+    load("a9a").require_binary("least squares")  # binary data passes
 
 
 def test_loaded_arrays_are_read_only() -> None:

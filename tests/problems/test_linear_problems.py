@@ -277,3 +277,62 @@ def test_restrict_errors() -> None:
         p.restrict(torch.tensor([], dtype=torch.int64))
     with pytest.raises(TypeError, match="integers"):
         p.restrict(torch.tensor([0.0, 1.0]))
+
+
+# --------------------------------------------------------------------------------------------
+# the intercept option (issue 17)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("loss", "reg", "lam"), [("logistic", "nonconvex", 0.1), ("squared", "l2", 0.3)]
+)
+@pytest.mark.parametrize("storage", ["sparse", "dense"])
+def test_an_intercept_is_a_column_of_ones_with_exact_constants(
+    loss: str, reg: str, lam: float, storage: str
+) -> None:
+    factory = logistic_regression if loss == "logistic" else least_squares
+    split = make_split("dirichlet[alpha=1.0,seed=3]")
+    base = factory("a1a", n_clients=6, split=split, lam=lam, reg=reg, storage=storage)
+    p = factory("a1a", n_clients=6, split=split, lam=lam, reg=reg, storage=storage, intercept=True)
+    assert p.d == base.d + 1 and p.intercept and p.info()["intercept"] is True
+    # gradients: the model a_jᵀw + b, x = (w, b), the regularizer on every coordinate
+    ds = load("a1a")
+    parts = split(ds, 6)
+    gen = torch.Generator().manual_seed(1)
+    x = 0.3 * torch.randn(p.d, dtype=torch.float64, generator=gen)
+    for i, rows in enumerate(parts):
+        A = torch.from_numpy(ds.X[rows].toarray())
+        y = torch.from_numpy(np.asarray(ds.y[rows]))
+
+        def f(v: torch.Tensor, A: torch.Tensor = A, y: torch.Tensor = y) -> torch.Tensor:
+            z = A @ v[:-1] + v[-1]
+            data = (
+                torch.log1p(torch.exp(-y * z)).mean()
+                if loss == "logistic"
+                else ((z - y) ** 2).mean()
+            )
+            r = (v**2 / (1 + v**2)).sum() if reg == "nonconvex" else 0.5 * (v**2).sum()
+            return data + lam * r
+
+        torch.testing.assert_close(p.client_grads(x)[i], _autograd(f, x), rtol=1e-12, atol=1e-13)
+        # L_i: the largest eigenvalue of f_i's Hessian at x = 0, where it is attained
+        H = torch.autograd.functional.hessian(f, torch.zeros(p.d, dtype=torch.float64))
+        assert float(p.L_i[i]) == pytest.approx(float(torch.linalg.eigvalsh(H)[-1]), rel=1e-10)
+    # adding a column never lowers λ_max (interlacing); with one-hot a1a it raises every L_i
+    assert bool((p.L_i > base.L_i).all()) and p.L > base.L
+    # restrict keeps the intercept, bit for bit
+    ids = torch.tensor([4, 1])
+    sub = p.restrict(ids)
+    assert sub.intercept and sub.d == p.d
+    assert torch.equal(sub.client_grads(x), p.client_grads(x)[ids])
+    assert torch.equal(sub.L_i, p.L_i[ids])
+
+
+def test_intercept_and_threads_by_name() -> None:
+    from shrinkgrad.problems import make_problem
+
+    p = make_problem("logistic_regression[dataset=a1a,n_clients=3,intercept=true,threads=2]")
+    assert p.d == 124 and p.intercept and p.threads == 2  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="threads must be an integer >= 1"):
+        logistic_regression("a1a", n_clients=3, threads=0)
+    with pytest.raises(ValueError, match="intercept must be True or False"):
+        logistic_regression("a1a", n_clients=3, intercept="yes")  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from methods_fixtures import LeastSquares, UnbiasedRandK, rand_k
 
 from shrinkgrad.compressors import make_compressor
 from shrinkgrad.methods import ProblemOracle, make_method
-from shrinkgrad.sim import COLUMNS, SimulationInterrupted, simulate
+from shrinkgrad.sim import COLUMNS, Divergence, SimulationInterrupted, simulate
 
 
 def no_time(df: pd.DataFrame) -> pd.DataFrame:
@@ -142,7 +142,8 @@ def test_callback_can_stop(lsq: LeastSquares) -> None:
 
 def test_divergence_by_growth_stops_with_a_finite_table(lsq: LeastSquares) -> None:
     with pytest.warns(RuntimeWarning, match="diverged at round"):
-        res = simulate(lsq, "gd", None, 5.0 / lsq.L, rounds=500, divergence_factor=1e6)
+        only_grad = Divergence(grad_factor=1e6, loss_factor=None, iterate_factor=None)
+        res = simulate(lsq, "gd", None, 5.0 / lsq.L, rounds=500, divergence_factor=only_grad)
     t = res.table
     assert res.status == "diverged" and "more than 1e+06x" in res.message
     assert t["grad_norm_sq"].iloc[-1] > 1e6 * t["grad_norm_sq"].iloc[0]
@@ -291,3 +292,41 @@ def test_problem_by_name_takes_dtype() -> None:
     assert set(res.table["n_clients"]) == {5} and set(res.table["d"]) == {14}
     with pytest.raises(ValueError, match="unknown problem"):
         simulate("logistic_regresion[dataset=a9a]", "ef21", "top_k[k=1]", rounds=1)
+
+
+# --------------------------------------------------------------------------------------------
+# the options object and the result's repr
+# --------------------------------------------------------------------------------------------
+def test_one_options_object_is_the_keywords(lsq: LeastSquares, tmp_path: Path) -> None:
+    from shrinkgrad.sim import RunOptions
+
+    kw: dict[str, object] = dict(rounds=9, log_every=2, tol=1e-30, checkpoint_every=4)
+    a = simulate(lsq, "ef21", "top_k[k=2]", 0.01, seed=3, checkpoint=tmp_path / "a.pt", **kw)
+    opts = RunOptions(checkpoint=tmp_path / "b.pt", **kw)  # type: ignore[arg-type]
+    b = simulate(lsq, "ef21", "top_k[k=2]", 0.01, seed=3, options=opts)
+    same_table(a.table, b.table)
+    assert (tmp_path / "b.pt").exists()
+    assert RunOptions.build(divergence_factor=None).divergence == Divergence.off()
+    assert opts.replace(rounds=3).rounds == 3 and opts.rounds == 9
+    with pytest.raises(TypeError, match=r"not both \(also given: log_every, rounds\)"):
+        simulate(lsq, "gd", None, 0.01, 5, log_every=2, options=opts)
+    with pytest.raises(ValueError, match="rounds must be an integer >= 0"):
+        opts.replace(rounds=-1)
+    with pytest.raises(ValueError, match="wire_dtype must be one of"):
+        RunOptions(wire_dtype="int8")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="callback must be callable"):
+        RunOptions(callback=3)  # type: ignore[arg-type]
+
+
+def test_the_result_prints_in_a_few_lines(lsq: LeastSquares) -> None:
+    res = simulate(lsq, "ef21", "top_k[k=2]", "theory", rounds=30, log_every=10)
+    text = repr(res)
+    lines = text.splitlines()
+    assert len(lines) <= 4 and "tensor" not in text
+    assert lines[0].startswith("SimResult(completed, 30 rounds, 4 rows: ef21 + top_k[k=2]")
+    assert f"stepsize {res.stepsize:.6g} (stepsize_ef21)" in lines[1]
+    last = res.table.iloc[-1]
+    assert f"round 30: grad_norm_sq={last['grad_norm_sq']:.6g}, loss={last['loss']:.6g}" in text
+    with pytest.warns(RuntimeWarning):
+        bad = simulate(lsq, "gd", None, 1e3, rounds=30)
+    assert repr(bad).startswith("SimResult(diverged") and "diverged at round" in repr(bad)

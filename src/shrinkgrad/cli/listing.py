@@ -23,11 +23,14 @@ def _compressors(console: Console) -> None:
     table = Table(
         title=escape("compressors (build with make_compressor('name[param=value]'))"),
         caption=escape(
-            "bits: float32 values (float64 values count 64); indices ⌈log₂ d⌉ bits each; "
-            "paper_bits(d) counts 32 per float with indices free. Derivations: docs/compressors.md"
+            "bits: float32 values (float64 values count 64, bfloat16/float16 values 16; norms of "
+            "16-bit inputs stay float32); indices ⌈log₂ d⌉ bits each; paper_bits(d) counts 32 "
+            "per float with indices free; dtypes: inputs taken (16-bit ones computed in float32). "
+            "Derivations: docs/compressors.md"
         ),
     )
-    for col in ("name", "parameters", "kind", "constant", "bits per message", "collective"):
+    cols = ("name", "parameters", "kind", "constant", "bits per message", "collective", "dtypes")
+    for col in cols:
         table.add_column(col)
     for name in COMPRESSORS.names():
         entry = COMPRESSORS.entry(name)
@@ -46,9 +49,17 @@ def _compressors(console: Console) -> None:
             str(getattr(cls, "constant_formula", "")),
             str(getattr(cls, "bits_formula", "")),
             str(getattr(cls, "collective_text", "") or getattr(cls, "collective", "")),
+            _dtypes(cls),
         ]
         table.add_row(*(escape(c) for c in cells))
     console.print(table)
+
+
+def _dtypes(cls: Any) -> str:
+    """The input dtypes of a compressor class, short: ``f32 f64 bf16 f16``."""
+    short = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}
+    dtypes = cls.dtypes() if hasattr(cls, "dtypes") else ()
+    return " ".join(short.get(str(t).removeprefix("torch."), str(t)) for t in dtypes)
 
 
 def _datasets(console: Console) -> None:

@@ -5,11 +5,26 @@ Build any of them by name: ``make_compressor("qsgd[s=4]")``; list them with
 ``docs/compressors.md`` for every operator's definition, constant, bits and wire format.
 """
 
-from . import basic, quantize, sparse, transforms
-from .base import COMPRESSORS, Collective, Compressor, Kind, make_compressor
+from . import basic, lowrank, quantize, sparse, transforms
+from .base import (
+    COMPRESSORS,
+    Collective,
+    Compressor,
+    ConstantUnknownError,
+    Kind,
+    make_compressor,
+)
 from .basic import Identity, TopK
-from .quantize import QSGD, NaturalCompression, NaturalDithering, ScaledSign, Ternary
-from .sparse import Bernoulli, RandK, RandKScaled
+from .lowrank import FactorCollective, FactorStage, PowerSGD, RankK, matrix_shape
+from .quantize import (
+    QSGD,
+    NaturalCompression,
+    NaturalDithering,
+    ScaledSign,
+    StandardDithering,
+    Ternary,
+)
+from .sparse import Bernoulli, LazyBernoulli, RandK, RandKScaled
 from .transforms import Compose, Scaled
 
 __all__ = [
@@ -19,18 +34,27 @@ __all__ = [
     "Collective",
     "Compose",
     "Compressor",
+    "ConstantUnknownError",
+    "FactorCollective",
+    "FactorStage",
     "Identity",
     "Kind",
+    "LazyBernoulli",
     "NaturalCompression",
     "NaturalDithering",
+    "PowerSGD",
     "RandK",
     "RandKScaled",
+    "RankK",
     "Scaled",
     "ScaledSign",
+    "StandardDithering",
     "Ternary",
     "TopK",
     "basic",
+    "lowrank",
     "make_compressor",
+    "matrix_shape",
     "quantize",
     "sparse",
     "transforms",

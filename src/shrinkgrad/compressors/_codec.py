@@ -19,8 +19,7 @@ Codes (what the torch paths of :mod:`.quantize` write with :meth:`._wire.BitWrit
   2^{c−s}; value = sign · ‖x‖ · level;
 * scaled sign: the sign bit; value = sign · scale.
 
-Bernoulli's (index, value) pairs are collected from its dense output by
-:func:`count_nonzero` / :func:`nonzero_pairs`.
+Bernoulli's (index, value) pairs come from its sparse form (``_kernels.bernoulli_pairs``).
 """
 
 from __future__ import annotations
@@ -35,12 +34,10 @@ from ._kernels import CHUNK, OK, _tie_up, natural_chunk, round_level
 from ._wire import pack_bits, unpack_bits
 
 __all__ = [
-    "count_nonzero",
     "dither_decode",
     "dither_encode",
     "natural_decode",
     "natural_encode",
-    "nonzero_pairs",
     "round_decode",
     "round_encode",
     "sign_decode",
@@ -409,29 +406,3 @@ def sign_decode(  # pragma: no cover - compiled
         for i in range(m):
             os[i] = np.copysign(sc, one - two * dt(codes[i]))
         status[w] = OK
-
-
-# --------------------------------------------------------------------------------------------
-# Bernoulli: the kept non-zeros of the dense output
-# --------------------------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
-def count_nonzero(y: np.ndarray) -> int:  # pragma: no cover - compiled
-    """The number of entries y_j != 0 (−0.0 counts as zero)."""
-    c = 0
-    for i in range(y.size):
-        c += y[i] != 0
-    return c
-
-
-@njit(cache=True, nogil=True)
-def nonzero_pairs(  # pragma: no cover - compiled
-    y: np.ndarray, idx: np.ndarray, vals: np.ndarray
-) -> None:
-    """idx, vals = the positions and values of the non-zeros of y, in order (sized by
-    :func:`count_nonzero`)."""
-    o = 0
-    for i in range(y.size):
-        if y[i] != 0:
-            idx[o] = i
-            vals[o] = y[i]
-            o += 1

@@ -46,15 +46,19 @@ __all__ = [
     "NON_FINITE",
     "OK",
     "OVERFLOW",
+    "bernoulli_pairs",
     "bernoulli_rows",
     "bucket_by_chunk",
+    "check_rows",
     "copy_rows",
     "dither_rows",
+    "lazy_rows",
     "natural_rows",
     "randk_block",
     "randk_indices",
     "round_rows",
     "row_stats",
+    "sparse_gather",
     "sparse_rows",
     "top1_rows",
     "topk_candidates",
@@ -249,29 +253,6 @@ def row_stats(  # pragma: no cover - compiled
 # stochastic rounding decisions
 # --------------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
-def _round_up(
-    frac: float, byte: np.uint64, e0: np.uint64, e1: np.uint64, j: int
-) -> bool:  # pragma: no cover
-    """True with probability ``frac`` (to 2⁻⁷²): 8 bits first, 32 + 32 more only on ties."""
-    t = frac * 256.0
-    tb = math.floor(t)
-    b = float(byte)
-    if b < tb:
-        return True
-    if b > tb:
-        return False
-    t2 = (t - tb) * _TWO32
-    w1 = float(bits32(e0, e1, np.uint64(2 * j)))
-    tb2 = math.floor(t2)
-    if w1 < tb2:
-        return True
-    if w1 > tb2:
-        return False
-    w2 = float(bits32(e0, e1, np.uint64(2 * j + 1)))
-    return w2 < (t2 - tb2) * _TWO32
-
-
-@njit(cache=True, inline="always")
 def _tie_up(t: float, tb: float, e0: np.uint64, e1: np.uint64, j: int) -> bool:  # pragma: no cover
     """The rare branch of the draw: the byte equalled ⌊256 f⌋ = tb (t = 256 f)."""
     t2 = (t - tb) * _TWO32
@@ -359,7 +340,7 @@ def _bernoulli_block(  # pragma: no cover - compiled
 ) -> None:
     zero = xs.dtype.type(0.0)
     for i in range(xs.size):
-        v = xs[i] * sc
+        v = xs[i] * sc + zero  # a kept −0.0 becomes +0.0: the message omits kept zeros
         bi = np.int32(byts[i])
         flags[i] = np.uint8(bi == ti) | (np.uint8((v - v) != 0) << np.uint8(1))
         os[i] = v if bi < ti else zero
@@ -1306,10 +1287,12 @@ def randk_block(  # pragma: no cover - compiled
 
 @njit(cache=True)
 def bucket_by_chunk(  # pragma: no cover - compiled
-    idx: np.ndarray, order: np.ndarray, starts: np.ndarray
+    idx: np.ndarray, order: np.ndarray, starts: np.ndarray, positions: bool = False
 ) -> None:
     """Counting sort of every row's indices by chunk (j ≫ log₂ CHUNK), keeping their order
-    within a chunk: chunk c of row r holds ``order[r, starts[r, c]:starts[r, c + 1]]``."""
+    within a chunk: chunk c of row r holds ``order[r, starts[r, c]:starts[r, c + 1]]`` — the
+    indices j themselves, or with ``positions`` their positions i in ``idx[r]`` (so that a
+    kernel can fill values in the generation order)."""
     n, k = idx.shape
     nch = starts.shape[1] - 1
     pos = np.empty(nch, dtype=np.int64)
@@ -1327,8 +1310,43 @@ def bucket_by_chunk(  # pragma: no cover - compiled
         for i in range(k):
             j = idx[r, i]
             c = j >> shift
-            order[r, pos[c]] = j
+            order[r, pos[c]] = i if positions else j
             pos[c] += 1
+
+
+@njit(cache=True, nogil=True)
+def sparse_gather(  # pragma: no cover - compiled
+    x2: np.ndarray,
+    idx: np.ndarray,
+    order: np.ndarray,
+    starts: np.ndarray,
+    scale: np.ndarray,
+    vals: np.ndarray,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """The sparse form of rand-k without a dense output: chunk by chunk, one vectorizable pass
+    checks x finite (NON_FINITE), then the chunk's kept values (:func:`bucket_by_chunk` with
+    ``positions``) are
+    read while the chunk is in cache, vals[r, i] = x[r, idx[r, i]] · scale[0] (OVERFLOW if a
+    product leaves the dtype's range)."""
+    d = x2.shape[1]
+    nch = (d + CHUNK - 1) // CHUNK
+    sc = scale[0]
+    for w in range(w0, w1):
+        r = w // nch
+        c = w % nch
+        j0 = c * CHUNK
+        st = NON_FINITE if _check_block(x2[r, j0 : min(d, j0 + CHUNK)]) else OK
+        row = x2[r]
+        for t in range(starts[r, c], starts[r, c + 1]):
+            i = order[r, t]
+            v = row[idx[r, i]] * sc
+            if not (abs(v) < np.inf) and st == OK:
+                st = OVERFLOW
+            vals[r, i] = v
+        status[w] = st
 
 
 @njit(cache=True, nogil=True)
@@ -1376,6 +1394,84 @@ def _zero_check_block(xs: np.ndarray, os: np.ndarray) -> bool:  # pragma: no cov
         bad |= np.uint8((v - v) != 0)
         os[i] = zero
     return bool(bad != 0)
+
+
+@njit(cache=True)
+def _check_block(xs: np.ndarray) -> bool:  # pragma: no cover - compiled
+    """Whether xs holds inf or nan, in one vectorizable pass (four interleaved streams)."""
+    q = xs.size // 4
+    b0 = b1 = b2 = b3 = np.uint8(0)
+    for i in range(q):
+        v0 = xs[i]
+        v1 = xs[q + i]
+        v2 = xs[2 * q + i]
+        v3 = xs[3 * q + i]
+        b0 |= np.uint8((v0 - v0) != 0)
+        b1 |= np.uint8((v1 - v1) != 0)
+        b2 |= np.uint8((v2 - v2) != 0)
+        b3 |= np.uint8((v3 - v3) != 0)
+    for i in range(4 * q, xs.size):
+        v0 = xs[i]
+        b0 |= np.uint8((v0 - v0) != 0)
+    return bool((b0 | b1 | b2 | b3) != 0)
+
+
+@njit(cache=True, nogil=True)
+def check_rows(  # pragma: no cover - compiled
+    x2: np.ndarray, w0: int, w1: int, status: np.ndarray
+) -> None:
+    """NON_FINITE for a chunk holding inf or nan: the finiteness check of the contract, alone
+    (the sparse forms read x once, for this, and write O(k))."""
+    d = x2.shape[1]
+    nch = (d + CHUNK - 1) // CHUNK
+    for w in range(w0, w1):
+        r = w // nch
+        j0 = (w % nch) * CHUNK
+        status[w] = NON_FINITE if _check_block(x2[r, j0 : min(d, j0 + CHUNK)]) else OK
+
+
+@njit(cache=True)
+def _scale_check_block(  # pragma: no cover - compiled
+    xs: np.ndarray, sc: float, os: np.ndarray
+) -> int:
+    """os = xs · sc + 0 (signed zeros become +0), the status of the chunk."""
+    zero = os.dtype.type(0.0)
+    bad = np.uint8(0)
+    over = np.uint8(0)
+    for i in range(xs.size):
+        xv = xs[i]
+        v = xv * sc + zero
+        bad |= np.uint8((xv - xv) != 0)
+        over |= np.uint8((v - v) != 0)
+        os[i] = v
+    if bad:
+        return NON_FINITE
+    return OVERFLOW if over else OK
+
+
+@njit(cache=True, nogil=True)
+def lazy_rows(  # pragma: no cover - compiled
+    x2: np.ndarray,
+    fire: np.ndarray,
+    scale: np.ndarray,
+    out: np.ndarray,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """Lazy Bernoulli: out = x · scale[0] (+0 for signed zeros) on the rows that fire, 0 on the
+    others, checking every x finite in the same pass."""
+    d = x2.shape[1]
+    nch = (d + CHUNK - 1) // CHUNK
+    sc = scale[0]
+    for w in range(w0, w1):
+        r = w // nch
+        j0 = (w % nch) * CHUNK
+        j1 = min(d, j0 + CHUNK)
+        if fire[r]:
+            status[w] = _scale_check_block(x2[r, j0:j1], sc, out[r, j0:j1])
+        else:
+            status[w] = NON_FINITE if _zero_check_block(x2[r, j0:j1], out[r, j0:j1]) else OK
 
 
 @njit(cache=True)
@@ -1439,6 +1535,7 @@ def bernoulli_rows(  # pragma: no cover - compiled
     Same layout as :func:`round_rows`; the flags also mark non-finite inputs and kept values
     whose scaling overflows."""
     d = x2.shape[1]
+    dt = x2.dtype.type
     sc = scale[0]
     t = p * 256.0
     ti = np.int32(math.floor(t))
@@ -1459,13 +1556,107 @@ def bernoulli_rows(  # pragma: no cover - compiled
             f = flags[i]
             if f:
                 if f & 1 and _tie_up(t, float(ti), lo2[r], hi2[r], j0 + i):
-                    os[i] = xs[i] * sc
+                    os[i] = xs[i] * sc + dt(0.0)
                 if f & 2:
                     xv = xs[i]
                     if (xv - xv) != 0:
                         st = NON_FINITE
                     elif os[i] != 0 and st == OK:
                         st = OVERFLOW
+        status[w] = st
+
+
+@njit(cache=True)
+def _keep_block(  # pragma: no cover - compiled
+    xs: np.ndarray, byts: np.ndarray, sc: float, ti: np.int32, keep: np.ndarray, tie: np.ndarray
+) -> np.uint8:
+    """keep[i] = x_i kept by the 8-bit draw (byte < ⌊256p⌋) and x_i · sc ≠ 0; tie[i] = the
+    byte ties (resolved later); returns whether xs holds inf or nan (one vectorizable pass)."""
+    bad = np.uint8(0)
+    for i in range(xs.size):
+        xv = xs[i]
+        bi = np.int32(byts[i])
+        nz = np.uint8(xv * sc != 0)
+        keep[i] = np.uint8(bi < ti) & nz
+        tie[i] = np.uint8(bi == ti) & nz
+        bad |= np.uint8((xv - xv) != 0)
+    return bad
+
+
+@njit(cache=True)
+def _count_block(keep: np.ndarray) -> int:  # pragma: no cover - compiled
+    c = 0
+    for i in range(keep.size):
+        c += keep[i]
+    return c
+
+
+@njit(cache=True, nogil=True)
+def bernoulli_pairs(  # pragma: no cover - compiled
+    x2: np.ndarray,
+    p: float,
+    scale: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    lo2: np.ndarray,
+    hi2: np.ndarray,
+    counts: np.ndarray,
+    starts: np.ndarray,
+    idx: np.ndarray,
+    vals: np.ndarray,
+    fill: bool,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """The (index, value) pairs of :func:`bernoulli_rows` for one vector (``x2``: (1, d)),
+    without a dense output: the same draws decide which x_j are kept, and the kept non-zero
+    x_j · scale[0] are either counted per chunk (``fill`` False: ``counts[w]``) or written from
+    ``starts[w]`` on (``fill`` True, after a prefix sum of the counts; the draws are made
+    again). Flags are scanned 8 at a time (a kept entry or a tie has probability ≈ p).
+    Statuses as there."""
+    d = x2.shape[1]
+    sc = scale[0]
+    t = p * 256.0
+    ti = np.int32(math.floor(t))
+    words = np.empty(CHUNK // 4, dtype=np.uint32)
+    byts = words.view(np.uint8)
+    keep = np.zeros(CHUNK + 8, dtype=np.uint8)
+    tie = np.zeros(CHUNK + 8, dtype=np.uint8)
+    k64 = keep.view(np.uint64)
+    t64 = tie.view(np.uint64)
+    for w in range(w0, w1):
+        j0 = w * CHUNK
+        m = min(d, j0 + CHUNK) - j0
+        xs = x2[0, j0 : j0 + m]
+        fill_words(lo[0], hi[0], j0 // 4, words[: (m + 3) // 4])
+        if _keep_block(xs, byts[:m], sc, ti, keep[:m], tie[:m]):
+            status[w] = NON_FINITE
+            continue
+        keep[m : (m + 7) & ~7] = 0
+        tie[m : (m + 7) & ~7] = 0
+        for q in range((m + 7) >> 3):
+            if t64[q] == 0:
+                continue
+            for i in range(q << 3, (q << 3) + 8):
+                if tie[i] and _tie_up(t, float(ti), lo2[0], hi2[0], j0 + i):
+                    keep[i] = 1
+        st = OK
+        if not fill:
+            counts[w] = _count_block(keep[:m])
+        else:
+            o = starts[w]
+            for q in range((m + 7) >> 3):
+                if k64[q] == 0:
+                    continue
+                for i in range(q << 3, (q << 3) + 8):
+                    if keep[i]:
+                        v = xs[i] * sc
+                        if not (abs(v) < np.inf):
+                            st = OVERFLOW
+                        idx[o] = j0 + i
+                        vals[o] = v
+                        o += 1
         status[w] = st
 
 

@@ -29,10 +29,14 @@ import torch
 from numba import njit
 
 __all__ = [
+    "HALF_DTYPES",
+    "WIRE_DTYPES",
     "BitReader",
     "BitWriter",
     "float_width",
     "pack_bits",
+    "paper_width",
+    "scalar_width",
     "shift_bits",
     "unpack_bits",
 ]
@@ -43,9 +47,29 @@ _U8 = np.uint64(8)
 _U255 = np.uint64(255)
 
 
+#: 16-bit floating dtypes: compressed in float32 arithmetic, their values sent in 16 bits
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+#: every dtype a message can carry its values in
+WIRE_DTYPES = (torch.float32, torch.float64, *HALF_DTYPES)
+
+
 def float_width(dtype: torch.dtype) -> int:
-    """Bits of one value of ``dtype`` on the wire."""
+    """Bits of one *value* of ``dtype`` on the wire (16 for bfloat16 and float16)."""
     return torch.finfo(dtype).bits
+
+
+def scalar_width(dtype: torch.dtype) -> int:
+    """Bits of one per-message *scalar* (a norm, a scale) of a message for ``dtype`` inputs.
+
+    16-bit inputs are compressed in float32 arithmetic (norms and thresholds in float32), so a
+    scalar travels as float32: 32 bits; otherwise the dtype's width (32 or 64)."""
+    return max(32, torch.finfo(dtype).bits)
+
+
+def paper_width(dtype: torch.dtype) -> int:
+    """Bits per sent float in the papers' convention: 32, or 16 when the wire carries 16-bit
+    values (a float64 simulation still counts 32, as the papers' float32 codes do)."""
+    return 16 if dtype in HALF_DTYPES else 32
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,6 +219,8 @@ def _float_words_np(v: torch.Tensor) -> np.ndarray:
     v = v.detach().reshape(-1).contiguous()
     if v.dtype == torch.float32:
         return v.view(torch.int32).numpy().view(np.uint32)
+    if v.dtype in HALF_DTYPES:
+        return v.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
     if v.dtype == torch.float64:
         w = v.view(torch.int64).numpy()
         if _LITTLE:
@@ -203,18 +229,21 @@ def _float_words_np(v: torch.Tensor) -> np.ndarray:
         words[0::2] = w & _MASK32
         words[1::2] = (w >> 32) & _MASK32
         return words
-    raise TypeError(f"the wire format carries float32 or float64 values, got {v.dtype}")
+    raise TypeError(f"the wire format carries float32, float64 or 16-bit values, got {v.dtype}")
 
 
 def _float_words(v: torch.Tensor) -> list[torch.Tensor]:
-    """IEEE bit patterns of a float tensor as 32-bit words (int64 in [0, 2³²))."""
+    """IEEE bit patterns of a float tensor as 32-bit words (int64 in [0, 2³²)); 16-bit values
+    as one 16-bit word each."""
     v = v.reshape(-1).contiguous()
     if v.dtype == torch.float32:
         return [v.view(torch.int32).to(torch.int64) & _MASK32]
+    if v.dtype in HALF_DTYPES:
+        return [v.view(torch.int16).to(torch.int64) & 0xFFFF]
     if v.dtype == torch.float64:
         w = v.view(torch.int64)
         return [w & _MASK32, (w >> 32) & _MASK32]
-    raise TypeError(f"the wire format carries float32 or float64 values, got {v.dtype}")
+    raise TypeError(f"the wire format carries float32, float64 or 16-bit values, got {v.dtype}")
 
 
 def _check_width(width: int) -> None:
@@ -239,12 +268,20 @@ class BitWriter:
 
     ``fast`` (default: on CPU) selects the numba packer; ``fast=False`` the torch one (the
     reference path, any device). :attr:`fast` tells ``_encode_fields`` whether blocks can be
-    added.
+    added. ``value_dtype`` is the dtype the message's *values* travel in (:meth:`add_values`):
+    a 16-bit dtype for 16-bit inputs, whose compression runs in float32 (``None``: the values'
+    own dtype).
     """
 
-    def __init__(self, device: torch.device | str = "cpu", fast: bool | None = None) -> None:
+    def __init__(
+        self,
+        device: torch.device | str = "cpu",
+        fast: bool | None = None,
+        value_dtype: torch.dtype | None = None,
+    ) -> None:
         self.device = torch.device(device)
         self.fast = _fast(self.device, fast)
+        self.value_dtype = value_dtype
         # (kind, data, width or nbits): "ints" (uint32 array on CPU, int64 tensor elsewhere)
         # or "block" (a BlockWrite, CPU only)
         self._fields: list[tuple[str, object, int]] = []
@@ -264,18 +301,29 @@ class BitWriter:
         self.nbits += values.numel() * width
 
     def add_float(self, values: torch.Tensor) -> None:
-        """Append floats as their IEEE bit patterns (32 or 64 bits each)."""
+        """Append floats as their IEEE bit patterns (16, 32 or 64 bits each)."""
+        width = 16 if values.dtype in HALF_DTYPES else 32
         if self.fast:
             words = _float_words_np(values.cpu())
             if words.size:
-                self._fields.append(("ints", words, 32))
-                self.nbits += 32 * words.size
+                self._fields.append(("ints", words, width))
+                self.nbits += width * words.size
             return
         parts = _float_words(values.to(self.device))
         if len(parts) == 1:
-            self.add(parts[0], 32)
+            self.add(parts[0], width)
         else:  # float64: low word then high word, value by value
             self.add(torch.stack(parts, dim=-1).reshape(-1), 32)
+
+    def add_values(self, values: torch.Tensor) -> None:
+        """Append the message's values in :attr:`value_dtype` (rounded to it from the float32
+        arithmetic of a 16-bit input); a ValueError when one leaves that dtype's range."""
+        vd = self.value_dtype
+        if vd is not None and vd != values.dtype:
+            values = values.to(vd)
+            if not bool(torch.isfinite(values).all()):
+                raise value_range_error(vd)
+        self.add_float(values)
 
     def add_block(self, nbits: int, write: BlockWrite) -> None:
         """Append a field of ``nbits`` bits that ``write(payload, byte)`` packs itself (CPU).
@@ -340,18 +388,35 @@ class BitWriter:
 
 
 class BitReader:
-    """Reads back the fields a :class:`BitWriter` wrote, in the same order (``fast`` as for
-    :class:`BitWriter`)."""
+    """Reads back the fields a :class:`BitWriter` wrote, in the same order (``fast`` and
+    ``value_dtype`` as for :class:`BitWriter`)."""
 
-    def __init__(self, payload: torch.Tensor, fast: bool | None = None) -> None:
+    def __init__(
+        self,
+        payload: torch.Tensor,
+        fast: bool | None = None,
+        value_dtype: torch.dtype | None = None,
+    ) -> None:
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
             raise TypeError("a payload is a uint8 tensor as returned by encode()")
         self._payload = payload.reshape(-1)
         self.fast = _fast(payload.device, fast)
+        self.value_dtype = value_dtype
         self._np = self._payload.contiguous().numpy() if self.fast else None
         self._bits: torch.Tensor | None = None  # one uint8 per bit (other devices)
         self.nbits = 8 * self._payload.numel()
         self.pos = 0
+
+    def read_values(
+        self, count: int, dtype: torch.dtype, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The next ``count`` values of the message: sent in :attr:`value_dtype` (when set),
+        returned in ``dtype`` (the arithmetic dtype of the decoder; exact for 16-bit values)."""
+        vd = self.value_dtype
+        if vd is None or vd == dtype:
+            return self.read_float(count, dtype, out)
+        res = self.read_float(count, vd).to(dtype)
+        return res if out is None else out.copy_(res)
 
     @property
     def device(self) -> torch.device:
@@ -395,8 +460,15 @@ class BitReader:
     ) -> torch.Tensor:
         """The next ``count`` floats of ``dtype`` (written into ``out``, a contiguous CPU
         tensor of that size and dtype, when given)."""
-        if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"the wire format carries float32 or float64 values, got {dtype}")
+        if dtype not in WIRE_DTYPES:
+            raise TypeError(
+                f"the wire format carries float32, float64 or 16-bit values, got {dtype}"
+            )
+        if dtype in HALF_DTYPES:
+            w16 = self.read(count, 16)
+            w16 = torch.where(w16 >= 1 << 15, w16 - (1 << 16), w16)
+            res = w16.to(torch.int16).view(dtype)
+            return res if out is None else out.copy_(res)
         words_per = 1 if dtype == torch.float32 else 2
         if not self.fast:
             w = self.read(words_per * count, 32)
@@ -444,6 +516,14 @@ class BitReader:
             shifts = torch.arange(8, device=self.device, dtype=torch.uint8)
             self._bits = ((self._payload[:, None] >> shifts) & 1).reshape(-1)
         return self._bits
+
+
+def value_range_error(dtype: torch.dtype) -> ValueError:
+    """A compressed value beyond the range of the (16-bit) dtype its message carries."""
+    return ValueError(
+        f"a compressed value exceeds the {dtype} range ({torch.finfo(dtype).max:.4g}); rescale "
+        "the input (e.g. a smaller loss scale) or compress bfloat16/float32 tensors"
+    )
 
 
 @njit(cache=True, nogil=True)

@@ -8,21 +8,37 @@ row by row (the leading axes are clients, buckets, ...). It declares
 * ``omega(d)`` / ``alpha(d)``: the constants as functions of the dimension. An unbiased compressor
   also reports ``alpha(d) = 1/(1 + ω)``, the constant of its scaled version C/(1 + ω)
   (methods.md §2, "Conversion");
-* ``bits(d)``: the exact size in bits of one encoded message (values, indices, norms, scales), and
-  ``paper_bits(d)``: the papers' convention (32 bits per sent float, indices free);
+* ``bits(d, dtype)``: the exact size in bits of one encoded message (values, indices, norms,
+  scales) whose values travel in ``dtype`` (16-bit values count 16 bits; per-message scalars
+  such as norms stay float32 for 16-bit inputs), and ``paper_bits(d, dtype)``: the papers'
+  convention (32 bits per sent float, 16 for a 16-bit wire, indices free);
 * ``collective``: ``"allreduce"`` when the compressed results of several ranks can be summed as
   dense tensors, ``"allgather"`` when the payload is sparse or packed.
 
 Randomness is explicit: ``C(x, keys)`` takes one :class:`~shrinkgrad.rng.Keys` per row, so a draw
-is a function of (seed, round, client) only. ``C.compress(x, seed=...)`` is the convenience form.
-``C(x, keys, out=buf)`` writes into a preallocated tensor.
+is a function of (seed, round, client) only. ``C.compress(x, seed=...)`` is the convenience form:
+a random compressor needs the seed (a fixed default would repeat one "random" draw on every
+call), and the rows of a batch are clients 0, 1, … (each its own draw) unless ``client=`` says
+otherwise. ``C(x, keys, out=buf)`` writes into a preallocated tensor.
+
+Dtypes: float32 and float64 inputs are compressed in their own precision; bfloat16 and float16
+inputs (:attr:`Compressor.half_precision`) in float32 arithmetic (norms, thresholds, SVDs),
+with the output rounded to the input dtype once at the end, and their message carries the
+values in 16 bits. Constant functions (``omega``, ``alpha``, ``bits``, ...) check their ``d``.
+
+Stateful compressors (``stateful = True``: PowerSGD's previous Q) keep explicit state between
+calls: ``init_state`` / ``step`` (:mod:`.lowrank`); the methods that carry it (EF21, EF) keep
+it in their client state, so that checkpoints stay exact. ``C(x, keys)`` of such a compressor
+is its first step from the keyed initial state.
 
 Wire format: ``encode(x, keys)`` gives a ``uint8`` payload of exactly ⌈bits/8⌉ bytes (a sequence of
 bit fields, :mod:`._wire`) and ``decode(payload, d, dtype, keys)`` the dense compressed vector,
 bit-identical to ``C(x, keys)``; both take ``out=`` (a preallocated payload buffer / vector).
-Sparse messages (:attr:`Compressor.sparse_message`) can also be read as (index, value) pairs
-(``decode_sparse``). Fixed-size sparsifiers (``sparse_k(d)`` not None) also expose their chosen
-indices and values (``_select``) and index fields, which ``compose`` uses.
+Sparse messages (:attr:`Compressor.sparse_message`) have a sparse form ``C.sparse(x, keys) ->
+(indices, values)`` that never builds the dense compressed tensor (the wire format encodes from
+it), and can be read back as (index, value) pairs (``decode_sparse``). Fixed-size sparsifiers
+(``sparse_k(d)`` not None) also expose their chosen indices and values (``_select``) and index
+fields, which ``compose`` uses.
 
 Implementations: a torch path (any device) defines every operator; on CPU numba kernels
 (:mod:`._kernels`; for the wire format :mod:`._wire` and :mod:`._codec`) compute the same
@@ -32,7 +48,9 @@ output faster (see :data:`KERNELS`).
 from __future__ import annotations
 
 import abc
+import functools
 import os
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -40,9 +58,18 @@ import torch
 
 from ..registry import Registry
 from ..rng import Keys
-from ._wire import BitReader, BitWriter
+from ._wire import HALF_DTYPES, WIRE_DTYPES, BitReader, BitWriter, value_range_error
 
-__all__ = ["COMPRESSORS", "Collective", "Compressor", "Kind", "Sparsifier", "make_compressor"]
+__all__ = [
+    "COMPRESSORS",
+    "Collective",
+    "Compressor",
+    "ConstantUnknownError",
+    "Kind",
+    "Sparsifier",
+    "check_dimension",
+    "make_compressor",
+]
 
 #: Which implementation runs on CPU tensors: "auto" and "numba" (the numba kernels) or "torch"
 #: (always the reference path). The environment variable ``SHRINKGRAD_KERNELS`` sets the
@@ -50,9 +77,44 @@ __all__ = ["COMPRESSORS", "Collective", "Compressor", "Kind", "Sparsifier", "mak
 KERNELS: str = os.environ.get("SHRINKGRAD_KERNELS", "auto")
 
 Kind = Literal["unbiased", "contractive"]
-Collective = Literal["allreduce", "allgather"]
+#: "allreduce": dense results summable; "allgather": packed or sparse payloads;
+#: "allreduce_factors": low-rank factors summed stage by stage (PowerSGD, :mod:`.lowrank`)
+Collective = Literal["allreduce", "allgather", "allreduce_factors"]
 
+#: the dtypes compressors compute in (16-bit inputs are computed in float32)
 FLOAT_DTYPES = (torch.float32, torch.float64)
+
+
+class ConstantUnknownError(ValueError):
+    """A compressor has no worst-case constant (PowerSGD's α): the unknown constant is a state
+    (design.md principle 14): numeric step sizes work, ``"theory"`` refuses with this message
+    unless the constant is given explicitly."""
+
+
+def check_dimension(d: object, where: str) -> int:
+    """``d`` as an int, or a one-line error saying what is wrong with it (``alpha(-3)``)."""
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+        raise TypeError(f"{where}: d is the vector length, a positive integer; got {d!r}")
+    if d < 1:
+        raise ValueError(f"{where}: d is the vector length, a positive integer; got {d}")
+    return int(d)
+
+
+#: the methods whose first argument is the dimension d (validated for every compressor)
+_D_METHODS = ("omega", "alpha", "bits", "paper_bits", "index_bits", "sparse_k")
+
+
+def _checking_d(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(self: Compressor, d: object, *args: Any, **kwargs: Any) -> Any:
+        return fn(self, check_dimension(d, f"{self.name}.{name}(d)"), *args, **kwargs)
+
+    wrapper._checks_d = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _dtype_names(dtypes: tuple[torch.dtype, ...]) -> str:
+    return ", ".join(str(t).removeprefix("torch.") for t in dtypes)
 
 
 class Compressor(abc.ABC):
@@ -80,6 +142,25 @@ class Compressor(abc.ABC):
     projection: bool = False
     #: True when the message size depends on the draw (Bernoulli): see :meth:`message_bits`
     variable_size: bool = False
+    #: True when bfloat16/float16 inputs work (float32 arithmetic, output in the input dtype)
+    half_precision: ClassVar[bool] = True
+    #: True when the compressor keeps state between calls (:mod:`.lowrank`: PowerSGD's Q)
+    stateful: ClassVar[bool] = False
+    #: False when the compressor has no worst-case constant (``alpha`` raises
+    #: :class:`ConstantUnknownError`): numeric step sizes work, theory step sizes refuse
+    constant_known: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in _D_METHODS:
+            fn = cls.__dict__.get(name)
+            if callable(fn) and not getattr(fn, "_checks_d", False):
+                setattr(cls, name, _checking_d(fn, name))
+
+    @classmethod
+    def dtypes(cls) -> tuple[torch.dtype, ...]:
+        """The input dtypes this compressor takes."""
+        return WIRE_DTYPES if cls.half_precision else FLOAT_DTYPES
 
     # -- constants ------------------------------------------------------------------------------
     def omega(self, d: int) -> float:
@@ -103,8 +184,9 @@ class Compressor(abc.ABC):
         """
         raise NotImplementedError
 
-    def paper_bits(self, d: int) -> float:
-        """The papers' convention: 32 bits per transmitted float, indices and signs free."""
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        """The papers' convention: 32 bits per transmitted float (16 when the values travel in
+        a 16-bit ``dtype``), indices free, the bits of signs and levels counted."""
         raise NotImplementedError
 
     def message_bits(self, compressed: torch.Tensor) -> torch.Tensor:
@@ -152,7 +234,22 @@ class Compressor(abc.ABC):
         keys = self._prepare_keys(x, keys)
         if out is not None:
             self._check_out(x, out)
+        if x.dtype in HALF_DTYPES:
+            y = self._to_half(self._apply_half(x.float(), keys, x.dtype), x.dtype)
+            return y if out is None else out.copy_(y)
         return self._apply(x, keys, out)
+
+    def _apply_half(self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype) -> torch.Tensor:
+        """The float32 result for a 16-bit input (``x``: its exact float32 copy), which the
+        caller rounds to the input dtype once. Compressors whose message rounds intermediate
+        values (low-rank factors) override this."""
+        return self._apply(x, keys, None)
+
+    def _to_half(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        h = y.to(dtype)
+        if not bool(torch.isfinite(h).all()):
+            raise ValueError(f"{self.name}: {value_range_error(dtype)}")
+        return h
 
     def _prepare_keys(self, x: torch.Tensor, keys: Keys | None) -> Keys | None:
         if self.deterministic:
@@ -188,18 +285,56 @@ class Compressor(abc.ABC):
     def compress(
         self,
         x: torch.Tensor,
-        seed: int = 0,
+        seed: int | None = None,
         *,
         round: int = 0,
-        client: int | torch.Tensor = 0,
+        client: int | torch.Tensor | np.ndarray | None = None,
     ) -> torch.Tensor:
         """Convenience form: keys derived from ``(seed, round, client)``.
 
-        For a batch ``x`` of shape ``(n, d)`` pass ``client=torch.arange(n)`` to give each row its
-        own client key (a scalar ``client`` gives every row the same key).
+        A random compressor needs ``seed`` (a ValueError otherwise: a silent default would give
+        the same "random" draw on every call); the same ``(seed, round, client)`` always gives
+        the same draw, so vary ``round`` between calls. The rows of a batch ``x`` of shape
+        ``(n, d)`` (or ``(..., d)``) are clients 0, 1, …, each with its own draw, unless
+        ``client`` gives their ids (a scalar ``client`` gives every row the same key).
         """
-        keys = None if self.deterministic else Keys.derive(seed, round=round, client=client)
-        return self(x, keys)
+        if self.deterministic:
+            return self(x)
+        if seed is None:
+            raise ValueError(
+                f"{self.name} is random: compress(x, seed=...) needs a seed (the same seed, round "
+                "and client give the same draw, so vary round= between calls), or call "
+                "C(x, Keys.derive(seed, round=t, client=i))"
+            )
+        if client is None:
+            rows = x.shape[:-1] if isinstance(x, torch.Tensor) else ()
+            client = np.arange(int(np.prod(rows)), dtype=np.int64).reshape(rows) if rows else 0
+        return self(x, Keys.derive(seed, round=round, client=client))
+
+    # -- sparse form ----------------------------------------------------------------------------
+    def sparse(
+        self, x: torch.Tensor, keys: Keys | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(indices, values)`` of the message of ``x`` (sparse messages only), without ever
+        building the dense compressed tensor: scattering ``values`` at ``indices`` into zeros
+        gives ``C(x, keys)`` bit for bit. Fixed-size sparsifiers take a batch ``(..., d)`` and
+        return ``(..., k)`` int64 indices and values; random-size ones (Bernoulli) one vector.
+        The wire format encodes from this form.
+        """
+        if not self.sparse_message:
+            raise TypeError(
+                f"{self.name} sends dense messages: it has no sparse form; use C(x, keys)"
+            )
+        self._check_input(x)
+        keys = self._prepare_keys(x, keys)
+        if x.dtype in HALF_DTYPES:
+            idx, vals = self._sparse(x.float(), keys)
+            return idx, self._to_half(vals, x.dtype)
+        return self._sparse(x, keys)
+
+    def _sparse(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sparse form of validated input (default: the fixed-size selection)."""
+        return self._select(x, keys)
 
     @abc.abstractmethod
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
@@ -216,6 +351,8 @@ class Compressor(abc.ABC):
     #: True when the message is a list of (index, value) pairs (Top-k, rand-k, Bernoulli, a
     #: composition whose first stage is one): :meth:`decode_sparse` then returns them
     sparse_message: bool = False
+    #: True when :meth:`sparse` takes batches (every message carries the same number of pairs)
+    sparse_batches: bool = False
 
     def encode(
         self, x: torch.Tensor, keys: Keys | None = None, *, out: torch.Tensor | None = None
@@ -232,6 +369,10 @@ class Compressor(abc.ABC):
         if x.ndim != 1:
             raise ValueError(f"encode takes one vector of shape (d,), got shape {tuple(x.shape)}")
         keys = self._prepare_keys(x, keys)
+        value_dtype = None
+        if x.dtype in HALF_DTYPES:  # float32 arithmetic, values sent in the 16-bit dtype
+            self(x, keys)  # one extra pass: a value beyond the 16-bit range is an error here
+            value_dtype, x = x.dtype, x.float()
         if out is not None and (
             not isinstance(out, torch.Tensor)
             or out.dtype != torch.uint8
@@ -240,7 +381,7 @@ class Compressor(abc.ABC):
             or out.device != x.device
         ):
             raise ValueError(f"out must be a contiguous uint8 vector on {x.device}")
-        w = BitWriter(x.device, fast=_fast_wire(x.device))
+        w = BitWriter(x.device, fast=_fast_wire(x.device), value_dtype=value_dtype)
         self._encode_fields(w, x, keys)
         return w.to_bytes(out)
 
@@ -267,6 +408,10 @@ class Compressor(abc.ABC):
                     f"out must be a vector of shape ({d},), {dtype} on {payload.device}; got "
                     f"shape {tuple(out.shape)}, {out.dtype} on {out.device}"
                 )
+        if dtype in HALF_DTYPES:  # decoded in float32, rounded to the dtype once
+            r = BitReader(payload, fast=_fast_wire(payload.device), value_dtype=dtype)
+            res = self._to_half(self._decode_fields(r, d, torch.float32, keys, None), dtype)
+            return res if out is None else out.copy_(res)
         r = BitReader(payload, fast=_fast_wire(payload.device))
         res = self._decode_fields(r, d, dtype, keys, out)
         if out is not None and res is not out:
@@ -283,17 +428,19 @@ class Compressor(abc.ABC):
         if not self.sparse_message:
             raise TypeError(f"{self.name} sends dense messages: use decode()")
         keys = self._check_decode(payload, d, dtype, keys)
-        pairs = self._decode_pairs(
-            BitReader(payload, fast=_fast_wire(payload.device)), d, dtype, keys
-        )
+        half = dtype in HALF_DTYPES
+        r = BitReader(payload, fast=_fast_wire(payload.device), value_dtype=dtype if half else None)
+        pairs = self._decode_pairs(r, d, torch.float32 if half else dtype, keys)
         assert pairs is not None
-        return pairs
+        return (pairs[0], self._to_half(pairs[1], dtype)) if half else pairs
 
     def _check_decode(
         self, payload: torch.Tensor, d: int, dtype: torch.dtype, keys: Keys | None
     ) -> Keys | None:
-        if dtype not in FLOAT_DTYPES:
-            raise TypeError(f"decode produces float32 or float64 vectors, got {dtype}")
+        if dtype not in self.dtypes():
+            raise TypeError(
+                f"{self.name} decodes {_dtype_names(self.dtypes())} vectors, got {dtype}"
+            )
         if isinstance(d, bool) or not isinstance(d, int) or d < 1:
             raise ValueError(f"decode needs the vector length d >= 1, got {d!r}")
         if self.deterministic:
@@ -339,10 +486,10 @@ class Compressor(abc.ABC):
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{self.name} compresses torch tensors, got {type(x).__name__}")
-        if x.dtype not in FLOAT_DTYPES:
+        if x.dtype not in self.dtypes():
             raise TypeError(
-                f"{self.name} compresses float32 or float64 tensors, got {x.dtype}; convert with "
-                "x.float() or x.double()"
+                f"{self.name} compresses {_dtype_names(self.dtypes())} tensors, got {x.dtype}; "
+                "convert with x.float()"
             )
         if x.ndim == 0 or x.shape[-1] == 0:
             raise ValueError(
@@ -357,6 +504,8 @@ class Sparsifier(Compressor):
     format is shared: k indices of ⌈log₂ d⌉ bits, then the k values (rand-k with a shared seed
     overrides the index part, which the receiver redraws).
     """
+
+    sparse_batches = True
 
     def _k(self, d: int) -> int:
         raise NotImplementedError
@@ -373,13 +522,13 @@ class Sparsifier(Compressor):
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         idx, vals = self._select(x, keys)
         self._encode_indices(w, idx, x.shape[-1])
-        w.add_float(vals)
+        w.add_values(vals)
 
     def _decode_pairs(
         self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._decode_indices(r, d, keys).reshape(-1)
-        return idx, r.read_float(idx.numel(), dtype)
+        return idx, r.read_values(idx.numel(), dtype)
 
 
 def _log2ceil(d: int) -> int:
@@ -439,6 +588,24 @@ def _emit(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
+def take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``x.gather(-1, idx)`` for index sets of shape (..., k): on CPU one numpy fancy index
+    (single-threaded: torch's ``gather`` is ~15× slower for 10⁵ indices into 10⁷ entries, and a
+    small multi-threaded torch op right after a numba kernel waits for torch's OpenMP threads,
+    tens of ms on a loaded 2-core machine); elsewhere one flat ``index_select``."""
+    d = x.shape[-1]
+    if x.device.type == "cpu":
+        rows = _rows(x)
+        ii = idx.reshape(rows.shape[0], -1).numpy()
+        return torch.from_numpy(np.take_along_axis(rows, ii, axis=1)).reshape(idx.shape)
+    if x.ndim == 1:
+        return x.index_select(0, idx)
+    rows_t = x.reshape(-1, d)
+    base = torch.arange(rows_t.shape[0], device=x.device, dtype=torch.int64)[:, None] * d
+    flat = (idx.reshape(rows_t.shape[0], -1) + base).reshape(-1)
+    return rows_t.reshape(-1).index_select(0, flat).reshape(idx.shape)
+
+
 def non_finite_error(name: str) -> ValueError:
     return ValueError(
         f"{name} got a non-finite input (inf or nan): compressors need finite vectors; check the "
@@ -462,6 +629,9 @@ def _check_positive_int(value: int, what: str, name: str, upper: int | None = No
         raise ValueError(f"{name} needs {what} {rng}, got {value}")
     return int(value)
 
+
+for _name in _D_METHODS:  # the base class's own defaults check d too
+    setattr(Compressor, _name, _checking_d(getattr(Compressor, _name), _name))
 
 COMPRESSORS: Registry[Compressor] = Registry("compressor", base=Compressor)
 Compressor.__registry__ = COMPRESSORS

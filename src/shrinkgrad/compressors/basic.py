@@ -7,7 +7,7 @@ import torch
 
 from ..rng import Keys
 from . import _kernels as K
-from ._wire import BitReader, BitWriter, float_width
+from ._wire import BitReader, BitWriter, float_width, paper_width
 from .base import (
     COMPRESSORS,
     Compressor,
@@ -20,6 +20,7 @@ from .base import (
     _rows,
     _use_numba,
     non_finite_error,
+    take,
 )
 
 __all__ = ["Identity", "TopK", "topk_indices_torch"]
@@ -42,8 +43,8 @@ class Identity(Compressor):
     def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return float(d * float_width(dtype))
 
-    def paper_bits(self, d: int) -> float:
-        return 32.0 * d
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(paper_width(dtype) * d)
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         if _use_numba(x):  # one pass: copy and check finite (not a finiteness pass, then a copy)
@@ -61,7 +62,7 @@ class Identity(Compressor):
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         _require_finite(x, self.name)
-        w.add_float(x)
+        w.add_values(x)
 
     def _decode_fields(
         self,
@@ -71,7 +72,7 @@ class Identity(Compressor):
         keys: Keys | None,
         out: torch.Tensor | None,
     ) -> torch.Tensor:
-        return r.read_float(d, dtype, out)
+        return r.read_values(d, dtype, out)
 
 
 def topk_indices_torch(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -128,8 +129,8 @@ class TopK(Sparsifier):
     def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return float(self._k(d) * (float_width(dtype) + _log2ceil(d)))
 
-    def paper_bits(self, d: int) -> float:
-        return 32.0 * self._k(d)
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(paper_width(dtype) * self._k(d))
 
     def index_bits(self, d: int) -> int:
         return self._k(d) * _log2ceil(d)
@@ -185,7 +186,7 @@ class TopK(Sparsifier):
 
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._indices(x)
-        return idx, x.gather(-1, idx)
+        return idx, take(x, idx)
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         if _use_numba(x):

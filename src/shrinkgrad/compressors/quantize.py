@@ -1,4 +1,5 @@
-"""Quantizers: QSGD, TernGrad, natural compression, natural dithering and scaled sign.
+"""Quantizers: standard dithering (QSGD, TernGrad), natural compression, natural dithering and
+scaled sign.
 
 The random ones round each |x_j| (relative to a per-row scale) to one of two neighbouring
 levels, up with exactly the probability that makes the result unbiased, using the keyed draw
@@ -13,8 +14,9 @@ or underflow (float64 inputs beyond ~1e±150) are recomputed with a max-rescalin
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,7 @@ from ..rng import Keys
 from . import _codec as codec
 from . import _kernels as K
 from ._random import draw_up, kernel_keys, key_table
-from ._wire import BitReader, BitWriter, float_width
+from ._wire import BitReader, BitWriter, scalar_width
 from .base import (
     COMPRESSORS,
     Compressor,
@@ -39,7 +41,16 @@ from .base import (
     non_finite_error,
 )
 
-__all__ = ["QSGD", "NaturalCompression", "NaturalDithering", "ScaledSign", "Ternary", "l2_norms"]
+__all__ = [
+    "QSGD",
+    "NaturalCompression",
+    "NaturalDithering",
+    "ScaledSign",
+    "StandardDithering",
+    "Ternary",
+    "l2_norms",
+    "linf_worst_case",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,8 +150,46 @@ def _finish(name: str, status: int, dtype: torch.dtype) -> None:
         )
 
 
+def _check_norm(norm: float, name: str) -> float:
+    if isinstance(norm, bool) or not isinstance(norm, (int, float)) or norm not in (2, math.inf):
+        raise ValueError(
+            f"{name} needs norm=2 or norm=inf (the vector norm that scales), got {norm!r}"
+        )
+    return float(norm)
+
+
+def linf_worst_case(d: int, levels: Sequence[float]) -> tuple[float, float]:
+    """(ω, t): the exact worst case of unbiased rounding of u_j = |x_j|/‖x‖_∞ to the grid
+    0 = ℓ₀ < ℓ₁ < … < ℓ_K = 1, and the t at which x = (1, t, …, t) attains it.
+
+    Derivation (docs/compressors.md, "ℓ∞ dithering"): rounding u ∈ [p, q] unbiasedly to p or q
+    has variance v(u) = (u − p)(q − u), and the largest coordinate (u = 1, a level) none, so
+    ω = sup over the other d − 1 values of Σ v(u_j) / (1 + Σ u_j²). This ratio is separable
+    (Dinkelbach: its supremum λ maximizes Σ_j [v(u_j) − λu_j²] − λ coordinate by coordinate),
+    so it is attained with all u_j equal to one t: ω = max_t (d−1)v(t)/(1 + (d−1)t²). On a
+    piece [p, q] the stationary point solves (p+q)t² − 2(pq − c)t − (p+q)c = 0, c = 1/(d−1).
+    """
+    if d <= 1:
+        return 0.0, 0.0
+    c = 1.0 / (d - 1)
+    best, best_t = 0.0, 0.0
+    for p, q in itertools.pairwise(levels):
+        b = p * q - c
+        t = (b + math.sqrt(b * b + (p + q) ** 2 * c)) / (p + q)
+        v = (t - p) * (q - t) / (c + t * t)
+        if v > best:
+            best, best_t = v, t
+    return best, best_t
+
+
+def _uniform_linf_omega(d: int, s: int) -> float:
+    """ω of ℓ∞ standard dithering with s levels: (√(1 + (d − 1)/s²) − 1)/2, the closed form
+    of :func:`linf_worst_case` on the uniform grid (the first piece is the worst)."""
+    return math.expm1(0.5 * math.log1p((d - 1) / s**2)) / 2.0
+
+
 # --------------------------------------------------------------------------------------------
-# uniform levels: QSGD and TernGrad
+# uniform levels: standard dithering (QSGD, TernGrad)
 # --------------------------------------------------------------------------------------------
 def round_levels_torch(
     x: torch.Tensor, scale: torch.Tensor, s: int, keys: Keys
@@ -159,21 +208,46 @@ def round_levels_torch(
     return torch.copysign(sc * lev, x), lev
 
 
-class _LevelQuantizer(Compressor):
-    """Shared machinery of QSGD and TernGrad: sign, per-row scale, s uniform levels."""
+@COMPRESSORS.register("standard_dithering")
+class StandardDithering(Compressor):
+    """Standard dithering with s uniform levels (Alistarh et al. 2017, QSGD §3.1; FL_PyTorch's
+    ``std.dithering:s:p``): C(x)_j = ‖x‖ · sign(x_j) · ξ_j/s, ξ_j the unbiased rounding of
+    s|x_j|/‖x‖ to {0, …, s}, with the ℓ₂ norm (``norm=2``: exactly ``qsgd[s]``) or the ℓ∞
+    norm (``norm=inf``; s = 1 is exactly ``ternary``, TernGrad).
+
+    ω: for ℓ₂, min(d/s², √d/s) (Alistarh et al. Lemma 3.1, see :class:`QSGD`); for ℓ∞ the exact
+    worst case (√(1 + (d − 1)/s²) − 1)/2 (derived in :func:`linf_worst_case`; attained at
+    x = (1, t/s, …, t/s), t = √(a² + a) − a, a = s²/(d − 1)). FL_PyTorch states no ω for it
+    (``w = 0``, a TODO). Message: the norm (32 bits) and, per coordinate, a sign bit and a level
+    of ⌈log₂(s+1)⌉ bits.
+    """
 
     kind = "unbiased"
     collective = "allgather"
     positively_homogeneous = True
+    constant_formula = "ω = min(d/s², √d/s) (norm=2); (√(1 + (d−1)/s²) − 1)/2 (norm=inf, exact)"
+    bits_formula = "32 + d·(1 + ⌈log₂(s+1)⌉)"
     s: int = 1
+    norm: float = 2.0
+
+    def __init__(self, s: int, norm: float = 2.0) -> None:
+        self.s = _check_positive_int(s, "s (the number of levels)", "standard_dithering", 1 << 24)
+        self.norm = _check_norm(norm, "standard_dithering")
+
+    def omega(self, d: int) -> float:
+        if self.norm == 2.0:
+            return min(d / self.s**2, math.sqrt(d) / self.s)
+        return _uniform_linf_omega(d, self.s)
 
     def _norm(self, x: torch.Tensor, numba: bool) -> torch.Tensor:
-        """The per-row scale sent on the wire (ℓ₂ norm for QSGD, max |x_j| for TernGrad)."""
-        raise NotImplementedError
+        """The per-row norm sent on the wire: ‖x‖₂ rounded up to the dtype, or ‖x‖_∞ (exact)."""
+        if self.norm == 2.0:
+            return l2_norms(x, self.name, numba)
+        return _row_stat(x, 1, self.name, numba).to(x.dtype)
 
     def _scale_from_norm(self, norm: torch.Tensor) -> torch.Tensor:
-        """The spacing of the levels: norm/s."""
-        return norm
+        """The spacing of the levels: norm/s (computed in the dtype)."""
+        return norm / torch.tensor(float(self.s), dtype=norm.dtype, device=norm.device)
 
     def _scale(self, x: torch.Tensor, numba: bool) -> torch.Tensor:
         return self._scale_from_norm(self._norm(x, numba))
@@ -182,9 +256,9 @@ class _LevelQuantizer(Compressor):
         return _log2ceil(self.s + 1)
 
     def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
-        return float(float_width(dtype) + d * (1 + self._level_bits()))
+        return float(scalar_width(dtype) + d * (1 + self._level_bits()))
 
-    def paper_bits(self, d: int) -> float:
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return float(32 + d * (1 + self._level_bits()))
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
@@ -236,7 +310,7 @@ class _LevelQuantizer(Compressor):
 
 
 @COMPRESSORS.register("qsgd")
-class QSGD(_LevelQuantizer):
+class QSGD(StandardDithering):
     """QSGD with s levels and the ℓ₂ norm (Alistarh et al. 2017; [K18] §2):
     C(x)_j = ‖x‖₂ · sign(x_j) · ξ_j/s, ξ_j ∈ {⌊s|x_j|/‖x‖⌋, ⌊·⌋ + 1} unbiased.
 
@@ -250,48 +324,49 @@ class QSGD(_LevelQuantizer):
     """
 
     constant_formula = "ω = min(d/s², √d/s)"
-    bits_formula = "32 + d·(1 + ⌈log₂(s+1)⌉)"
 
     def __init__(self, s: int) -> None:
         self.s = _check_positive_int(s, "s (the number of levels)", "qsgd", upper=1 << 24)
-
-    def omega(self, d: int) -> float:
-        return min(d / self.s**2, math.sqrt(d) / self.s)
-
-    def _norm(self, x: torch.Tensor, numba: bool) -> torch.Tensor:
-        return l2_norms(x, self.name, numba)
-
-    def _scale_from_norm(self, norm: torch.Tensor) -> torch.Tensor:
-        return norm / torch.tensor(float(self.s), dtype=norm.dtype, device=norm.device)
+        self.norm = 2.0
 
 
 @COMPRESSORS.register("ternary")
-class Ternary(_LevelQuantizer):
+class Ternary(StandardDithering):
     """TernGrad (Wen et al. 2017; [K18] §2): C(x)_j = ‖x‖_∞ · sign(x_j) · b_j,
-    b_j ~ Bernoulli(|x_j|/‖x‖_∞).
+    b_j ~ Bernoulli(|x_j|/‖x‖_∞); exactly ``standard_dithering[s=1,norm=inf]``.
 
     Unbiased with the exact variance Σ_j (‖x‖_∞|x_j| − x_j²), i.e.
-    ω(x) = ‖x‖₁‖x‖_∞/‖x‖² − 1 ≤ √d − 1 (‖x‖₁ ≤ √d‖x‖₂, ‖x‖_∞ ≤ ‖x‖₂; methods.md §2), the
-    constant reported. Message: ‖x‖_∞ (32 bits) and 2 bits (sign, level) per coordinate.
+    ω(x) = ‖x‖₁‖x‖_∞/‖x‖² − 1 (:meth:`omega_of`), whose exact worst case over R^d is
+    **ω = (√d − 1)/2**, attained at x = (1, t, …, t), t = 1/(√d + 1) (the s = 1 case of
+    :func:`linf_worst_case`; docs/compressors.md derives it). The bound √d − 1 of methods.md §2
+    (‖x‖₁ ≤ √d‖x‖₂, ‖x‖_∞ ≤ ‖x‖₂) is about twice as large: the two inequalities are tight at
+    different vectors. Message: ‖x‖_∞ (32 bits) and 2 bits (sign, level) per coordinate, as
+    TernGrad packs them (Wen et al. §3: 2 bits per element) and as ``qsgd[s=1]`` counts.
     """
 
-    constant_formula = "ω = √d − 1  (exactly ‖x‖₁‖x‖_∞/‖x‖² − 1)"
+    constant_formula = "ω = (√d − 1)/2  (exact worst case of ‖x‖₁‖x‖_∞/‖x‖² − 1)"
     bits_formula = "32 + 2·d"
 
     def __init__(self) -> None:
         self.s = 1
+        self.norm = math.inf
 
-    def omega(self, d: int) -> float:
-        return math.sqrt(d) - 1.0
+    @staticmethod
+    def worst_case(d: int) -> torch.Tensor:
+        """The float64 vector (1, t, …, t), t = 1/(√d + 1), where ω(x) = (√d − 1)/2."""
+        x = torch.full((d,), 1.0 / (math.sqrt(d) + 1.0), dtype=torch.float64)
+        x[0] = 1.0
+        return x
 
     @staticmethod
     def omega_of(x: torch.Tensor) -> torch.Tensor:
-        """The exact ω(x) = ‖x‖₁‖x‖_∞/‖x‖² − 1 of every row (float64)."""
-        x64 = x.to(torch.float64)
-        return x64.abs().sum(-1) * x64.abs().amax(-1) / x64.square().sum(-1) - 1.0
-
-    def _norm(self, x: torch.Tensor, numba: bool) -> torch.Tensor:
-        return _row_stat(x, 1, self.name, numba).to(x.dtype)
+        """The exact ω(x) = ‖x‖₁‖x‖_∞/‖x‖² − 1 of every row (float64), computed on x/‖x‖_∞ so
+        that no square under- or overflows (0 for a zero row, which compresses exactly)."""
+        a = x.to(torch.float64).abs()
+        m = a.amax(-1, keepdim=True)
+        u = a / torch.where(m > 0, m, torch.ones_like(m))
+        sq = u.square().sum(-1)
+        return torch.where(sq > 0, u.sum(-1) / torch.where(sq > 0, sq, 1.0) - 1.0, 0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,12 +424,13 @@ class NaturalCompression(Compressor):
     def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return float(d * (1 + self._exp_bits(dtype)))
 
-    def paper_bits(self, d: int) -> float:
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return 9.0 * d
 
     @staticmethod
     def _exp_bits(dtype: torch.dtype) -> int:
-        return 8 if dtype == torch.float32 else 11
+        """Exponent bits: float32's 8 (also for 16-bit inputs, computed in float32), or 11."""
+        return 11 if dtype == torch.float64 else 8
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         assert keys is not None
@@ -440,40 +516,59 @@ def dither_torch(
 
 @COMPRESSORS.register("natural_dithering")
 class NaturalDithering(Compressor):
-    """Natural dithering with s levels and the ℓ₂ norm (Horváth et al. 2019, §4):
-    u_j = |x_j|/‖x‖₂ is rounded, unbiasedly, to a neighbour in {0, 2^{1−s}, …, 1/2, 1};
-    C(x)_j = ‖x‖₂ · sign(x_j) · level.
+    """Natural dithering with s levels (Horváth et al. 2019, "Natural compression for
+    distributed deep learning", §4; FL_PyTorch's ``nat.dithering:s:p``): u_j = |x_j|/‖x‖ is
+    rounded, unbiasedly, to a neighbour in {0, 2^{1−s}, …, 1/2, 1}; C(x)_j = ‖x‖ · sign(x_j) ·
+    level, with the ℓ₂ norm (``norm=2``, the default) or the ℓ∞ norm (``norm=inf``).
 
-    Variance (derived here, checked by the Monte-Carlo tests): a coordinate in a binade
+    Variance, ℓ₂ (derived here, checked by the Monte-Carlo tests): a coordinate in a binade
     [a, 2a] contributes ≤ u²/8 (as natural compression), one below L = 2^{1−s} contributes
     u(L − u) ≤ min(uL, L²/4); with Σu = ‖x‖₁/‖x‖ ≤ √d this gives
     ω = 1/8 + min(√d·2^{1−s}, d·2^{−2s}), a factor 4 tighter in the second term than
-    Horváth et al. Thm 7 (1/8 + min(√d·2^{1−s}, d·2^{2−2s}) for p = 2). Message: the norm
-    (32 bits) and per coordinate a sign bit and a level index of ⌈log₂(s+1)⌉ bits.
+    Horváth et al. Thm 7 (1/8 + min(√d·2^{1−s}, d·2^{2−2s}) for p = 2; FL_PyTorch's
+    1/8 + d^{1/r} 2^{1−s} min(1, d^{1/r} 2^{1−s}), r = min(p, 2), is the same bound).
+    ℓ∞: the exact worst case over R^d, ω = max over the pieces of the level grid of
+    :func:`linf_worst_case` (attained at x = (1, t, …, t)); Horváth et al.'s bound for p = ∞
+    (r = 2) still holds but is loose. Message: the norm (32 bits) and per coordinate a sign
+    bit and a level index of ⌈log₂(s+1)⌉ bits.
     """
 
     kind = "unbiased"
     collective = "allgather"
     positively_homogeneous = True
-    constant_formula = "ω = 1/8 + min(√d·2^(1−s), d·2^(−2s))"
+    constant_formula = (
+        "ω = 1/8 + min(√d·2^(1−s), d·2^(−2s)) (norm=2); exact worst case (norm=inf, see docs)"
+    )
     bits_formula = "32 + d·(1 + ⌈log₂(s+1)⌉)"
 
-    def __init__(self, s: int) -> None:
+    def __init__(self, s: int, norm: float = 2.0) -> None:
         self.s = _check_positive_int(s, "s (the number of levels)", "natural_dithering", 62)
+        self.norm = _check_norm(norm, "natural_dithering")
+
+    def levels(self) -> list[float]:
+        """The grid of |x_j|/‖x‖: 0, 2^{1−s}, …, 1/2, 1."""
+        return [0.0] + [2.0 ** (e - self.s + 1) for e in range(self.s)]
 
     def omega(self, d: int) -> float:
-        return 0.125 + min(math.sqrt(d) * 2.0 ** (1 - self.s), d * 2.0 ** (-2 * self.s))
+        if self.norm == 2.0:
+            return 0.125 + min(math.sqrt(d) * 2.0 ** (1 - self.s), d * 2.0 ** (-2 * self.s))
+        return linf_worst_case(d, self.levels())[0]
+
+    def _norm(self, x: torch.Tensor, numba: bool) -> torch.Tensor:
+        if self.norm == 2.0:
+            return l2_norms(x, self.name, numba)
+        return _row_stat(x, 1, self.name, numba).to(x.dtype)
 
     def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
-        return float(float_width(dtype) + d * (1 + _log2ceil(self.s + 1)))
+        return float(scalar_width(dtype) + d * (1 + _log2ceil(self.s + 1)))
 
-    def paper_bits(self, d: int) -> float:
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return float(32 + d * (1 + _log2ceil(self.s + 1)))
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         assert keys is not None
         numba = _use_numba(x)
-        norm = l2_norms(x, self.name, numba)
+        norm = self._norm(x, numba)
         if numba:
             res, o2, copy = _out_rows(x, out)
             lo, hi, lo2, hi2 = kernel_keys(keys)
@@ -487,7 +582,7 @@ class NaturalDithering(Compressor):
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         assert keys is not None
-        norm = l2_norms(x, self.name, _use_numba(x))  # the same norm as _apply computes
+        norm = self._norm(x, _use_numba(x))  # the same norm as _apply computes
         w.add_float(norm.reshape(1))
         width = 1 + _log2ceil(self.s + 1)
         if w.fast:  # level codes drawn and packed chunk by chunk
@@ -556,9 +651,9 @@ class ScaledSign(Compressor):
         return 1.0 / d
 
     def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
-        return float(float_width(dtype) + d)
+        return float(scalar_width(dtype) + d)
 
-    def paper_bits(self, d: int) -> float:
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return float(32 + d)
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:

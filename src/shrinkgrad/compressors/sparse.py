@@ -24,10 +24,9 @@ import numpy as np
 import torch
 
 from ..rng import Keys, mix32_torch
-from . import _codec as codec
 from . import _kernels as K
 from ._random import draw_up, kernel_keys
-from ._wire import BitReader, BitWriter, float_width
+from ._wire import BitReader, BitWriter, float_width, paper_width
 from .base import (
     COMPRESSORS,
     Compressor,
@@ -41,9 +40,10 @@ from .base import (
     _rows,
     _use_numba,
     non_finite_error,
+    take,
 )
 
-__all__ = ["Bernoulli", "RandK", "RandKScaled", "randk_indices_torch"]
+__all__ = ["Bernoulli", "LazyBernoulli", "RandK", "RandKScaled", "randk_indices_torch"]
 
 #: fold tag of the rand-k permutation keys
 RANDK_TAG = "rand_k"
@@ -118,8 +118,8 @@ class _RandKBase(Sparsifier):
     def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return float(self._k(d) * float_width(dtype) + self.index_bits(d))
 
-    def paper_bits(self, d: int) -> float:
-        return 32.0 * self._k(d)
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(paper_width(dtype) * self._k(d))
 
     def index_bits(self, d: int) -> int:
         return 0 if self.shared_seed else self._k(d) * _log2ceil(d)
@@ -143,9 +143,24 @@ class _RandKBase(Sparsifier):
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
         assert keys is not None
         d = x.shape[-1]
+        if _use_numba(x):  # no dense output: one pass checks x and reads the kept values
+            idx = self._idx(keys, d, True)
+            ik = idx.reshape(-1, self._k(d)).numpy()
+            x2 = _rows(x)
+            order = np.empty_like(ik)
+            starts = np.empty((ik.shape[0], -(-d // K.CHUNK) + 1), dtype=np.int64)
+            K.bucket_by_chunk(ik, order, starts, True)
+            out = np.empty(ik.shape, dtype=x2.dtype)
+            sc = np.array([self._scale(d)], dtype=x2.dtype)
+            status = K.run(K.sparse_gather, x2, x2, ik, order, starts, sc, out)
+            if status == K.NON_FINITE:
+                raise non_finite_error(self.name)
+            if status == K.OVERFLOW:
+                raise _overflow_error(self.name, x.dtype)
+            return idx, torch.from_numpy(out).reshape(idx.shape)
         _require_finite(x, self.name)
-        idx = self._idx(keys, d, _use_numba(x))
-        vals = x.gather(-1, idx)
+        idx = self._idx(keys, d, False)
+        vals = take(x, idx)
         if self._scaled:
             vals = vals * torch.tensor(self._scale(d), dtype=x.dtype, device=x.device)
             if not bool(torch.isfinite(vals).all()):
@@ -184,6 +199,15 @@ class _RandKBase(Sparsifier):
             assert keys is not None
             return self._idx(keys.to(r.device), d, r.fast)
         return super()._decode_indices(r, d, keys)
+
+
+def _check_probability(p: float, name: str, what: str) -> float:
+    """``p`` as a float in (0, 1], or an error naming the parameter and its range."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"{name} needs a number p ({what}), got {p!r}")
+    if not (0.0 < float(p) <= 1.0):
+        raise ValueError(f"{name} needs p ({what}) in (0, 1], got p={p}")
+    return float(p)
 
 
 def _overflow_error(name: str, dtype: torch.dtype) -> ValueError:
@@ -255,11 +279,7 @@ class Bernoulli(Compressor):
     bits_formula = "32 + p·d·(32 + ⌈log₂ d⌉) expected (message_bits counts the actual size)"
 
     def __init__(self, p: float) -> None:
-        if isinstance(p, bool) or not isinstance(p, (int, float)):
-            raise TypeError(f"bernoulli needs a number p (the keep probability), got {p!r}")
-        if not (0.0 < float(p) <= 1.0):
-            raise ValueError(f"bernoulli needs p (the keep probability) in (0, 1], got p={p}")
-        self.p = float(p)
+        self.p = _check_probability(p, "bernoulli", "the keep probability")
 
     def omega(self, d: int) -> float:
         return 1.0 / self.p - 1.0
@@ -267,8 +287,8 @@ class Bernoulli(Compressor):
     def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return 32.0 + self.p * d * (float_width(dtype) + _log2ceil(d))
 
-    def paper_bits(self, d: int) -> float:
-        return 32.0 * self.p * d
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return paper_width(dtype) * self.p * d
 
     def _bits_for_nnz(self, nnz: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
         return 32.0 + nnz.to(torch.float64) * (float_width(dtype) + _log2ceil(d))
@@ -288,31 +308,138 @@ class Bernoulli(Compressor):
             return _emit(res, out) if copy else res
         _require_finite(x, self.name)
         keep = draw_up(torch.full(x.shape, self.p, dtype=torch.float64, device=x.device), keys)
-        vals = x * torch.tensor(1.0 / self.p, dtype=x.dtype, device=x.device)
+        # + 0.0 turns a kept −0.0 into +0.0, as the kernel does (the message omits kept zeros)
+        vals = x * torch.tensor(1.0 / self.p, dtype=x.dtype, device=x.device) + 0.0
         res = torch.where(keep, vals, torch.zeros_like(x))
         if not bool(torch.isfinite(res).all()):
             raise _overflow_error(self.name, x.dtype)
         return _emit(res, out)
 
-    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
-        y = self(x, keys)
-        if w.fast:  # the non-zeros by a counting pass and a filling pass (torch's: ~6x slower)
-            yn = y.numpy()
-            nz = codec.count_nonzero(yn)
-            idx_np = np.empty(nz, dtype=np.int64)
-            vals_np = np.empty(nz, dtype=yn.dtype)
-            codec.nonzero_pairs(yn, idx_np, vals_np)
-            idx, vals = torch.from_numpy(idx_np), torch.from_numpy(vals_np)
-        else:
+    def _sparse(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept non-zero (index, value) pairs of one vector, in index order; on CPU a
+        counting pass and a filling pass over the same draws (no dense output)."""
+        assert keys is not None
+        if x.ndim != 1:
+            raise ValueError(
+                f"{self.name}: its messages have a random size, so the sparse form takes one "
+                f"vector of shape (d,), got shape {tuple(x.shape)}"
+            )
+        if not _use_numba(x):
+            y = self._apply(x, keys, None)
             idx = y.nonzero().reshape(-1)
-            vals = y[idx]
+            return idx, y[idx]
+        x2 = _rows(x)
+        sc = np.array([1.0 / self.p], dtype=x2.dtype)
+        lo, hi, lo2, hi2 = kernel_keys(keys)
+        nch = -(-x2.shape[1] // K.CHUNK)
+        counts = np.zeros(nch, dtype=np.int64)
+        starts = np.zeros(nch, dtype=np.int64)
+        none_i = np.empty(0, dtype=np.int64)
+        none_v = np.empty(0, dtype=x2.dtype)
+        args = (x2, self.p, sc, lo, hi, lo2, hi2, counts, starts)
+        status = K.run(K.bernoulli_pairs, x2, *args, none_i, none_v, False)
+        if status == K.NON_FINITE:
+            raise non_finite_error(self.name)
+        if status == K.OVERFLOW:
+            raise _overflow_error(self.name, x.dtype)
+        starts[1:] = np.cumsum(counts)[:-1]
+        idx_np = np.empty(int(counts.sum()), dtype=np.int64)
+        vals_np = np.empty(idx_np.size, dtype=x2.dtype)
+        K.run(K.bernoulli_pairs, x2, *args, idx_np, vals_np, True)
+        return torch.from_numpy(idx_np), torch.from_numpy(vals_np)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        idx, vals = self._sparse(x, keys)
         w.add(torch.tensor([idx.numel()]), 32)
         w.add(idx, _log2ceil(x.shape[-1]))
-        w.add_float(vals)
+        w.add_values(vals)
 
     def _decode_pairs(
         self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = int(r.read(1, 32)[0])
         idx = r.read(n, _log2ceil(d))
-        return idx, r.read_float(n, dtype)
+        return idx, r.read_values(n, dtype)
+
+
+@COMPRESSORS.register("lazy_bernoulli")
+class LazyBernoulli(Compressor):
+    """Lazy (whole-vector) Bernoulli compression (FL_PyTorch's ``LAZY_COMPRESSOR``, the
+    "Bernoulli" of Burlachenko et al. 2021): C(x) = x/p with probability p, else 0, one draw
+    per vector.
+
+    Unbiased, and E‖C(x) − x‖² = p‖x/p − x‖² + (1 − p)‖x‖² = (1/p − 1)‖x‖², so ω = 1/p − 1
+    exactly, the ω of per-coordinate ``bernoulli[p]``; but a different operator (all or
+    nothing) with different bits: the message is a flag bit, then, when the vector is sent,
+    its d values (x/p). A zero vector is never sent (C(0) = 0). :meth:`message_bits` counts the
+    actual message; ``bits(d)`` = 1 + p·d·32 is its expectation for non-zero inputs.
+    """
+
+    kind = "unbiased"
+    collective = "allgather"
+    positively_homogeneous = True
+    variable_size = True
+    constant_formula = "ω = 1/p − 1"
+    bits_formula = "1 flag bit + 32·d with probability p (expected 1 + 32·p·d)"
+
+    def __init__(self, p: float) -> None:
+        self.p = _check_probability(p, "lazy_bernoulli", "the send probability")
+
+    def omega(self, d: int) -> float:
+        return 1.0 / self.p - 1.0
+
+    def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return 1.0 + self.p * d * float_width(dtype)
+
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return paper_width(dtype) * self.p * d
+
+    def _bits_for_nnz(self, nnz: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
+        return 1.0 + (nnz > 0).to(torch.float64) * (d * float_width(dtype))
+
+    def _fire(self, x: torch.Tensor, keys: Keys) -> torch.Tensor:
+        """The keyed coin of every row (P = p, the library's draw rule), shape x.shape[:-1]."""
+        frac = torch.full((*x.shape[:-1], 1), self.p, dtype=torch.float64, device=x.device)
+        return draw_up(frac, keys)[..., 0]
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        """x/p (+0 for signed zeros, so that a sent zero vector equals an unsent one) on the
+        rows whose coin fires, 0 elsewhere; every x checked finite."""
+        assert keys is not None
+        fire = self._fire(x, keys)
+        if _use_numba(x):
+            res, o2, copy = _out_rows(x, out)
+            sc = np.array([1.0 / self.p], dtype=o2.dtype)
+            x2 = _rows(x)
+            f = fire.reshape(-1).numpy().astype(np.uint8)
+            status = K.run(K.lazy_rows, x2, x2, f, sc, o2)
+            if status == K.NON_FINITE:
+                raise non_finite_error(self.name)
+            if status == K.OVERFLOW:
+                raise _overflow_error(self.name, x.dtype)
+            return _emit(res, out) if copy else res
+        _require_finite(x, self.name)
+        vals = x * torch.tensor(1.0 / self.p, dtype=x.dtype, device=x.device) + 0.0
+        res = torch.where(fire[..., None], vals, torch.zeros_like(x))
+        if not bool(torch.isfinite(res).all()):
+            raise _overflow_error(self.name, x.dtype)
+        return _emit(res, out)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        y = self._apply(x, keys, None)
+        sent = bool((y != 0).any())  # fired, and x is not the zero vector
+        w.add(torch.tensor([int(sent)]), 1)
+        if sent:
+            w.add_values(y)
+
+    def _decode_fields(
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if int(r.read(1, 1)[0]):
+            return r.read_values(d, dtype, out)
+        return torch.zeros(d, dtype=dtype, device=r.device) if out is None else out.zero_()

@@ -78,6 +78,7 @@ class Scaled(Compressor):
         self.collective = inner.collective
         self.variable_size = inner.variable_size
         self.sparse_message = (self.exact or inner).sparse_message
+        self.sparse_batches = (self.exact or inner).sparse_batches
         self.projection = self.exact.projection if self.exact is not None else False
 
     def _factor(self, d: int) -> float:
@@ -89,8 +90,8 @@ class Scaled(Compressor):
     def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         return self.inner.bits(d, dtype)
 
-    def paper_bits(self, d: int) -> float:
-        return self.inner.paper_bits(d)
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return self.inner.paper_bits(d, dtype)
 
     def _bits_for_nnz(self, nnz: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
         return self.inner._bits_for_nnz(nnz, d, dtype)
@@ -109,6 +110,12 @@ class Scaled(Compressor):
             return self.exact._select(x, keys)
         idx, vals = self.inner._select(x, keys)
         return idx, vals * self._c(x)
+
+    def _sparse(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.exact is not None:
+            return self.exact._sparse(x, keys)
+        idx, vals = self.inner._sparse(x, keys)
+        return idx, vals.mul_(self._c(x))
 
     def _encode_indices(self, w: BitWriter, idx: torch.Tensor, d: int) -> None:
         src = self.exact if self.exact is not None else self.inner
@@ -169,6 +176,11 @@ class Compose(Compressor):
         for c in (first, second):
             if not isinstance(c, Compressor):
                 raise TypeError(f"compose() takes two compressors, got {type(c).__name__}")
+            if c.stateful:
+                raise ValueError(
+                    f"compose() takes stateless compressors; {c.name} keeps state between rounds "
+                    "(use it on its own, with ef21 or ef)"
+                )
         self.first = first
         self.second = second
         self.k: int | None = _sparsifier_k(first)
@@ -180,6 +192,7 @@ class Compose(Compressor):
         sparse = self.k is not None
         self.collective = "allgather" if sparse else second.collective
         self.sparse_message = sparse
+        self.sparse_batches = sparse
         if self.k is not None and not both_unbiased and first.projection:
             self._projection_factor()  # fail early: the constant of C2 at D = k is known now
 
@@ -264,8 +277,8 @@ class Compose(Compressor):
             return self.first.index_bits(d) + self.second.bits(self._inner_d(d), dtype)
         return self.second.bits(d, dtype)
 
-    def paper_bits(self, d: int) -> float:
-        return self.second.paper_bits(self._inner_d(d))
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return self.second.paper_bits(self._inner_d(d), dtype)
 
     def index_bits(self, d: int) -> int:
         if self.k is not None:
@@ -291,6 +304,12 @@ class Compose(Compressor):
             return res.scatter_(-1, idx, z)
         y = self.first(x, k1)
         return self.second(y, k2, out=out)
+
+    def _sparse(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sparse mode: C1's indices and C2 applied to the k values they carry."""
+        self._c2(x.shape[-1])
+        idx, vals = self.first._select(x, _fold(keys, FIRST, self.first))
+        return idx, self.second(vals, _fold(keys, SECOND, self.second))
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
         k1 = _fold(keys, FIRST, self.first)

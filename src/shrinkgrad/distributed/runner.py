@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,8 @@ from ..methods.stepsize import StepSize
 from ..problems import Problem
 from ..rng import Keys
 from ..sim import Progress, RunSetup, SimResult, load_checkpoint, run_rounds, setup_run
-from ..sim.engine import Row
+from ..sim.engine import Row, held_out_values
+from ..sim.options import Callback, Divergence, RunOptions, option_defaults, options_of_call
 
 __all__ = ["AllReduce", "LocalOracle", "client_ids", "run_distributed"]
 
@@ -99,13 +99,41 @@ class LocalOracle:
     ) -> torch.Tensor:
         return self._oracle.stoch_grads(x, self._rows(ids), batch_sizes, keys)
 
+    @property
+    def record(self) -> bool:
+        """Keep the metrics of the round's gradient pass (:class:`ProblemOracle`)."""
+        return self._oracle.record
+
+    @record.setter
+    def record(self, value: bool) -> None:
+        self._oracle.record = value
+
+    def take_prepaid(self) -> float:
+        return self._oracle.take_prepaid()
+
     def sums(self, x: torch.Tensor) -> tuple[torch.Tensor, float] | None:
         """(Σ_{i on this rank} ∇f_i(x), Σ_{i on this rank} f_i(x)), or None when this rank holds
-        the full problem (then the metrics are evaluated on it, as the simulator does)."""
+        the full problem (then the metrics are evaluated on it, as the simulator does).
+
+        From the round's own gradient pass when it evaluated this rank's clients at x (the
+        oracle's :class:`~shrinkgrad.methods.oracle.PointMetrics`, means over the m local
+        clients, times m), else from the local problem's gradients and losses.
+        """
         if self.local is None:
             return None
+        m = self._oracle.metrics(x)
+        if m is not None:
+            return m.grad * m.clients, m.loss * m.clients
         grad = self._oracle.grads(x, torch.arange(self.ids.numel())).sum(dim=0)
         return grad, float(self.local.client_losses(x).double().sum())
+
+    def full_metrics(self, x: torch.Tensor) -> tuple[float, float]:
+        """(‖∇f(x)‖², f(x)) of the full problem, which this rank holds (``sums`` is None)."""
+        m = self._oracle.metrics(x)
+        if m is not None:
+            return float(torch.dot(m.grad, m.grad)), m.loss
+        g = self.problem.grad(x)
+        return float(torch.dot(g, g)), float(self.problem.loss(x))
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,7 +183,8 @@ class _RankRuntime:
 
     Its clients :func:`client_ids`, their :class:`LocalOracle` and the :class:`AllReduce`
     reduction; the metrics and the bit counters are summed over the ranks with one more
-    all-reduce, so every rank logs the same rows.
+    all-reduce, so every rank logs the same rows. Held-out metrics are evaluated on the full
+    problem (every rank holds it, and evaluates them at the same x).
     """
 
     #: a rank cannot save or report an interruption alone: its peers are in the middle of a round
@@ -164,6 +193,7 @@ class _RankRuntime:
     def __init__(self, setup: RunSetup, group: dist.ProcessGroup | None) -> None:
         cfg = setup.bound.cfg
         self.problem = setup.problem
+        self.held_out = setup.held_out
         self.n, self.d = cfg.n, cfg.d
         self.group = group
         self.rank = dist.get_rank(group)
@@ -172,13 +202,15 @@ class _RankRuntime:
         self.reduce = AllReduce(group)
 
     def init(
-        self, bound: BoundMethod[Any, Any], x0: torch.Tensor
+        self, bound: BoundMethod[Any, Any], x0: torch.Tensor, *, record: bool = False
     ) -> tuple[State[Any, Any], Traffic]:
+        self.oracle.record = record
         return bound.init(x0, self.oracle, ids=self.ids, reduce=self.reduce)
 
     def step(
-        self, bound: BoundMethod[Any, Any], state: State[Any, Any]
+        self, bound: BoundMethod[Any, Any], state: State[Any, Any], *, record: bool = False
     ) -> tuple[State[Any, Any], Traffic]:
+        self.oracle.record = record
         try:
             return bound.step(state, self.oracle, reduce=self.reduce)
         except _PeerDiverged:
@@ -187,6 +219,9 @@ class _RankRuntime:
             cfg = bound.cfg
             self.reduce.fail(cfg.d, cfg.dtype, cfg.device)  # let the other ranks stop too
             raise
+
+    def prepaid_s(self) -> float:
+        return self.oracle.take_prepaid()
 
     def row(self, progress: Progress) -> Row:
         """‖∇f(x)‖², f(x) on the full objective; mean bits over all n clients; rank 0's time."""
@@ -200,20 +235,13 @@ class _RankRuntime:
             ],
             dtype=torch.float64,
         )
+        held = held_out_values(self.problem, self.held_out, x)
         local = self.oracle.sums(x)
         if local is None:  # every rank holds the full problem: the simulator's evaluation
             self.reduce.sum(stats)
-            g, loss = self.problem.grad(x), float(self.problem.loss(x))
+            gns, loss = self.oracle.full_metrics(x)
             up, paper, down, time_s = stats.tolist()
-            return (
-                p.state.round,
-                float(torch.dot(g, g)),
-                loss,
-                up / n,
-                paper / n,
-                down / n,
-                time_s,
-            )
+            return (p.state.round, gns, loss, up / n, paper / n, down / n, time_s, *held)
         grad, loss_sum = local
         buf = torch.cat(
             [grad.to(torch.float64), torch.tensor([loss_sum], dtype=torch.float64), stats]
@@ -221,7 +249,16 @@ class _RankRuntime:
         self.reduce.sum(buf)
         g = buf[: self.d] / n
         loss_sum, up, paper, down, time_s = buf[self.d :].tolist()
-        return (p.state.round, float(g @ g), loss_sum / n, up / n, paper / n, down / n, time_s)
+        return (
+            p.state.round,
+            float(g @ g),
+            loss_sum / n,
+            up / n,
+            paper / n,
+            down / n,
+            time_s,
+            *held,
+        )
 
     def totals(self, progress: Progress) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         totals = torch.stack([progress.up, progress.up_paper, progress.down])
@@ -258,46 +295,43 @@ def run_distributed(
     tol: float | None = None,
     dtype: torch.dtype | str | None = None,
     wire_dtype: torch.dtype = torch.float32,
-    divergence_factor: float | None = 1e8,
+    divergence_factor: Divergence | float | None = 1e8,
     checkpoint: str | os.PathLike[str] | None = None,
     checkpoint_every: int | None = None,
     group: dist.ProcessGroup | None = None,
-    callback: Callable[[int, State[Any, Any]], bool | None] | None = None,
+    callback: Callback | None = None,
+    options: RunOptions | None = None,
 ) -> SimResult:
     """Run ``method`` on ``problem`` with the clients spread over the ranks of ``group``.
 
     Call it on every rank of an initialised process group with the same arguments (as
-    :func:`shrinkgrad.sim.simulate`, whose parameters and engine it shares). Returns on every rank
-    the same :class:`~shrinkgrad.sim.SimResult` table; ``result.state`` holds this rank's clients
-    only, ``result.bits_up`` (and the other counters) all n clients.
+    :func:`shrinkgrad.sim.simulate`, whose parameters — or one ``options=RunOptions(...)`` — and
+    engine it shares; the device is the problem's and the progress bar is off). Returns on every
+    rank the same :class:`~shrinkgrad.sim.SimResult` table; ``result.state`` holds this rank's
+    clients only, ``result.bits_up`` (and the other counters) all n clients.
 
     ``checkpoint`` is a path prefix: rank r of W saves ``<prefix>.rank<r>-of-<W>`` atomically
     every ``checkpoint_every`` rounds (default 1000) and at the end; a run with the same
     arguments resumes from the ranks' files when they all exist and agree.
     """
+    opts = options_of_call(options, locals(), _OPTION_DEFAULTS)
+    if opts.device is not None or opts.progress:
+        raise ValueError(
+            "run_distributed takes the device from the problem and shows no progress bar; "
+            "give options without device and progress"
+        )
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "run_distributed needs an initialised process group (shrinkgrad.distributed."
             "init_process_group, or launch with torchrun / shrinkgrad train)"
         )
-    setup = setup_run(
-        problem,
-        method,
-        compressor,
-        stepsize,
-        rounds,
-        seed,
-        x0,
-        log_every=log_every,
-        tol=tol,
-        dtype=dtype,
-        device=None,
-        wire_dtype=wire_dtype,
-        divergence_factor=divergence_factor,
-        checkpoint_every=checkpoint_every,
-    )
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if opts.checkpoint is not None:
+        opts = opts.replace(checkpoint=Path(f"{os.fspath(opts.checkpoint)}.rank{rank}-of-{world}"))
+    setup = setup_run(problem, method, compressor, stepsize, seed, x0, opts)
     fingerprint = dict(setup.fingerprint, world_size=world, rank=rank)
     setup = dataclasses.replace(setup, fingerprint=fingerprint)
-    path = None if checkpoint is None else Path(f"{os.fspath(checkpoint)}.rank{rank}-of-{world}")
-    return run_rounds(setup, _RankRuntime(setup, group), checkpoint=path, callback=callback)
+    return run_rounds(setup, _RankRuntime(setup, group))
+
+
+_OPTION_DEFAULTS = option_defaults(run_distributed)

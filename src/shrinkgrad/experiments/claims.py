@@ -25,6 +25,7 @@ import pandas as pd
 __all__ = [
     "Claim",
     "claims_table",
+    "diverged",
     "final_value",
     "median",
     "rank_correlation",
@@ -116,8 +117,11 @@ def reach(
     """The first logged ``x`` at which ``y ≤ eps`` (inf when the run never gets there).
 
     Between two logged rows the crossing is placed by log-linear interpolation of ``y``, so the
-    measurement does not jump by a whole logging interval.
+    measurement does not jump by a whole logging interval. A diverged run (its ``status``
+    column) reaches nothing: a saturated loss can show a small ‖∇f‖² while it blows up.
     """
+    if diverged(run):
+        return math.inf
     xs = run[x].to_numpy(dtype=np.float64)
     ys = run[y].to_numpy(dtype=np.float64)
     hit = np.flatnonzero(ys <= eps)
@@ -134,8 +138,15 @@ def reach(
     return float(xs[j - 1] + min(max(t, 0.0), 1.0) * (xs[j] - xs[j - 1]))
 
 
+def diverged(run: pd.DataFrame) -> bool:
+    """Whether the run's ``status`` column (when the table has one) says it diverged."""
+    return "status" in run.columns and bool((run["status"] == "diverged").any())
+
+
 def final_value(run: pd.DataFrame, y: str = "grad_norm_sq") -> float:
-    """The last logged value of ``y``."""
+    """The last logged value of ``y`` (inf for a diverged run, whatever its last row shows)."""
+    if diverged(run):
+        return math.inf
     return float(run.sort_values("round")[y].iloc[-1])
 
 

@@ -100,16 +100,17 @@ class ProblemInfo:
 
 
 def problem_info(problem: Any) -> ProblemInfo:
-    """Read :class:`ProblemInfo` from a built problem."""
+    """Read :class:`ProblemInfo` from a built problem (NaN for constants it does not know)."""
     mu = getattr(problem, "mu", None)
+    known = getattr(problem, "L", None) is not None and getattr(problem, "L_i", None) is not None
     return ProblemInfo(
         n=int(problem.n),
         d=int(problem.d),
-        L=float(problem.L),
-        L_AM=float(problem.L_AM),
-        L_QM=float(problem.L_QM),
-        L_max=float(problem.L_max),
-        L_var=float(problem.L_var),
+        L=float(problem.L) if known else math.nan,
+        L_AM=float(problem.L_AM) if known else math.nan,
+        L_QM=float(problem.L_QM) if known else math.nan,
+        L_max=float(problem.L_max) if known else math.nan,
+        L_var=float(problem.L_var) if known else math.nan,
         mu=None if mu is None else float(mu),
     )
 

@@ -38,7 +38,8 @@ from typing import Any, ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVa
 import numpy as np
 import torch
 
-from ..compressors import Compressor, make_compressor
+from ..compressors import Compressor, ConstantUnknownError, make_compressor
+from ..compressors._wire import HALF_DTYPES, paper_width
 from ..registry import Registry
 from ..rng import Keys, KeyStream
 from .stepsize import StepSize, parse_stepsize
@@ -302,8 +303,9 @@ class Config:
     """Everything fixed for a run: sizes, compressor and its constant, step size, seed, dtypes.
 
     Built by :meth:`Method.bind`. ``alpha`` is the contraction constant the method works with
-    (for an unscaled unbiased compressor with ω < 1 used by a contractive method, α = 1 − ω),
-    ``omega`` the variance constant (unbiased compressors only, else ``None``).
+    (for an unscaled unbiased compressor with ω < 1 used by a contractive method, α = 1 − ω;
+    NaN when the compressor has none, e.g. ``power_sgd`` without ``alpha=``: numeric step
+    sizes only), ``omega`` the variance constant (unbiased compressors only, else ``None``).
     """
 
     constants: Constants
@@ -358,15 +360,16 @@ class Config:
         ``x``. Here the result is always C(x).
         """
         C = self.compressor
+        if C.stateful:
+            raise TypeError(
+                f"{C.name} keeps state between rounds: a method using it must carry that state "
+                "(Config.compress_with_state, as ef21 and ef do)"
+            )
         keys = None if C.deterministic else self.keys("compressor", ids, round)
         try:
             return C(x, keys)
         except ValueError:
-            if not bool(torch.isfinite(x).all()):
-                raise NonFiniteError(
-                    f"round {round}: a client's vector to compress has non-finite entries (the "
-                    "method diverged; try a smaller step size)"
-                ) from None
+            self._raise_if_diverged(x, round)
             raise
 
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
@@ -377,6 +380,49 @@ class Config:
         step uses one scratch at a time and keeps none of it in its state. Here: a new tensor.
         """
         return torch.empty_like(like)
+
+    def _raise_if_diverged(self, x: torch.Tensor, round: int) -> None:
+        if not bool(torch.isfinite(x).all()):
+            raise NonFiniteError(
+                f"round {round}: a client's vector to compress has non-finite entries (the "
+                "method diverged; try a smaller step size)"
+            ) from None
+
+    # -- stateful compressors (PowerSGD's previous Q): the state lives in the client state -------
+    def compressor_state(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The initial compressor state of the clients ``ids`` for vectors shaped like ``x``
+        (m, d), keyed by (seed, client) only: PowerSGD's first Q (m, n, r), or an empty (m, 0)
+        tensor for stateless compressors (so that every field of a client state is a tensor
+        with the clients on its first axis: groups can be indexed, concatenated, saved)."""
+        C = self.compressor
+        if not C.stateful:
+            return torch.empty(x.shape[0], 0, dtype=self.dtype, device=x.device)
+        keys = self.keys("compressor", ids, 0).fold("state")
+        return C.init_state(x, keys)  # type: ignore[attr-defined, no-any-return]
+
+    def compress_with_state(
+        self, x: torch.Tensor, ids: torch.Tensor, round: int, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`compress` for methods that carry compressor state: ``(C(x), new state)``;
+        a stateless compressor returns ``(compress(x), state)`` (the state unchanged)."""
+        C = self.compressor
+        if not C.stateful:
+            return self.compress(x, ids, round), state
+        if state is None or state.numel() == 0:
+            state = self.compressor_state(x, ids)
+        keys = self.keys("compressor", ids, round)
+        try:
+            return C.step(x, keys, state)  # type: ignore[attr-defined, no-any-return]
+        except ValueError:
+            self._raise_if_diverged(x, round)
+            raise
+
+    def compressing(
+        self, ids: torch.Tensor, round: int, state: torch.Tensor | None
+    ) -> StatefulCompress:
+        """``compress(p)`` for the update rules (:mod:`.rules`) that carries a stateful
+        compressor's state: after the call, ``.state`` is the clients' new state."""
+        return StatefulCompress(self, ids, round, state)
 
     def message(self, values: torch.Tensor, ids: torch.Tensor, traffic: Traffic) -> Message:
         """A :class:`Message` of the clients ``ids`` with their reduction weights."""
@@ -395,7 +441,7 @@ class Config:
         """Each of ``m`` clients sends one uncompressed vector (and received the iterate)."""
         return Traffic(
             self.full(m, self.dense_bits),
-            self.full(m, 32.0 * self.d),
+            self.full(m, float(paper_width(self.wire_dtype) * self.d)),
             self.full(m, self.dense_bits if down else 0.0),
         )
 
@@ -417,16 +463,38 @@ class Config:
             up = C.message_bits(c.to(self.wire_dtype)).to(torch.float64).to(self.device)
         else:
             up = self.full(m, float(C.bits(self.d, self.wire_dtype)))
-        paper = self.full(m, float(C.paper_bits(self.d)))
+        paper = self.full(m, float(self.paper_bits(C)))
         down_t = self.full(m, self.dense_bits if down else 0.0)
         if active is not None:
             mask = active.to(torch.float64)
             up, paper, down_t = up * mask, paper * mask, down_t * mask
         return Traffic(up, paper, down_t)
 
+    def paper_bits(self, C: Compressor) -> float:
+        """``C.paper_bits`` for the wire dtype: the dtype is passed for 16-bit wires only (for
+        float32/float64 wires the papers count 32 bits either way, and compressors written
+        before paper_bits took a dtype keep working)."""
+        if self.wire_dtype in HALF_DTYPES:
+            return float(C.paper_bits(self.d, self.wire_dtype))
+        return float(C.paper_bits(self.d))
+
     def no_traffic(self, m: int) -> Traffic:
         z = self.full(m, 0.0)
         return Traffic(z, z, z)
+
+
+class StatefulCompress:
+    """A ``compress(p)`` callable over :meth:`Config.compress_with_state`: it applies C to
+    the clients ``ids`` at ``round`` and keeps the compressor's new state in :attr:`state`."""
+
+    def __init__(
+        self, cfg: Config, ids: torch.Tensor, round: int, state: torch.Tensor | None
+    ) -> None:
+        self.cfg, self.ids, self.round, self.state = cfg, ids, round, state
+
+    def __call__(self, p: torch.Tensor) -> torch.Tensor:
+        c, self.state = self.cfg.compress_with_state(p, self.ids, self.round, self.state)
+        return c
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,6 +520,9 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
     #: hand it :class:`~.rules.SparseMessage` values instead of dense tensors (the DDP hook's
     #: sparse path; checked by tests/distributed/test_hooks_methods.py)
     sparse_messages: bool = False
+    #: True when the client state carries a stateful compressor's state (ef21, ef): only then
+    #: can the method use one (power_sgd)
+    carries_compressor_state: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -529,6 +600,8 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         elif spec.over is not None:  # "c/L"
             gamma, rule = spec.value / spec.constant(consts), str(spec)
         elif spec.theory:
+            if not math.isfinite(alpha):
+                raise method._unknown_alpha(comp, consts.d)
             if not consts.known:
                 raise UnknownConstantError(f"{method.name}: {UNKNOWN_L}")
             gamma, rule = method.theory_stepsize(cfg)
@@ -543,6 +616,14 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         cfg = dataclasses.replace(cfg, stepsize=float(gamma), stepsize_rule=rule)
         return BoundMethod(method, cfg)
 
+    def _unknown_alpha(self, C: Compressor, d: int) -> ConstantUnknownError:
+        """The compressor's own message for its missing constant."""
+        try:
+            C.alpha(d)
+        except ConstantUnknownError as e:
+            return ConstantUnknownError(f"{self.name}: {e}")
+        return ConstantUnknownError(f"{self.name}: {C.name} has no known constant")
+
     def for_problem(
         self, problem: ProblemLike, stepsize: float | str | StepSize
     ) -> Method[ServerT, ClientT]:
@@ -551,7 +632,15 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         return self
 
     def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
-        """Return (α, ω) the method works with, or raise a ValueError saying what to use."""
+        """Return (α, ω) the method works with, or raise a ValueError saying what to use.
+
+        A compressor without a known constant (``constant_known`` False) gives α = NaN: numeric
+        step sizes work, ``"theory"`` refuses (:meth:`bind`)."""
+        if C.stateful and not self.carries_compressor_state:
+            raise ValueError(
+                f"{C.name} keeps state between rounds (PowerSGD's previous Q), which {self.name} "
+                "does not carry; use it with ef21 or ef"
+            )
         if self.requires == "none":
             if C.kind != "unbiased" or C.omega(d) != 0.0:
                 raise ValueError(
@@ -571,7 +660,7 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
             return 1.0 / (1.0 + omega), omega
         # contractive methods
         if C.kind == "contractive":
-            return float(C.alpha(d)), None
+            return (float(C.alpha(d)) if C.constant_known else math.nan), None
         omega = float(C.omega(d))
         if omega < 1.0:
             # E‖Q(x) − x‖² ≤ ω‖x‖² = (1 − (1 − ω))‖x‖²: unscaled Q is contractive with α = 1 − ω

@@ -14,10 +14,13 @@ __all__ = ["EF", "EFClients"]
 
 
 class EFClients(NamedTuple):
-    """Client state of EF: the error (memory) e_i of every client of the group, (m, d)."""
+    """Client state of EF: the error (memory) e_i of every client of the group, (m, d), and
+    the state of the compressor (PowerSGD's previous Q, (m, n, r); an empty (m, 0) tensor for
+    stateless compressors; None only in states built by hand)."""
 
     ids: torch.Tensor
     e: torch.Tensor
+    compressor_state: torch.Tensor | None = None
 
 
 @METHODS.register("ef")
@@ -36,6 +39,7 @@ class EF(Method[XState, EFClients]):
     #: C(p) only goes through ``rules.ef_update`` and the Message; the server returns the
     #: aggregate as the direction: a runtime may pass SparseMessages (the DDP hook)
     sparse_messages = True
+    carries_compressor_state = True
 
     @property
     def identity_is_gd(self) -> bool:
@@ -55,7 +59,8 @@ class EF(Method[XState, EFClients]):
         self, cfg: Config, x0: torch.Tensor, oracle: GradientOracle, ids: torch.Tensor
     ) -> tuple[EFClients, Message]:
         e = torch.zeros(ids.numel(), cfg.d, dtype=cfg.dtype, device=cfg.device)
-        return EFClients(ids, e), Message(None, None, cfg.no_traffic(ids.numel()))
+        cs = cfg.compressor_state(e, ids)
+        return EFClients(ids, e, cs), Message(None, None, cfg.no_traffic(ids.numel()))
 
     def init_server(self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None) -> XState:
         return XState(x0)
@@ -65,15 +70,12 @@ class EF(Method[XState, EFClients]):
     ) -> tuple[EFClients, Message]:
         ids = clients.ids
         grads = oracle.grads(server.x, ids)
-
-        def compress(p: torch.Tensor) -> torch.Tensor:
-            return cfg.compress(p, ids, r)
-
+        comp = cfg.compressing(ids, r, clients.compressor_state)
         if cfg.inplace:  # e ← e + γ∇f_i in place (no γ∇f_i tensor)
-            v, e = ef_update(clients.e, grads, compress, inplace=True, step=cfg.stepsize)
+            v, e = ef_update(clients.e, grads, comp, inplace=True, step=cfg.stepsize)
         else:
-            v, e = ef_update(clients.e, cfg.stepsize * grads, compress)
-        return EFClients(ids, e), cfg.message(v, ids, cfg.compressed_traffic(v))
+            v, e = ef_update(clients.e, cfg.stepsize * grads, comp)
+        return EFClients(ids, e, comp.state), cfg.message(v, ids, cfg.compressed_traffic(v))
 
     def server_post(
         self, cfg: Config, server: XState, aggregate: torch.Tensor | None, r: int

@@ -61,10 +61,13 @@ class EF21Server(NamedTuple):
 
 
 class EF21Clients(NamedTuple):
-    """Client state: the estimators g_i^t of the group, (m, d)."""
+    """Client state: the estimators g_i^t of the group, (m, d), and the state of the
+    compressor (PowerSGD's previous Q of every client, (m, n, r); an empty (m, 0) tensor for
+    stateless compressors; None only in states built by hand)."""
 
     ids: torch.Tensor
     g: torch.Tensor
+    compressor_state: torch.Tensor | None = None
 
 
 def _per_client(value: float | Sequence[float] | torch.Tensor, n: int, what: str) -> torch.Tensor:
@@ -122,6 +125,7 @@ class EF21(Method[EF21Server, EF21Clients]):
     #: the client step hands C(p) to ``rules.ef21_update`` and its Message only, the server adds
     #: the aggregate to g: a runtime may pass SparseMessages (the DDP hook's sparse path)
     sparse_messages = True
+    carries_compressor_state = True
 
     def __init__(
         self,
@@ -369,12 +373,14 @@ class EF21(Method[EF21Server, EF21Clients]):
         m = ids.numel()
         if self.init == "zero":
             g = torch.zeros(m, cfg.d, dtype=cfg.dtype, device=cfg.device)
-            return EF21Clients(ids, g), Message(None, None, cfg.no_traffic(m))
+            cs = cfg.compressor_state(g, ids)
+            return EF21Clients(ids, g, cs), Message(None, None, cfg.no_traffic(m))
         target = self._targets(cfg, x0, ids, oracle, 0)
+        cs = cfg.compressor_state(target, ids)
         if self.init == "full":
-            return EF21Clients(ids, target), cfg.message(target, ids, cfg.dense_traffic(m))
-        c = cfg.compress(target, ids, 0)
-        return EF21Clients(ids, c), cfg.message(c, ids, cfg.compressed_traffic(c))
+            return EF21Clients(ids, target, cs), cfg.message(target, ids, cfg.dense_traffic(m))
+        c, cs_new = cfg.compress_with_state(target, ids, 0, cs)
+        return EF21Clients(ids, c, cs_new), cfg.message(c, ids, cfg.compressed_traffic(c))
 
     def init_server(
         self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
@@ -395,27 +401,35 @@ class EF21(Method[EF21Server, EF21Clients]):
     def client_step(
         self, cfg: Config, server: EF21Server, clients: EF21Clients, oracle: GradientOracle, r: int
     ) -> tuple[EF21Clients, Message]:
-        ids, g = clients.ids, clients.g
+        ids, g, cs = clients.ids, clients.g, clients.compressor_state
         part = self.participants(cfg, ids, r)
         if part is None or bool(part.all()):
             target = self._targets(cfg, server.x, ids, oracle, r)
             # target − g into target itself when no one else holds it (an oracle promising fresh
             # results, or the scaled copy of EF21-W): one (n, d) buffer less per round
             owned = self.weighted or bool(getattr(oracle, "fresh", False))
+            comp = cfg.compressing(ids, r, cs)
             c, g_new = ef21_update(
                 g,
                 target,
-                lambda p: cfg.compress(p, ids, r),
+                comp,
                 inplace=cfg.inplace,
                 scratch=target if owned else cfg.scratch(target),
             )
-            return EF21Clients(ids, g_new), cfg.message(c, ids, cfg.compressed_traffic(c))
+            return EF21Clients(ids, g_new, comp.state), cfg.message(
+                c, ids, cfg.compressed_traffic(c)
+            )
         c = torch.zeros_like(g)
         if bool(part.any()):
             sel = ids[part]
             target = self._targets(cfg, server.x, sel, oracle, r)
-            c[part] = ef21_update(g[part], target, lambda p: cfg.compress(p, sel, r))[0]
-        return EF21Clients(ids, g + c), cfg.message(c, ids, cfg.compressed_traffic(c, part))
+            comp = cfg.compressing(sel, r, None if cs is None else cs[part])
+            c[part] = ef21_update(g[part], target, comp)[0]
+            if cs is not None and cs.numel():  # participants' state moves on, the others' stays
+                assert comp.state is not None
+                cs = cs.clone()
+                cs[part] = comp.state
+        return EF21Clients(ids, g + c, cs), cfg.message(c, ids, cfg.compressed_traffic(c, part))
 
     def server_post(
         self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int
@@ -468,7 +482,9 @@ class EF21(Method[EF21Server, EF21Clients]):
         self, cfg: Config, memory: torch.Tensor | None, ids: torch.Tensor
     ) -> EF21Clients:
         assert memory is not None
-        return EF21Clients(ids, memory[ids].clone())
+        g = memory[ids].clone()
+        # a restarted worker's compressor state starts afresh (PowerSGD: its keyed first Q)
+        return EF21Clients(ids, g, cfg.compressor_state(g, ids))
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,18 +5,42 @@ global ids (:class:`~shrinkgrad.methods.base.GradientOracle`). :class:`ProblemOr
 a problem that holds every client; when the group is all clients in order it calls the problem's
 batched oracles directly (one pass over the data), otherwise it computes the full batch and keeps
 the requested rows (a convenience for tests and small groups, not a fast path).
+
+Metrics from what a round already computed (docs/simulator.md, "metrics for free"). The logged
+metrics of a round are ∇f(x) = (1/n) Σ_i ∇f_i(x) and f(x) at the round's iterate. Whenever a
+gradient pass evaluates every client at one point x, those are the mean of its rows and the mean
+of the clients' losses, which a problem with a fused pass (``client_grads_and_losses(x)``: the
+rows of ``client_grads(x)`` bit for bit, with ``client_losses(x)`` from the same margins) gets at
+almost no cost. So the oracle
+
+* keeps the :class:`PointMetrics` of a full-batch, one-point gradient pass made while
+  :attr:`ProblemOracle.record` is set (the runtime sets it before a round whose row is logged):
+  EF21's clients evaluate ∇f_i at the new iterate x^{t+1}, which is the row's point;
+* answers :meth:`ProblemOracle.metrics` from them when the point matches, and otherwise makes
+  the fused pass itself and keeps its client gradients for the next request at that point: GD,
+  DCGD and EF evaluate ∇f_i at x^t in the step *after* the row of round t. That step then uses
+  the kept gradients (the same tensor the problem would return), and the time the metric pass
+  spent on them is handed to the runtime (:meth:`ProblemOracle.take_prepaid`) so that ``time_s``
+  still counts the step's gradient pass.
+
+A method that never evaluates every client's exact gradient at its iterate (minibatches, partial
+participation, stale points) gets no match, and its row costs one fused pass, as before. Every
+value is bit for bit what the separate evaluation ``problem.grad(x)``, ``problem.loss(x)`` and
+``problem.client_grads(x)`` gives, so caching changes no result.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import torch
 
 from ..rng import Keys
 from .base import NonFiniteError, ProblemLike
 
-__all__ = ["ProblemOracle"]
+__all__ = ["PointMetrics", "ProblemOracle"]
 
 
 class _Oracles(ProblemLike, Protocol):
@@ -27,8 +51,25 @@ class _Oracles(ProblemLike, Protocol):
     ) -> torch.Tensor: ...
 
 
+class PointMetrics(NamedTuple):
+    """The full objective's gradient and value at one point, over the oracle's clients.
+
+    ``grad`` = (1/m) Σ_i ∇f_i(x) (the mean of ``client_grads(x)``'s rows, i.e. ``problem.grad(x)``
+    bit for bit), ``loss`` = (1/m) Σ_i f_i(x) (``problem.loss(x)`` bit for bit), m = ``clients``.
+    """
+
+    x: torch.Tensor
+    grad: torch.Tensor
+    loss: float
+    clients: int
+
+
+#: ``client_grads_and_losses(x) -> (G (n, d), losses (n,))`` of a problem with a fused pass
+Fused = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 class ProblemOracle:
-    """Client gradients of a problem, for any group of client ids."""
+    """Client gradients of a problem, for any group of client ids (module docstring)."""
 
     def __init__(self, problem: _Oracles) -> None:
         self.problem = problem
@@ -36,6 +77,15 @@ class ProblemOracle:
         self._all: torch.Tensor | None = None
         #: every result is a new tensor the caller may overwrite (``Problem.fresh_grads``)
         self.fresh = bool(getattr(problem, "fresh_grads", False))
+        fused = getattr(problem, "client_grads_and_losses", None)
+        self._fused: Fused | None = fused if callable(fused) else None
+        #: set by the runtime before a round whose row is logged: keep the metrics of the
+        #: round's full-batch gradient pass
+        self.record = False
+        self._seen: PointMetrics | None = None
+        #: (x, client gradients at x, seconds they cost) left by a metric pass for the next step
+        self._ahead: tuple[torch.Tensor, torch.Tensor, float] | None = None
+        self._prepaid = 0.0
 
     def _is_all(self, ids: torch.Tensor) -> bool:
         if ids is self._all:
@@ -56,13 +106,56 @@ class ProblemOracle:
                 "diverged (try a smaller step size)"
             )
 
+    # -- metrics ------------------------------------------------------------------------------
+    def _metrics_pass(self, x: torch.Tensor, G: torch.Tensor, losses: torch.Tensor) -> PointMetrics:
+        # the mean is taken before the caller may overwrite G (``fresh``)
+        m = PointMetrics(x.clone(), G.mean(dim=0), float(losses.double().mean()), self.n)
+        self._seen = m
+        return m
+
+    def metrics(self, x: torch.Tensor) -> PointMetrics | None:
+        """∇f(x) and f(x) over the oracle's clients, or None when the problem has no fused pass.
+
+        From the last recorded gradient pass when it was at ``x``; otherwise from one fused pass,
+        whose client gradients are kept for the next :meth:`grads` request at ``x``.
+        """
+        seen = self._seen
+        if seen is not None and torch.equal(seen.x, x):
+            return seen
+        if self._fused is None:
+            return None
+        t0 = time.perf_counter()
+        G, losses = self._fused(x)
+        m = self._metrics_pass(x, G, losses)
+        self._ahead = (m.x, G, time.perf_counter() - t0)
+        return m
+
+    def take_prepaid(self) -> float:
+        """Seconds of gradient work that steps took from metric passes since the last call."""
+        out, self._prepaid = self._prepaid, 0.0
+        return out
+
+    def _at_point(self, x: torch.Tensor) -> torch.Tensor:
+        """``client_grads(x)`` (every client), from a metric pass or recording its metrics."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and torch.equal(ahead[0], x):
+            self._prepaid += ahead[2]
+            return ahead[1]
+        if self.record and self._fused is not None:
+            G, losses = self._fused(x)
+            self._metrics_pass(x, G, losses)
+            return G
+        return self.problem.client_grads(x)
+
+    # -- gradients ----------------------------------------------------------------------------
     def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Row j: ∇f_{ids[j]}(x) (x of shape (d,)) or ∇f_{ids[j]}(x[j]) (x of shape (m, d))."""
         p = self.problem
         self._finite(x)
         if x.ndim == 1:
-            G = p.client_grads(x)
+            G = self._at_point(x)
             return G if self._is_all(ids) else G[ids]
+        self._ahead = None
         if self._is_all(ids):
             return p.client_grads_at(x)
         X = x[:1].expand(self.n, -1).clone()
@@ -75,6 +168,7 @@ class ProblemOracle:
         """Minibatch estimators of the clients ``ids`` (sampling keyed per client)."""
         p = self.problem
         self._finite(x)
+        self._ahead = None
         if self._is_all(ids):
             return p.client_stoch_grads(x, batch_sizes, keys)
         lo = torch.zeros(self.n, dtype=torch.int64, device=keys.lo.device)

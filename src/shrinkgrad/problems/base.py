@@ -12,6 +12,18 @@ functions, and f_i is the mean loss over client i's samples plus the regularizer
   lower bound on inf f, e.g. 0 for non-negative losses) and the derived ``L_AM``, ``L_QM``,
   ``L_max``, ``L_var`` (defined once, in :mod:`shrinkgrad.theory`).
 
+Unknown constants are a state, not an error (design.md principle 14): a neural network
+(:func:`~shrinkgrad.problems.model_problem`) has ``L = None`` and ``L_i = None``. Numeric step
+sizes work for every method; what needs a constant (``L_AM``, a theory step size, EF21-W's
+weights) raises :class:`~shrinkgrad.methods.UnknownConstantError` with one message. Local
+estimates (:func:`~shrinkgrad.problems.estimate_smoothness`) can be put on a problem explicitly
+with :meth:`Problem.with_constants`; the copy says ``constants_estimated = True``, and a theory
+step computed from it records ``(estimated L)``.
+
+A problem with a held-out part (rows kept back from the clients) names its metrics in
+``held_out_columns`` (e.g. ``("test_loss", "test_accuracy")``) and evaluates them with
+``held_out(x)``; the simulator appends those columns to its tables.
+
 Problems are built by name from the :data:`PROBLEMS` registry (``make_problem(
 "logistic_regression[dataset=a9a,n_clients=100]")``) or with the functions of
 :mod:`shrinkgrad.problems`.
@@ -20,12 +32,15 @@ Problems are built by name from the :data:`PROBLEMS` registry (``make_problem(
 from __future__ import annotations
 
 import abc
-from typing import Any
+import copy
+import math
+from typing import Any, NoReturn
 
 import torch
 
 from ..registry import Registry, Spec
 from ..rng import Keys
+from ..theory import L_AM, L_QM, L_var
 
 __all__ = ["PROBLEMS", "Problem", "make_problem"]
 
@@ -41,10 +56,14 @@ class Problem(abc.ABC):
     d: int
     dtype: torch.dtype = torch.float64
     device: torch.device = torch.device("cpu")
-    #: smoothness constant of f
-    L: float
-    #: smoothness constants of the f_i, shape (n,), float64 on the CPU
-    L_i: torch.Tensor
+    #: smoothness constant of f; None when unknown (a neural network)
+    L: float | None = None
+    #: smoothness constants of the f_i, shape (n,), float64 on the CPU; None when unknown
+    L_i: torch.Tensor | None = None
+    #: True when ``L`` / ``L_i`` are estimates (:meth:`with_constants`), not bounds
+    constants_estimated: bool = False
+    #: the metrics :meth:`held_out` returns (empty: the problem keeps no rows back)
+    held_out_columns: tuple[str, ...] = ()
     #: strong convexity / PL constant of f when known, else None
     mu: float | None = None
     #: optimal value and point when known, else None
@@ -100,28 +119,143 @@ class Problem(abc.ABC):
         """
         return None
 
-    # -- derived constants ----------------------------------------------------------------------
+    def held_out(self, x: torch.Tensor) -> dict[str, float]:
+        """The held-out metrics at x, one per name of :attr:`held_out_columns` (default: none)."""
+        return {}
+
+    # -- constants ------------------------------------------------------------------------------
+    @property
+    def constants_known(self) -> bool:
+        """True when both ``L`` and ``L_i`` are known (exactly, or as explicit estimates)."""
+        return self.L is not None and self.L_i is not None
+
+    def smoothness(self) -> tuple[float, torch.Tensor]:
+        """(L, L_i), or :class:`~shrinkgrad.methods.UnknownConstantError` when either is unknown."""
+        if self.L is None or self.L_i is None:
+            _unknown()
+        return self.L, self.L_i
+
+    def _known_L_i(self) -> torch.Tensor:
+        if self.L_i is None:
+            _unknown()
+        return self.L_i
+
     @property
     def L_AM(self) -> float:
-        from ..theory import L_AM
-
-        return L_AM(self.L_i)
+        """(1/n) Σ L_i; :class:`~shrinkgrad.methods.UnknownConstantError` when L_i is unknown."""
+        return L_AM(self._known_L_i())
 
     @property
     def L_QM(self) -> float:
-        from ..theory import L_QM
-
-        return L_QM(self.L_i)
+        """√((1/n) Σ L_i²); raises like :attr:`L_AM` when L_i is unknown."""
+        return L_QM(self._known_L_i())
 
     @property
     def L_max(self) -> float:
-        return float(torch.as_tensor(self.L_i).max())
+        """max_i L_i; raises like :attr:`L_AM` when L_i is unknown."""
+        return float(torch.as_tensor(self._known_L_i()).max())
 
     @property
     def L_var(self) -> float:
-        from ..theory import L_var
+        """L_QM² − L_AM²; raises like :attr:`L_AM` when L_i is unknown."""
+        return L_var(self._known_L_i())
 
-        return L_var(self.L_i)
+    def with_constants(
+        self,
+        L: float | None = None,
+        L_i: torch.Tensor | None = None,
+        *,
+        estimated: bool = True,
+    ) -> Problem:
+        """A copy of this problem that carries the smoothness constants ``L`` and ``L_i``.
+
+        The copy shares the data (a shallow copy); only the constants differ. ``estimated=True``
+        (default) marks them as estimates, e.g. from
+        :func:`~shrinkgrad.problems.estimate_smoothness`: step-size rules then record
+        ``(estimated L)`` (:class:`~shrinkgrad.methods.Constants` reads
+        ``constants_estimated``). A value left ``None`` stays unknown.
+        """
+        out = copy.copy(self)
+        if L is not None:
+            value = float(L)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"L must be a finite number > 0, got {L!r}")
+            out.L = value
+        else:
+            out.L = None
+        if L_i is not None:
+            t = torch.as_tensor(L_i, dtype=torch.float64).detach().reshape(-1).cpu().clone()
+            if t.numel() != self.n:
+                raise ValueError(
+                    f"L_i must have one entry per client (n={self.n}), got {t.numel()}"
+                )
+            if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+                raise ValueError("L_i must be finite and > 0 for every client")
+            out.L_i = t
+        else:
+            out.L_i = None
+        out.constants_estimated = bool(estimated)
+        return out
+
+    # -- input checks shared by the problems ------------------------------------------------------
+    @staticmethod
+    def check_finite(x: torch.Tensor, what: str) -> torch.Tensor:
+        """``x``, or a ValueError when it has NaN or inf entries (a diverged method)."""
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(
+                f"{what} contains NaN or inf (did the method diverge? try a smaller step size)"
+            )
+        return x
+
+    def check_point(self, x: torch.Tensor, what: str = "x", hint: str = "") -> torch.Tensor:
+        """A (d,) point in the problem's dtype and device, or a one-line error saying why not."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{what} must be a torch tensor of shape ({self.d},), got {type(x).__name__}"
+            )
+        if x.shape != (self.d,):
+            extra = f" ({hint})" if hint else " for this problem"
+            raise ValueError(f"{what} must have shape ({self.d},){extra}, got {tuple(x.shape)}")
+        return self.check_finite(x.detach().to(device=self.device, dtype=self.dtype), what)
+
+    def check_points(self, X: torch.Tensor) -> torch.Tensor:
+        """An (n, d) array of points (one per client; a (d,) point is broadcast), checked."""
+        if not isinstance(X, torch.Tensor):
+            raise TypeError(
+                f"X must be a torch tensor of shape ({self.n}, {self.d}), got {type(X).__name__}"
+            )
+        if X.shape == (self.d,):
+            X = X.expand(self.n, self.d)
+        if X.shape != (self.n, self.d):
+            raise ValueError(
+                f"X must have shape (n, d) = ({self.n}, {self.d}) (one point per client) or "
+                f"({self.d},), got {tuple(X.shape)}"
+            )
+        return self.check_finite(X.detach().to(device=self.device, dtype=self.dtype), "X")
+
+    def check_batch_sizes(
+        self, batch_sizes: torch.Tensor | int, sizes: torch.Tensor
+    ) -> torch.Tensor:
+        """Minibatch sizes as an int64 CPU (n,) tensor with 1 ≤ b_i ≤ m_i (``sizes``), checked."""
+        if isinstance(batch_sizes, bool):
+            raise TypeError("batch_sizes must be an integer or an integer tensor of shape (n,)")
+        b = torch.as_tensor(batch_sizes)
+        if b.dtype.is_floating_point or b.dtype == torch.bool:
+            raise TypeError(f"batch_sizes must be integers, got dtype {b.dtype}")
+        b = b.to(torch.int64).cpu()
+        b = b.expand(self.n).clone() if b.ndim == 0 else b
+        if b.shape != (self.n,):
+            raise ValueError(
+                f"batch_sizes must be one integer or shape ({self.n},), got {tuple(b.shape)}"
+            )
+        bad = (b < 1) | (b > sizes)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ValueError(
+                f"batch size {int(b[i])} for client {i} must be in [1, m_i = {int(sizes[i])}] "
+                "(the client's number of samples)"
+            )
+        return b
 
     # -- conveniences ---------------------------------------------------------------------------
     def x0(self) -> torch.Tensor:
@@ -133,6 +267,13 @@ class Problem(abc.ABC):
         return {"problem": self.name, "dataset": self.dataset, "n_clients": self.n, "d": self.d}
 
 
+def _unknown() -> NoReturn:
+    # imported here, on the error path only: problems do not depend on methods
+    from ..methods.base import UNKNOWN_L, UnknownConstantError
+
+    raise UnknownConstantError(UNKNOWN_L)
+
+
 PROBLEMS: Registry[Problem] = Registry("problem", base=Problem)
 
 
@@ -140,8 +281,8 @@ def make_problem(spec: str | Spec | Problem, **params: Any) -> Problem:
     """Build a problem by name (see ``shrinkgrad list problems`` for names and parameters).
 
     Example: ``make_problem("logistic_regression[dataset=a9a,n_clients=20]")``, or with keyword
-    arguments ``make_problem("logistic_regression", dataset="a9a", n_clients=20)``.
+    arguments ``make_problem("logistic_regression", dataset="a9a", n_clients=20)``. Every factory
+    is registered when the package :mod:`shrinkgrad.problems` is imported, which importing this
+    module already does.
     """
-    from . import linear, synthetic  # noqa: F401  (registers the factories)
-
     return PROBLEMS.make(spec, **params)

@@ -1,4 +1,4 @@
-"""LIBSVM / svmlight binary-classification data: the bundled files and any file by path.
+"""Datasets: the bundled LIBSVM binary-classification files, any LIBSVM file by path, and digits.
 
 ``load("a9a")`` reads a bundled file (gzip-compressed package data, provenance in
 ``shrinkgrad/data/PROVENANCE.md``); ``load("/path/to/file")`` reads any svmlight file (plain or
@@ -15,6 +15,12 @@
   :class:`DatasetError` (a ValueError) naming the file and the first bad line; nothing is returned
   half-loaded. sklearn's messages carry no line numbers, so on failure the file is scanned line
   by line to locate the problem (the scan only validates; sklearn does the parsing).
+
+``load("digits")`` is scikit-learn's bundled ``load_digits`` (UCI optical digits, 1,797 8 × 8
+grey-scale images, 10 classes; shipped inside scikit-learn, no download): pixel values 0–16
+scaled to [0, 1], labels the class indices 0–9 (``n_classes == 10``, not ±1), and
+``image_shape == (1, 8, 8)`` for convolutional models (:func:`shrinkgrad.problems.model_problem`).
+Linear problems need binary labels and refuse it.
 """
 
 from __future__ import annotations
@@ -35,7 +41,15 @@ import scipy.sparse as sp
 
 from .memory import MemoryBudgetError, check_memory
 
-__all__ = ["BUNDLED", "Dataset", "DatasetError", "available", "bundled_path", "load"]
+__all__ = [
+    "BUNDLED",
+    "IMAGE_DATASETS",
+    "Dataset",
+    "DatasetError",
+    "available",
+    "bundled_path",
+    "load",
+]
 
 
 class DatasetError(ValueError):
@@ -65,20 +79,44 @@ BUNDLED: dict[str, BundledInfo] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class ImageInfo:
+    """What is known about a bundled multi-class image dataset (shipped by scikit-learn)."""
+
+    n_samples: int
+    n_classes: int
+    image_shape: tuple[int, ...]
+    description: str
+
+
+#: Multi-class image data that ships with an installed dependency (no download).
+IMAGE_DATASETS: dict[str, ImageInfo] = {
+    "digits": ImageInfo(
+        1797, 10, (1, 8, 8), "UCI optical digits via sklearn.datasets.load_digits, 8×8, 10 classes"
+    ),
+}
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
-    """A binary classification dataset: CSR features ``X`` (N × d, float64) and labels ``y`` ∈ {±1}.
+    """A classification dataset: CSR features ``X`` (N × d, float64) and labels ``y`` (float64).
 
-    The arrays are read-only (datasets are cached and shared).
+    Binary data (every LIBSVM file): ``y`` ∈ {±1} and ``label_values`` the two raw values mapped
+    to (−1, +1). Multi-class data (``digits``): ``y`` holds the class indices 0 … C−1 and
+    ``label_values`` = (0, …, C−1). ``image_shape`` is the shape of one sample as an image
+    (channels, height, width) when the rows are images, else None. The arrays are read-only
+    (datasets are cached and shared).
     """
 
     name: str
     X: sp.csr_matrix
     y: np.ndarray
-    #: the raw label values mapped to (−1, +1)
-    label_values: tuple[float, float]
-    #: where the data came from (a file path, "bundled:<name>", or "memory")
+    #: the raw label values mapped to (−1, +1) (binary), or the class indices (multi-class)
+    label_values: tuple[float, ...]
+    #: where the data came from (a file path, "bundled:<name>", "sklearn:<loader>" or "memory")
     source: str = "memory"
+    #: (channels, height, width) of one sample when the rows are flattened images
+    image_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not sp.issparse(self.X) or self.X.ndim != 2:
@@ -121,7 +159,26 @@ class Dataset:
     def density(self) -> float:
         return self.nnz / max(1, self.n_samples * self.n_features)
 
+    @property
+    def n_classes(self) -> int:
+        """The number of classes (2 for every LIBSVM file)."""
+        return len(self.label_values)
+
+    def require_binary(self, what: str) -> None:
+        """Raise a :class:`DatasetError` unless the labels are ±1 (``what`` names the user)."""
+        if self.n_classes != 2:
+            raise DatasetError(
+                f"{what} needs binary (±1) labels; dataset {self.name!r} has {self.n_classes} "
+                "classes (use a neural network: shrinkgrad.problems.model_problem, e.g. "
+                f"'cnn[dataset={self.name}]' or 'mlp[dataset={self.name}]')"
+            )
+
     def __repr__(self) -> str:
+        if self.n_classes != 2:
+            return (
+                f"<Dataset {self.name}: {self.n_samples} samples × {self.n_features} features, "
+                f"{self.n_classes} classes>"
+            )
         pos = int((self.y > 0).sum())
         return (
             f"<Dataset {self.name}: {self.n_samples} samples × {self.n_features} features, "
@@ -133,8 +190,8 @@ class Dataset:
 # loading
 # --------------------------------------------------------------------------------------------
 def available() -> list[str]:
-    """Names of the bundled datasets."""
-    return sorted(BUNDLED)
+    """Names of the bundled datasets (the LIBSVM files and the image data of IMAGE_DATASETS)."""
+    return sorted([*BUNDLED, *IMAGE_DATASETS])
 
 
 def bundled_path(name: str) -> Path:
@@ -172,6 +229,14 @@ def load(dataset: str | os.PathLike[str] | Dataset, *, n_features: int | None = 
     text = os.fspath(dataset)
     if n_features is not None:
         _check_dimension(n_features, text)
+    if isinstance(dataset, str) and text in IMAGE_DATASETS:
+        info_img = IMAGE_DATASETS[text]
+        width = math.prod(info_img.image_shape)
+        if n_features is not None and n_features != width:
+            raise DatasetError(
+                f"dataset {text!r} has {width} features, not n_features={n_features}"
+            )
+        return _load_image_dataset(text)
     if isinstance(dataset, str) and text in BUNDLED:
         info = BUNDLED[text]
         nf = info.n_features if n_features is None else n_features
@@ -194,6 +259,24 @@ def load(dataset: str | os.PathLike[str] | Dataset, *, n_features: int | None = 
     resolved = path.resolve()
     stat = resolved.stat()
     return _load_file(str(resolved), n_features, path.name, str(resolved), stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=4)
+def _load_image_dataset(name: str) -> Dataset:
+    """A bundled scikit-learn image dataset (only ``digits``: pixels 0–16 scaled to [0, 1])."""
+    from sklearn.datasets import load_digits
+
+    info = IMAGE_DATASETS[name]
+    bunch = load_digits()
+    X = np.asarray(bunch.data, dtype=np.float64) / 16.0
+    y = np.asarray(bunch.target, dtype=np.float64)
+    if X.shape[0] != info.n_samples:  # pragma: no cover - another scikit-learn's data
+        raise DatasetError(f"sklearn's {name} has {X.shape[0]} samples, expected {info.n_samples}")
+    y.flags.writeable = False
+    labels = tuple(float(c) for c in range(info.n_classes))
+    return Dataset(
+        name, _freeze(sp.csr_matrix(X)), y, labels, "sklearn:load_digits", info.image_shape
+    )
 
 
 @lru_cache(maxsize=32)

@@ -19,13 +19,17 @@ splits``):
 Randomness comes only from :mod:`shrinkgrad.rng` (stream ``"split"``). ``n_clients`` larger than
 the number of samples is an error, unless a split is asked to reuse samples
 (``contiguous[reuse=true]``, ``shuffled[reuse=true]``): then client i gets sample i mod N.
+
+A split's result is a :class:`ClientRows`: the sample indices of every client in one array with
+the clients' offsets, a sequence of per-client index arrays (views) without a Python object per
+client, so that 10⁵ clients cost two arrays (federated-scale client counts, issue 17).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Literal, overload
 
 import numpy as np
 import torch
@@ -37,6 +41,7 @@ from .datasets import Dataset
 __all__ = [
     "SPLITS",
     "ByLabel",
+    "ClientRows",
     "Contiguous",
     "Dirichlet",
     "ExplicitSplit",
@@ -49,6 +54,60 @@ __all__ = [
 ]
 
 
+class ClientRows(Sequence[np.ndarray]):
+    """The samples of n clients: client i holds ``order[offsets[i]:offsets[i + 1]]``.
+
+    A sequence of int64 index arrays (``parts[i]`` is a view), stored as two arrays: ``order``
+    (the concatenated indices, client by client) and ``offsets`` (n + 1 increasing positions).
+    """
+
+    def __init__(self, order: np.ndarray, offsets: np.ndarray) -> None:
+        self.order = np.ascontiguousarray(order, dtype=np.int64)
+        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        if self.offsets.ndim != 1 or self.offsets.size < 1 or self.offsets[0] != 0:
+            raise ValueError("offsets must be a 1-D array starting at 0")
+        if self.offsets[-1] != self.order.size or np.any(np.diff(self.offsets) < 0):
+            raise ValueError("offsets must be non-decreasing and end at len(order)")
+
+    @classmethod
+    def of(cls, parts: Sequence[np.ndarray] | ClientRows) -> ClientRows:
+        """``parts`` as :class:`ClientRows` (itself when it already is one)."""
+        if isinstance(parts, ClientRows):
+            return parts
+        arrays = [_as_index_array(p, i) for i, p in enumerate(parts)]
+        sizes = np.array([a.size for a in arrays], dtype=np.int64)
+        order = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        return cls(order, np.concatenate([[0], np.cumsum(sizes)]))
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """The number of samples of every client, int64 (n,)."""
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return int(self.offsets.size - 1)
+
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        k = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= k < n:
+            raise IndexError(f"client {i} out of range for {n} clients")
+        return self.order[self.offsets[k] : self.offsets[k + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for k in range(len(self)):
+            yield self.order[self.offsets[k] : self.offsets[k + 1]]
+
+    def __repr__(self) -> str:
+        return f"<ClientRows: {len(self)} clients, {self.order.size} samples>"
+
+
 class Split(abc.ABC):
     """Base class of every split (see the module docstring)."""
 
@@ -58,7 +117,7 @@ class Split(abc.ABC):
     #: whether n_clients > N is allowed (samples then appear at several clients)
     reuse: bool = False
 
-    def __call__(self, data: Dataset, n_clients: int) -> list[np.ndarray]:
+    def __call__(self, data: Dataset, n_clients: int) -> ClientRows:
         """The clients' index arrays (int64, each non-empty) for ``n_clients`` clients."""
         n = _check_n_clients(n_clients)
         N = data.n_samples
@@ -71,7 +130,7 @@ class Split(abc.ABC):
         return check_parts(self._parts(data, n), N)
 
     @abc.abstractmethod
-    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+    def _parts(self, data: Dataset, n: int) -> ClientRows | list[np.ndarray]:
         """The index arrays (``n`` ≤ N unless ``reuse``)."""
 
     @property
@@ -92,20 +151,20 @@ def _check_n_clients(n_clients: Any) -> int:
     return int(n_clients)
 
 
-def chunks(order: np.ndarray, n: int, reuse: bool = False) -> list[np.ndarray]:
+def chunks(order: np.ndarray, n: int, reuse: bool = False) -> ClientRows:
     """The EF21 authors' chunking of ``order`` into n parts (last part takes the remainder).
 
-    With ``reuse`` and n > len(order), part i is ``[order[i mod N]]``.
+    With ``reuse`` and n > len(order), part i is ``[order[i mod N]]``. No per-client loop.
     """
     N = order.size
     if n > N:
         if not reuse:  # pragma: no cover - guarded by Split.__call__
             raise ValueError(f"cannot split {N} samples over {n} clients")
-        return [order[[i % N]] for i in range(n)]
+        return ClientRows(order[np.arange(n, dtype=np.int64) % N], np.arange(n + 1))
     m = N // n
-    parts = [order[i * m : (i + 1) * m] for i in range(n - 1)]
-    parts.append(order[(n - 1) * m :])
-    return parts
+    offsets = np.arange(n + 1, dtype=np.int64) * m
+    offsets[-1] = N
+    return ClientRows(order, offsets)
 
 
 def _uniform(seed: int, count: int, client: int = 0) -> np.ndarray:
@@ -125,7 +184,7 @@ class Contiguous(Split):
     def __init__(self, reuse: bool = False) -> None:
         self.reuse = reuse
 
-    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+    def _parts(self, data: Dataset, n: int) -> ClientRows:
         return chunks(np.arange(data.n_samples, dtype=np.int64), n, self.reuse)
 
 
@@ -139,7 +198,7 @@ class Shuffled(Split):
         self.seed = seed
         self.reuse = reuse
 
-    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+    def _parts(self, data: Dataset, n: int) -> ClientRows:
         return chunks(_permutation(self.seed, data.n_samples), n, self.reuse)
 
 
@@ -147,7 +206,7 @@ class Shuffled(Split):
 class ByLabel(Split):
     """Samples sorted by label (−1 first, stable), then equal chunks: one class per client."""
 
-    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+    def _parts(self, data: Dataset, n: int) -> ClientRows:
         return chunks(np.argsort(data.y, kind="stable").astype(np.int64), n)
 
 
@@ -167,7 +226,7 @@ class HeterogeneousSmoothness(Split):
             raise ValueError(f"key must be 'projection' or 'norm', got {key!r}")
         self.key = key
 
-    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+    def _parts(self, data: Dataset, n: int) -> ClientRows:
         X = data.X
         if self.key == "norm":
             score = np.asarray(X.multiply(X).sum(axis=1)).reshape(-1)
@@ -209,12 +268,11 @@ class Dirichlet(Split):
         self.alpha = float(alpha)
         self.seed = seed
 
-    def _parts(self, data: Dataset, n: int) -> list[np.ndarray]:
+    def _parts(self, data: Dataset, n: int) -> ClientRows:
         from scipy.special import gammaincinv
 
-        classes = np.unique(data.y)
-        buckets: list[list[np.ndarray]] = [[] for _ in range(n)]
-        for c, label in enumerate(classes):
+        samples, owners = [], []
+        for c, label in enumerate(np.unique(data.y)):
             idx = np.flatnonzero(data.y == label).astype(np.int64)
             idx = idx[_permutation(self.seed, idx.size, client=2 * c + 1)]
             u = _uniform(self.seed, n, client=2 * c + 2)
@@ -223,20 +281,37 @@ class Dirichlet(Split):
             p = g / total if total > 0 and np.isfinite(total) else (u == u.max()).astype(float)
             cuts = np.rint(np.cumsum(p) * idx.size).astype(np.int64)
             cuts[-1] = idx.size
-            start = 0
-            for i in range(n):
-                end = max(start, int(cuts[i]))
-                buckets[i].append(idx[start:end])
-                start = end
-        parts = [np.concatenate(b) for b in buckets]
-        sizes = np.array([p.size for p in parts])
-        for empty in np.flatnonzero(sizes == 0).tolist():
-            donor = int(np.argmax(sizes))
-            parts[empty] = parts[donor][-1:]
-            parts[donor] = parts[donor][:-1]
-            sizes[empty] = 1
-            sizes[donor] -= 1
-        return parts
+            # client i gets idx[end_{i−1}:end_i], end = the running maximum of the cuts
+            ends = np.minimum(np.maximum.accumulate(cuts), idx.size)
+            samples.append(idx)
+            owners.append(np.searchsorted(ends, np.arange(idx.size), side="right"))
+        sample, owner = np.concatenate(samples), np.concatenate(owners)
+        return _fill_empty(sample, owner, n)
+
+
+def _fill_empty(sample: np.ndarray, owner: np.ndarray, n: int) -> ClientRows:
+    """The clients' samples (client by client, in the order of ``sample``), where each empty
+    client, in turn, receives the last sample of the currently largest client (the first of the
+    largest on ties): a heap of the sizes, O(N + n log n) whatever the number of empty clients."""
+    import heapq
+
+    order = sample[np.argsort(owner, kind="stable")]
+    sizes = np.bincount(owner, minlength=n)
+    empty = np.flatnonzero(sizes == 0)
+    if empty.size == 0:
+        return ClientRows(order, np.concatenate([[0], np.cumsum(sizes)]))
+    client = np.repeat(np.arange(n, dtype=np.int64), sizes)  # the client of each position
+    ends = np.cumsum(sizes)  # one past the last position each client still holds
+    heap = [(-int(sizes[i]), int(i)) for i in np.flatnonzero(sizes > 0)]
+    heapq.heapify(heap)
+    for e in empty.tolist():  # each donor keeps ≥ 1 sample: N ≥ n
+        size, donor = heapq.heappop(heap)
+        ends[donor] -= 1
+        client[ends[donor]] = e
+        heapq.heappush(heap, (size + 1, donor))
+    keep = np.argsort(client, kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(client, minlength=n))])
+    return ClientRows(order[keep], offsets)
 
 
 class ExplicitSplit(Split):
@@ -250,7 +325,7 @@ class ExplicitSplit(Split):
             raise ValueError("an explicit split needs at least one client's index array")
         self.spec = f"explicit[n_clients={len(self.parts)}]"
 
-    def __call__(self, data: Dataset, n_clients: int | None = None) -> list[np.ndarray]:
+    def __call__(self, data: Dataset, n_clients: int | None = None) -> ClientRows:
         if n_clients is not None and n_clients != len(self.parts):
             raise ValueError(
                 f"n_clients={n_clients} but the explicit split has {len(self.parts)} index "
@@ -280,20 +355,21 @@ def _as_index_array(p: Any, i: int) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def check_parts(parts: Sequence[np.ndarray], n_samples: int) -> list[np.ndarray]:
+def check_parts(parts: Sequence[np.ndarray] | ClientRows, n_samples: int) -> ClientRows:
     """Validate index arrays against a dataset of ``n_samples`` rows (non-empty, in range)."""
-    out = []
-    for i, p in enumerate(parts):
-        arr = _as_index_array(p, i)
-        if arr.size == 0:
-            raise ValueError(f"client {i} has no samples; every client needs at least one")
-        if arr.min() < 0 or arr.max() >= n_samples:
-            raise ValueError(
-                f"client {i}'s indices must be in [0, {n_samples}) (the dataset's samples), got "
-                f"min {arr.min()}, max {arr.max()}"
-            )
-        out.append(arr)
-    return out
+    rows = ClientRows.of(parts)
+    empty = np.flatnonzero(rows.sizes == 0)
+    if empty.size:
+        raise ValueError(f"client {int(empty[0])} has no samples; every client needs at least one")
+    bad = np.flatnonzero((rows.order < 0) | (rows.order >= n_samples))
+    if bad.size:
+        i = int(np.searchsorted(rows.offsets, bad[0], side="right") - 1)
+        arr = rows[i]
+        raise ValueError(
+            f"client {i}'s indices must be in [0, {n_samples}) (the dataset's samples), got "
+            f"min {arr.min()}, max {arr.max()}"
+        )
+    return rows
 
 
 def make_split(spec: str | Spec | Split, **params: Any) -> Split:
@@ -304,7 +380,7 @@ def make_split(spec: str | Spec | Split, **params: Any) -> Split:
 
 def resolve_split(
     split: str | Spec | Split | Sequence[Any], data: Dataset, n_clients: int | None
-) -> tuple[list[np.ndarray], str]:
+) -> tuple[ClientRows, str]:
     """Index arrays and a canonical description for a split name, object or explicit list."""
     if isinstance(split, (str, Spec, Split)):
         s = make_split(split)

@@ -1,15 +1,20 @@
 """The run engine shared by :func:`~shrinkgrad.sim.simulate` and the distributed runner.
 
 A run is set up once by :func:`setup_run` — argument checks, the problem, the method bound to it,
-x⁰, the table's identifying columns and the checkpoint fingerprint — and driven by
+x⁰, the table's columns and identifying values, the checkpoint fingerprint — and driven by
 :func:`run_rounds`: ``init``, the rounds, a row every ``log_every`` rounds, the divergence and
 convergence verdicts, the callback, checkpoints and the :class:`SimResult` (docs/simulator.md).
+How a run is carried out (rounds, logging, stopping rules, checkpoints, dtypes, ...) is one
+:class:`~shrinkgrad.sim.options.RunOptions` value carried by the :class:`RunSetup`.
 
 What differs between the simulator and a rank of a distributed run is a :class:`Runtime`: where
 the clients live and how a round reaches them (the gradient oracle and the reduction), how the
 metrics and the bit counters are summed over the clients, and how a checkpoint is found.
 :class:`LocalRuntime` holds every client in this process; ``shrinkgrad.distributed.runner`` has
-one per rank.
+one per rank. Before a round whose row will be logged the engine tells the runtime so
+(``record=True``): its oracle then keeps ∇f and f of the round's full-batch gradient pass, and
+the row costs nothing more when the method evaluated every client at the new iterate
+(:mod:`shrinkgrad.methods.oracle`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -34,9 +39,11 @@ from ..methods.oracle import ProblemOracle
 from ..methods.stepsize import StepSize
 from ..problems import Problem
 from .checkpoint import load_checkpoint, save_checkpoint
+from .options import DivergenceReference, RunOptions
 
 __all__ = [
     "COLUMNS",
+    "METRIC_COLUMNS",
     "LocalRuntime",
     "Progress",
     "Row",
@@ -45,13 +52,15 @@ __all__ = [
     "SimResult",
     "SimulationInterrupted",
     "Status",
+    "held_out_values",
     "run_rounds",
     "setup_run",
+    "table_columns",
 ]
 
 Status = Literal["completed", "converged", "diverged", "stopped"]
 
-#: the columns of ``SimResult.table``, in order
+#: the columns of ``SimResult.table``, in order, for a problem without held-out metrics
 COLUMNS = (
     "round",
     "grad_norm_sq",
@@ -70,19 +79,41 @@ COLUMNS = (
     "n_clients",
     "d",
 )
-_METRICS = COLUMNS[:7]
-#: (round, grad_norm_sq, loss, bits_up, bits_up_paper, bits_down, time_s)
-Row = tuple[int, float, float, float, float, float, float]
+#: the metric block of a row: (round, grad_norm_sq, loss, bits_up, bits_up_paper, bits_down,
+#: time_s); a problem's held-out columns follow it
+METRIC_COLUMNS = COLUMNS[:7]
+#: the metrics of one logged row: :data:`METRIC_COLUMNS`, then the held-out values
+Row = tuple[float, ...]
+
+
+def table_columns(held_out: Sequence[str] = ()) -> tuple[str, ...]:
+    """The table's columns for a problem with the held-out columns ``held_out`` (PLAN interface
+    1): the metric block, the held-out metrics, the identifying columns."""
+    return METRIC_COLUMNS + tuple(held_out) + COLUMNS[len(METRIC_COLUMNS) :]
+
+
+def held_out_values(problem: Problem, names: Sequence[str], x: torch.Tensor) -> tuple[float, ...]:
+    """``problem.held_out(x)`` as floats in the order of ``names`` (its ``held_out_columns``)."""
+    if not names:
+        return ()
+    values = problem.held_out(x)
+    if not isinstance(values, Mapping) or set(values) != set(names):
+        got = sorted(values) if isinstance(values, Mapping) else type(values).__name__
+        raise TypeError(
+            f"{type(problem).__name__}.held_out(x) must return a dict with exactly the keys of "
+            f"held_out_columns {list(names)}, got {got}"
+        )
+    return tuple(float(values[k]) for k in names)
 
 
 @dataclasses.dataclass
 class SimResult:
     """The outcome of :func:`~shrinkgrad.sim.simulate` (and of a distributed run).
 
-    ``table``: one row per logged round (see :data:`COLUMNS`); ``state``: the method state at the
-    last round run; ``status``: ``completed`` (all rounds), ``converged`` (grad_norm_sq ≤ tol),
-    ``diverged`` (see ``message``) or ``stopped`` (the callback asked to stop); ``bits_up``,
-    ``bits_up_paper``, ``bits_down``: cumulative bits per client, shape (n,).
+    ``table``: one row per logged round (see :func:`table_columns`); ``state``: the method state
+    at the last round run; ``status``: ``completed`` (all rounds), ``converged`` (grad_norm_sq ≤
+    tol), ``diverged`` (see ``message``) or ``stopped`` (the callback asked to stop);
+    ``bits_up``, ``bits_up_paper``, ``bits_down``: cumulative bits per client, shape (n,).
     """
 
     table: pd.DataFrame
@@ -105,6 +136,26 @@ class SimResult:
     def rounds(self) -> int:
         """The number of rounds run."""
         return self.state.round
+
+    def __repr__(self) -> str:
+        """A few lines: status, rounds, the last row's metrics, the step size and its rule."""
+        cfg, t = self.config, self.table
+        head = (
+            f"SimResult({self.status}, {self.rounds} rounds, {len(t)} rows: "
+            f"{cfg.get('method', '?')} + {cfg.get('compressor', '?')} on "
+            f"{cfg.get('problem', '?')}[{cfg.get('dataset', '')}], n={cfg.get('n_clients', '?')}, "
+            f"d={cfg.get('d', '?')}, seed={cfg.get('seed', '?')})"
+        )
+        lines = [head, f"  stepsize {self.stepsize:.6g} ({self.stepsize_rule})"]
+        if len(t):
+            last = t.iloc[-1]
+            extra = [c for c in t.columns if c not in COLUMNS]
+            shown = ["grad_norm_sq", "loss", *extra, "bits_up"]
+            values = ", ".join(f"{c}={float(last[c]):.6g}" for c in shown)
+            lines.append(f"  round {int(last['round'])}: {values}")
+        if self.message:
+            lines.append(f"  {self.message}")
+        return "\n".join(lines)
 
 
 class SimulationInterrupted(KeyboardInterrupt):
@@ -178,27 +229,36 @@ class Progress:
 
 
 class Runtime(Protocol):
-    """Where a run's clients live: what :func:`run_rounds` needs besides the :class:`RunSetup`."""
+    """Where a run's clients live: what :func:`run_rounds` needs besides the :class:`RunSetup`.
+
+    ``record`` (``init``, ``step``) says that the round's row will be logged, so that the
+    runtime's oracle keeps what the row's metrics need from the round's own gradient pass.
+    """
 
     #: True when this process holds the whole run, so that it can save and report an interrupted
     #: run on its own (a rank of a distributed run cannot: its peers are in the middle of a round)
     standalone: bool
 
     def init(
-        self, bound: BoundMethod[Any, Any], x0: torch.Tensor
+        self, bound: BoundMethod[Any, Any], x0: torch.Tensor, *, record: bool
     ) -> tuple[State[Any, Any], Traffic]:
         """Round 0 of this process's clients (``bound.init`` with the oracle and reduction)."""
         ...
 
     def step(
-        self, bound: BoundMethod[Any, Any], state: State[Any, Any]
+        self, bound: BoundMethod[Any, Any], state: State[Any, Any], *, record: bool
     ) -> tuple[State[Any, Any], Traffic]:
         """One round; raises :class:`~shrinkgrad.methods.NonFiniteError` when it diverged."""
         ...
 
+    def prepaid_s(self) -> float:
+        """Seconds of the last step's gradient work done ahead by a metric evaluation (which
+        ``time_s`` excludes), so that the step is charged for it."""
+        ...
+
     def row(self, progress: Progress) -> Row:
         """The logged metrics of ``progress``'s round: ‖∇f‖² and f of the full objective, the
-        bit counters averaged over all n clients, and the elapsed time."""
+        bit counters averaged over all n clients, the elapsed time and the held-out values."""
         ...
 
     def totals(self, progress: Progress) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -219,23 +279,34 @@ class LocalRuntime:
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         self.oracle = ProblemOracle(problem)
+        self.held_out: tuple[str, ...] = tuple(getattr(problem, "held_out_columns", ()))
 
     def init(
-        self, bound: BoundMethod[Any, Any], x0: torch.Tensor
+        self, bound: BoundMethod[Any, Any], x0: torch.Tensor, *, record: bool = False
     ) -> tuple[State[Any, Any], Traffic]:
+        self.oracle.record = record
         return bound.init(x0, self.oracle)
 
     def step(
-        self, bound: BoundMethod[Any, Any], state: State[Any, Any]
+        self, bound: BoundMethod[Any, Any], state: State[Any, Any], *, record: bool = False
     ) -> tuple[State[Any, Any], Traffic]:
+        self.oracle.record = record
         return bound.step(state, self.oracle)
+
+    def prepaid_s(self) -> float:
+        return self.oracle.take_prepaid()
 
     def row(self, progress: Progress) -> Row:
         p, x = progress, progress.state.x
-        g = self.problem.grad(x)
-        gns, loss = float(torch.dot(g, g)), float(self.problem.loss(x))
+        m = self.oracle.metrics(x)
+        if m is not None:
+            gns, loss = float(torch.dot(m.grad, m.grad)), m.loss
+        else:  # a problem without a fused pass: its own full gradient and loss
+            g = self.problem.grad(x)
+            gns, loss = float(torch.dot(g, g)), float(self.problem.loss(x))
         up, paper, down = float(p.up.mean()), float(p.up_paper.mean()), float(p.down.mean())
-        return (p.state.round, gns, loss, up, paper, down, p.time_s)
+        held = held_out_values(self.problem, self.held_out, x)
+        return (p.state.round, gns, loss, up, paper, down, p.time_s, *held)
 
     def totals(self, progress: Progress) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return progress.up, progress.up_paper, progress.down
@@ -254,15 +325,34 @@ class RunSetup:
     problem: Problem
     bound: BoundMethod[Any, Any]
     x0: torch.Tensor
-    rounds: int
-    log_every: int
-    tol: float | None
-    divergence_factor: float | None
-    checkpoint_every: int
+    options: RunOptions
     #: the table's identifying columns (``method`` ... ``d`` of :data:`COLUMNS`)
     meta: dict[str, Any]
     #: what a checkpoint must match to be resumed (``meta``, a hash of x⁰, log_every, dtypes)
     fingerprint: dict[str, Any]
+    #: the problem's held-out columns (``held_out_columns``), appended to the metric block
+    held_out: tuple[str, ...] = ()
+    #: the problem's certified lower bound on inf f and its known minimiser, for the divergence
+    #: tests (None when unknown)
+    f_lower: float | None = None
+    x_star: torch.Tensor | None = None
+
+    @property
+    def rounds(self) -> int:
+        return self.options.rounds
+
+    @property
+    def log_every(self) -> int:
+        return self.options.log_every
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The table's columns."""
+        return table_columns(self.held_out)
+
+    def logged(self, r: int) -> bool:
+        """Whether round ``r`` gets a row (every ``log_every`` rounds, round 0, the last round)."""
+        return r % self.options.log_every == 0 or r == self.options.rounds
 
 
 def setup_run(
@@ -270,38 +360,17 @@ def setup_run(
     method: Method[Any, Any] | str,
     compressor: Compressor | str | None,
     stepsize: float | str | StepSize,
-    rounds: int,
     seed: int,
     x0: Any,
-    *,
-    log_every: int,
-    tol: float | None,
-    dtype: torch.dtype | str | None,
-    device: torch.device | str | None,
-    wire_dtype: torch.dtype,
-    divergence_factor: float | None,
-    checkpoint_every: int | None,
+    options: RunOptions,
 ) -> RunSetup:
     """Check the arguments of :func:`~shrinkgrad.sim.simulate` and bind the run they describe.
 
-    ``device=None`` keeps the problem's device; ``checkpoint_every=None`` is 1000 rounds.
+    ``options.device=None`` keeps the problem's device, ``options.dtype=None`` its dtype.
     """
-    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
-        raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}")
-    if isinstance(log_every, bool) or not isinstance(log_every, (int, np.integer)) or log_every < 1:
-        raise ValueError(f"log_every must be an integer >= 1, got {log_every!r}")
-    if tol is not None and not (isinstance(tol, (int, float)) and tol >= 0):
-        raise ValueError(f"tol must be a number >= 0 or None, got {tol!r}")
-    if divergence_factor is not None and not divergence_factor > 1:
-        raise ValueError(f"divergence_factor must be > 1 or None, got {divergence_factor!r}")
-    if checkpoint_every is not None and (
-        isinstance(checkpoint_every, bool)
-        or not isinstance(checkpoint_every, int)
-        or checkpoint_every < 1
-    ):
-        raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
-    dev = torch.device(device) if device is not None else None
-    prob = _prepare_problem(problem, _dtype(dtype), dev)
+    if not isinstance(options, RunOptions):
+        raise TypeError(f"options must be a RunOptions, got {type(options).__name__}")
+    prob = _prepare_problem(problem, options.dtype, options.device)
     meth = make_method(method)
     bound: BoundMethod[Any, Any] = meth.bind(
         prob,
@@ -310,7 +379,7 @@ def setup_run(
         seed,
         dtype=prob.dtype,
         device=prob.device,
-        wire_dtype=wire_dtype,
+        wire_dtype=options.wire_dtype,
     )
     cfg = bound.cfg
     x_start = _x0(prob, x0, cfg.dtype, cfg.device)
@@ -326,35 +395,62 @@ def setup_run(
         "n_clients": cfg.n,
         "d": cfg.d,
     }
+    held_out = tuple(str(c) for c in getattr(prob, "held_out_columns", ()))
+    clash = sorted(set(held_out) & set(COLUMNS))
+    if clash or len(set(held_out)) != len(held_out):
+        raise ValueError(
+            f"{type(prob).__name__}.held_out_columns {list(held_out)} must be distinct names "
+            f"other than the simulator's columns (clash: {clash})"
+        )
     x_bytes = x_start.detach().cpu().to(torch.float64).numpy().tobytes()
     fingerprint = dict(
         meta,
         x0_sha1=hashlib.sha1(x_bytes).hexdigest(),
-        log_every=int(log_every),
+        log_every=options.log_every,
         dtype=str(cfg.dtype),
         wire_dtype=str(cfg.wire_dtype),
     )
+    if held_out:
+        fingerprint["held_out_columns"] = list(held_out)
     return RunSetup(
         problem=prob,
         bound=bound,
         x0=x_start,
-        rounds=int(rounds),
-        log_every=int(log_every),
-        tol=tol,
-        divergence_factor=divergence_factor,
-        checkpoint_every=checkpoint_every if checkpoint_every is not None else 1000,
+        options=options,
         meta=meta,
         fingerprint=fingerprint,
+        held_out=held_out,
+        f_lower=_lower_bound(prob),
+        x_star=_minimiser(prob, cfg.dtype, cfg.device),
     )
 
 
-def _dtype(value: torch.dtype | str | None) -> torch.dtype | None:
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    table = {"float32": torch.float32, "float64": torch.float64, "double": torch.float64}
-    if value in table:
-        return table[value]
-    raise ValueError(f"dtype must be 'float32' or 'float64' (or a torch dtype), got {value!r}")
+def _lower_bound(problem: Problem) -> float | None:
+    """The certified lower bound f_lower (else f_star) of ``problem``, or None.
+
+    A problem that computes f* on first use (``lazy_solution``) tightens f_lower when that
+    happens: its ``f_lower_a_priori`` is used instead, so that the divergence test sees the same
+    bound in every run.
+    """
+    names = (
+        ("f_lower_a_priori",) if getattr(problem, "lazy_solution", False) else ("f_lower", "f_star")
+    )
+    for name in names:
+        value = getattr(problem, name, None)
+        if value is not None and math.isfinite(float(value)):
+            return float(value)
+    return None
+
+
+def _minimiser(problem: Problem, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """x* when the problem knows it without solving anything (``lazy_solution`` problems compute
+    it on first use: their loss test covers the iterate's growth), else None."""
+    if getattr(problem, "lazy_solution", False):
+        return None
+    x = getattr(problem, "x_star", None)
+    if not isinstance(x, torch.Tensor) or x.shape != (problem.d,):
+        return None
+    return x.detach().to(dtype=dtype, device=device)
 
 
 def _prepare_problem(
@@ -417,23 +513,16 @@ def _x0(problem: Problem, x0: Any, dtype: torch.dtype, device: torch.device) -> 
 # --------------------------------------------------------------------------------------------
 # running it
 # --------------------------------------------------------------------------------------------
-def run_rounds(
-    setup: RunSetup,
-    runtime: Runtime,
-    *,
-    checkpoint: str | os.PathLike[str] | None = None,
-    progress: bool = False,
-    callback: Callable[[int, State[Any, Any]], bool | None] | None = None,
-) -> SimResult:
-    """Run ``setup`` on ``runtime`` (resuming ``checkpoint`` when it exists) and return its result.
+def run_rounds(setup: RunSetup, runtime: Runtime) -> SimResult:
+    """Run ``setup`` on ``runtime`` (resuming its checkpoint when it exists); return the result.
 
-    The semantics of every argument are :func:`~shrinkgrad.sim.simulate`'s (docs/simulator.md):
-    the table, the stopping rules, checkpoints every ``setup.checkpoint_every`` rounds and at the
-    end, a ``RuntimeWarning`` on divergence. On Ctrl-C a standalone runtime saves the last complete
+    The semantics of every option are :func:`~shrinkgrad.sim.simulate`'s (docs/simulator.md):
+    the table, the stopping rules, checkpoints every ``checkpoint_every`` rounds and at the end,
+    a ``RuntimeWarning`` on divergence. On Ctrl-C a standalone runtime saves the last complete
     round and raises :class:`SimulationInterrupted`; otherwise the KeyboardInterrupt propagates.
     """
-    cfg = setup.bound.cfg
-    rounds = setup.rounds
+    cfg, opts = setup.bound.cfg, setup.options
+    rounds, checkpoint, callback = opts.rounds, opts.checkpoint, opts.callback
 
     def save(p: Progress) -> None:
         if checkpoint is not None:
@@ -442,7 +531,7 @@ def run_rounds(
     def result(p: Progress) -> SimResult:
         up, up_paper, down = runtime.totals(p)
         return SimResult(
-            table=_table(p.table_rows(), setup.meta),
+            table=_table(p.table_rows(), setup),
             state=p.state,
             status=p.status or "completed",
             message=p.message,
@@ -461,9 +550,9 @@ def run_rounds(
         save(prog)
     if prog.status is None and prog.state.round < rounds and prog.n_rows:
         # extending a finished run: its last row was logged only because it was the last round
-        last = prog.table_rows()[-1][0]
-        if last == prog.state.round and last % setup.log_every != 0:
-            prev = prog.table_rows()[-2][0] if prog.n_rows > 1 else -1
+        last = int(prog.table_rows()[-1][0])
+        if last == prog.state.round and last % opts.log_every != 0:
+            prev = int(prog.table_rows()[-2][0]) if prog.n_rows > 1 else -1
             prog = dataclasses.replace(prog, n_rows=prog.n_rows - 1, last_logged=prev)
     if prog.status is not None or prog.state.round >= rounds:
         if prog.state.round > rounds:
@@ -472,13 +561,14 @@ def run_rounds(
                 f"{rounds}; ask for at least {prog.state.round} rounds or use another path"
             )
         return result(prog)
+    ref = _reference(setup, prog)
 
     # -- the loop -------------------------------------------------------------------------------
-    bar = _progress_bar(progress, rounds, prog.state.round, setup.meta)
+    bar = _progress_bar(opts.progress, rounds, prog.state.round, setup.meta)
     tick = max(1, rounds // 100)  # the bar also moves every 1% of the rounds
     try:
         while prog.state.round < rounds and prog.status is None:
-            prog = _advance(setup, runtime, prog)
+            prog = _advance(setup, runtime, prog, ref)
             r = prog.state.round
             if prog.last_logged == r and prog.status is None:
                 if callback is not None and callback(r, prog.state):
@@ -488,7 +578,7 @@ def run_rounds(
                     bar(r, prog.table_rows()[-1][1])
             elif bar is not None and r % tick == 0:
                 bar(r, None)
-            if checkpoint is not None and prog.state.round % setup.checkpoint_every == 0:
+            if checkpoint is not None and prog.state.round % opts.checkpoint_every == 0:
                 save(prog)
     except KeyboardInterrupt:
         if bar is not None:
@@ -506,71 +596,101 @@ def run_rounds(
     return result(prog)
 
 
-def _table(rows: list[Row], meta: dict[str, Any]) -> pd.DataFrame:
-    table = pd.DataFrame(rows, columns=list(_METRICS))
-    table = table.astype({"round": "int64"}).assign(**meta)[list(COLUMNS)]
+def _table(rows: list[Row], setup: RunSetup) -> pd.DataFrame:
+    metrics = list(METRIC_COLUMNS) + list(setup.held_out)
+    table = pd.DataFrame(rows, columns=metrics).astype({"round": "int64"})
+    table = table.astype({c: "float64" for c in metrics[1:]})
+    table = table.assign(**setup.meta)[list(setup.columns)]
     return table.astype({"seed": "int64", "n_clients": "int64", "d": "int64"})
 
 
 def _finite(row: Row) -> bool:
-    return math.isfinite(row[1]) and math.isfinite(row[2])
+    return all(math.isfinite(v) for v in row[1:3]) and all(
+        math.isfinite(v) for v in row[len(METRIC_COLUMNS) :]
+    )
+
+
+def _describe(row: Row, setup: RunSetup) -> str:
+    names = ("grad_norm_sq", "loss", *setup.held_out)
+    values = (row[1], row[2], *row[len(METRIC_COLUMNS) :])
+    return ", ".join(f"{k}={v}" for k, v in zip(names, values, strict=True))
+
+
+def _reference(setup: RunSetup, prog: Progress) -> DivergenceReference:
+    """The divergence tests' reference: round 0's metrics (the table's first row)."""
+    first = prog.table_rows()[0]
+    dist0 = None
+    if setup.x_star is not None:
+        dist0 = float(torch.sum((setup.x0 - setup.x_star) ** 2))
+    eps = float(torch.finfo(setup.bound.cfg.dtype).eps)
+    return DivergenceReference(prog.gns0, float(first[2]), setup.f_lower, dist0, eps)
 
 
 def _start(setup: RunSetup, runtime: Runtime) -> Progress:
     """Initialise the method and log round 0."""
     t0 = time.perf_counter()
-    state, traffic = runtime.init(setup.bound, setup.x0)
+    state, traffic = runtime.init(setup.bound, setup.x0, record=True)
     prog = Progress.start(state, traffic, time.perf_counter() - t0, setup.bound.cfg.n)
     row = runtime.row(prog)
-    gns, loss = row[1], row[2]
+    gns = row[1]
     if not _finite(row):
         raise ValueError(
-            f"the objective or its gradient is not finite at x0 (grad_norm_sq={gns}, "
-            f"loss={loss}); choose another starting point"
+            f"the objective, its gradient or a held-out metric is not finite at x0 "
+            f"({_describe(row, setup)}); choose another starting point"
         )
     prog = dataclasses.replace(prog, gns0=gns).with_row(row)
-    if setup.tol is not None and gns <= setup.tol:
-        msg = f"grad_norm_sq {gns:.3g} <= tol={setup.tol:g} at round 0"
+    tol = setup.options.tol
+    if tol is not None and gns <= tol:
+        msg = f"grad_norm_sq {gns:.3g} <= tol={tol:g} at round 0"
         prog = dataclasses.replace(prog, status="converged", message=msg)
     return prog
 
 
-def _advance(setup: RunSetup, runtime: Runtime, prog: Progress) -> Progress:
+def _advance(
+    setup: RunSetup, runtime: Runtime, prog: Progress, ref: DivergenceReference
+) -> Progress:
     """Run one round: the new progress (state, bits, time and, when due, a row and a verdict)."""
     r = prog.state.round + 1
+    logged = setup.logged(r)
     t0 = time.perf_counter()
     try:
-        new_state, traffic = runtime.step(setup.bound, prog.state)
+        new_state, traffic = runtime.step(setup.bound, prog.state, record=logged)
         finite = bool(torch.isfinite(new_state.x).all())
     except NonFiniteError:
         new_state, traffic, finite = prog.state, None, False
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0 + runtime.prepaid_s()
     if not finite or traffic is None:
         return _diverged_nonfinite(setup, runtime, prog, r)
     nxt = prog.after(new_state, traffic, elapsed)
-    if r % setup.log_every != 0 and r != setup.rounds:
+    if not logged:
         return nxt
     row = runtime.row(nxt)
     if not _finite(row):
         out = _diverged_nonfinite(setup, runtime, prog, r)
-        extra = f" (grad_norm_sq={row[1]}, loss={row[2]} at round {r})"
+        extra = f" ({_describe(row, setup)} at round {r})"
         return dataclasses.replace(out, message=out.message + extra)
     nxt = nxt.with_row(row)
-    status, message = _verdict(setup, r, row[1], prog.gns0)
+    status, message = _verdict(setup, ref, r, row, new_state.x)
     return dataclasses.replace(nxt, status=status, message=message) if status else nxt
 
 
-def _verdict(setup: RunSetup, r: int, gns: float, gns0: float) -> tuple[Status | None, str]:
+def _verdict(
+    setup: RunSetup, ref: DivergenceReference, r: int, row: Row, x: torch.Tensor
+) -> tuple[Status | None, str]:
     """Divergence or convergence at a logged round (decided with the row, atomically)."""
-    factor, tol, cfg = setup.divergence_factor, setup.tol, setup.bound.cfg
-    if factor is not None and gns0 > 0 and gns > factor * gns0:
+    opts, cfg = setup.options, setup.bound.cfg
+    gns, loss = float(row[1]), float(row[2])
+    dist_sq = None
+    if setup.x_star is not None and opts.divergence.iterate_factor is not None:
+        dist_sq = float(torch.sum((x - setup.x_star) ** 2))
+    why = opts.divergence.verdict(ref, gns, loss, dist_sq)
+    if why is not None:
         return "diverged", (
-            f"diverged at round {r}: grad_norm_sq grew from {gns0:.3g} to {gns:.3g} (more "
-            f"than {factor:g}x); the step size {cfg.stepsize:.4g} ({cfg.stepsize_rule}) is too "
-            "large"
+            f"diverged at round {r}: {why}; the step size {cfg.stepsize:.4g} "
+            f"({cfg.stepsize_rule}) is too large"
         )
-    if tol is not None and gns <= tol:
-        return "converged", f"grad_norm_sq {gns:.3g} <= tol={tol:g} at round {r}"
+    if opts.tol is not None and gns <= opts.tol:
+        return "converged", f"grad_norm_sq {gns:.3g} <= tol={opts.tol:g} at round {r}"
     return None, ""
 
 

@@ -4,19 +4,19 @@
 and a seed, runs ``init`` then ``step`` with every client on one tensor axis, and returns a
 :class:`SimResult` whose ``table`` has one row per logged round (round 0 included). See
 docs/simulator.md for the columns, checkpoints and divergence handling. The loop itself is the
-engine of :mod:`shrinkgrad.sim.engine`, shared with the distributed runner.
+engine of :mod:`shrinkgrad.sim.engine`, shared with the distributed runner; how the run is carried
+out travels as one :class:`~shrinkgrad.sim.options.RunOptions`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..compressors import Compressor
-from ..methods.base import Method, State
+from ..methods.base import Method
 from ..methods.stepsize import StepSize
 from ..problems import Problem
 from .engine import (
@@ -28,6 +28,7 @@ from .engine import (
     run_rounds,
     setup_run,
 )
+from .options import Callback, Divergence, RunOptions, option_defaults, options_of_call
 
 __all__ = ["COLUMNS", "SimResult", "SimulationInterrupted", "Status", "simulate"]
 
@@ -46,11 +47,12 @@ def simulate(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
     wire_dtype: torch.dtype = torch.float32,
-    divergence_factor: float | None = 1e8,
+    divergence_factor: Divergence | float | None = 1e8,
     checkpoint: str | os.PathLike[str] | None = None,
     checkpoint_every: int | None = None,
     progress: bool = False,
-    callback: Callable[[int, State[Any, Any]], bool | None] | None = None,
+    callback: Callback | None = None,
+    options: RunOptions | None = None,
 ) -> SimResult:
     """Run ``method`` with ``compressor`` on ``problem`` for ``rounds`` rounds.
 
@@ -69,7 +71,9 @@ def simulate(
         starting point (array-like of d numbers); default ``problem.x0()``.
     log_every:
         log a row every ``log_every`` rounds (round 0 and the last round are always logged).
-        Metric evaluation costs a full gradient; it is excluded from ``time_s``.
+        The metrics come from the round's own gradient pass when the method evaluated every
+        client at the new iterate, else from one fused gradient-and-loss pass; either way they
+        are excluded from ``time_s``.
     tol:
         stop (status ``converged``) at the first logged round with grad_norm_sq ≤ tol.
     dtype, device:
@@ -77,9 +81,11 @@ def simulate(
     wire_dtype:
         the dtype values are sent in for the honest bit count (default float32).
     divergence_factor:
-        stop (status ``diverged``) when grad_norm_sq exceeds this factor times its value at
-        round 0; non-finite iterates or metrics always stop the run. ``None`` disables the
-        factor test. The table never holds NaN or infinite metrics.
+        when to stop as ``diverged`` (:class:`~shrinkgrad.sim.options.Divergence`): a number is
+        the factor over ‖∇f(x⁰)‖² that grad_norm_sq may not exceed, with the loss and iterate
+        tests at their defaults; a ``Divergence`` sets every test; ``None`` disables the growth
+        tests. Non-finite iterates or metrics always stop the run, and the table never holds
+        NaN or infinite metrics.
     checkpoint, checkpoint_every:
         a file path: resume from it when it exists (same run configuration, checked), and save
         the run there atomically every ``checkpoint_every`` rounds (default 1000), on
@@ -89,22 +95,14 @@ def simulate(
     callback:
         ``callback(round, state)`` after every logged row; return True to stop (status
         ``stopped``).
+    options:
+        all of the above (``rounds`` ... ``callback``) as one
+        :class:`~shrinkgrad.sim.options.RunOptions`, instead of the keywords (giving both is an
+        error).
     """
-    setup = setup_run(
-        problem,
-        method,
-        compressor,
-        stepsize,
-        rounds,
-        seed,
-        x0,
-        log_every=log_every,
-        tol=tol,
-        dtype=dtype,
-        device=device,
-        wire_dtype=wire_dtype,
-        divergence_factor=divergence_factor,
-        checkpoint_every=checkpoint_every,
-    )
-    runtime = LocalRuntime(setup.problem)
-    return run_rounds(setup, runtime, checkpoint=checkpoint, progress=progress, callback=callback)
+    opts = options_of_call(options, locals(), _OPTION_DEFAULTS)
+    setup = setup_run(problem, method, compressor, stepsize, seed, x0, opts)
+    return run_rounds(setup, LocalRuntime(setup.problem))
+
+
+_OPTION_DEFAULTS = option_defaults(simulate)

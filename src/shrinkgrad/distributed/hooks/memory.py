@@ -160,6 +160,8 @@ class Memory:
         else:
             return
         for name, t in leaves.items():
+            if name.endswith("compressor_state"):
+                continue  # the compressor's own layout (empty, or PowerSGD's factor), not d
             if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[-1] != u.numel:
                 raise ValueError(
                     f"the error-feedback state {name!r} of tensor #{u.uid} has {t.shape[-1]} "

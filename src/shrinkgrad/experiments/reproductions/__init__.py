@@ -50,6 +50,7 @@ MODULES: list[str] = [
     "k18_quantizers",
     "k18_delays",
     "k18_async",
+    "deep_ef",
 ]
 
 

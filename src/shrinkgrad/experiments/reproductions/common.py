@@ -42,9 +42,11 @@ def common_tolerance(table: pd.DataFrame) -> dict[str, float]:
 
     Every run reaches this tolerance, so "bits to reach ε" is finite for all of them, and the
     method that ends highest sets it (an honest common target: no method is measured at an
-    accuracy it never attains).
+    accuracy it never attains). Diverged runs set no target (they reach nothing).
     """
     out: dict[str, float] = {}
+    if "status" in table.columns:
+        table = table[table["status"] != "diverged"]
     for label, df in table.groupby("problem_label", sort=False):
         finals = df.sort_values("round").groupby("run_id")["grad_norm_sq"].last()
         out[str(label)] = float(finals.max())

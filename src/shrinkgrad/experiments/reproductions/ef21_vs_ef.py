@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from ...plotting.style import FIGURE_DPI
-from ..claims import Claim, fmt, median, reach, runs_of
+from ..claims import Claim, final_value, fmt, median, reach, runs_of
 from . import REPRODUCTIONS, PlotSpec, Reproduction
 
 DEFAULTS: dict[str, Any] = {
@@ -48,7 +48,7 @@ def per_run(table: pd.DataFrame) -> list[dict[str, Any]]:
             "problem": str(keys["problem_label"]),
             "method": str(keys["method"]),
             "m": multiplier(str(keys["stepsize_spec"])),
-            "final": float(run["grad_norm_sq"].iloc[-1]),
+            "final": final_value(run),  # inf when the run diverged
             "run": run,
         }
         for keys, run in runs_of(table)

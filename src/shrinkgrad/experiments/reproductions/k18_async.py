@@ -124,7 +124,7 @@ def execute(
         for case in config.problems:
             problem = make_problem(case.spec)
             for a, arm in enumerate(config.arms):
-                stepsize, bounded = _ps_stepsize(arm.stepsize, problem.L)
+                stepsize, bounded = _ps_stepsize(arm.stepsize, problem.smoothness()[0])
                 for index in config.run.seeds:
                     slug = re.sub(r"[^A-Za-z0-9]+", "_", arm.stepsize)
                     run_id = f"arm{a}-{arm.method}-{slug}-s{index}"

@@ -1,0 +1,463 @@
+"""Low-rank compressors: exact truncated SVD (``rank_k``) and PowerSGD (``power_sgd``).
+
+Both act on a tensor viewed as a matrix M ∈ R^{m×n} and send two factors, r(m + n) values
+instead of mn.
+
+Matrix view (:func:`matrix_shape`)
+    A parameter of shape (m, n₁, n₂, …) is the matrix (m, n₁n₂…), as torch's PowerSGD hook
+    views it: ``C.for_shape(param.shape)`` returns the compressor bound to that view (the hook
+    knows each parameter's shape), equivalently ``rows=m`` in the name
+    (``rank_k[r=4,rows=64]``). A flat vector of length d without ``rows`` uses the most square
+    view: n = ⌈√d⌉ columns and m = ⌈d/n⌉ rows (m ≤ n), filled row by row, the last
+    m·n − d < n entries zero (padding); with ``rows=m`` the view is m × ⌈d/m⌉, padded the same
+    way. The compressed vector is the first d entries of the compressed matrix. Padding does
+    not weaken the constants: ‖C(x) − x‖² ≤ ‖C(M) − M‖² (the padded entries' residual is
+    dropped) and ‖M‖ = ‖x‖.
+
+``rank_k[r]``
+    The best rank-r approximation M_r = U_r Σ_r V_rᵀ (Eckart–Young; FL_PyTorch's
+    ``RANK_K_COMPRESSOR``): ‖M − M_r‖² = Σ_{j>r} σ_j² ≤ (1 − r/min(m, n))‖M‖², because the
+    dropped σ_j² are the smallest min(m, n) − r of the min(m, n) squared singular values.
+    Contractive with α = r/min(m, n), attained by matrices with equal singular values
+    (orthogonal matrices). Deterministic. Message: U_rΣ_r (m × r) and V_rᵀ (r × n). Each client's
+    factors are its own (the sum of n rank-r matrices has rank up to nr and the factors of
+    different SVDs do not add), so its collective is an all-gather of the factors.
+
+``power_sgd[rank]``
+    PowerSGD (Vogels, Karimireddy, Jaggi, NeurIPS 2019, Alg. 1): one power iteration from the
+    previous Q: P = M Q, P̂ = orthonormalize(P) (QR, in float32 or finer), Q ← Mᵀ P̂, and
+    C(M) = P̂ Qᵀ = P̂ P̂ᵀ M, the projection of M's columns on span(P̂). Hence
+    ‖C(M) − M‖² = ‖M‖² − ‖P̂ᵀM‖² ≤ ‖M‖²: never an expansion, but **no worst-case α > 0**: when
+    M Q = 0 (M's row space orthogonal to the previous Q) C(M) = 0, and the paper gives no
+    constant. ``alpha(d)`` therefore raises :class:`~.base.ConstantUnknownError` and theory
+    step sizes refuse, unless the user states one (``power_sgd[rank=4,alpha=0.1]``: a belief,
+    not a bound; docs/compressors.md reports measured contractions). The previous Q is explicit
+    state (:meth:`PowerSGD.init_state`, :meth:`PowerSGD.step`): EF21 and EF keep it in their
+    client state. Its first Q is a keyed Gaussian draw.
+
+    Collective: PowerSGD's all-reduce of the factors, described by
+    :meth:`PowerSGD.factor_collective` (P (m × r) summed, then Q (n × r) summed) with the stage
+    functions :meth:`~PowerSGD.left`, :meth:`~PowerSGD.orthonormalize`, :meth:`~PowerSGD.right`
+    and :meth:`~PowerSGD.combine`. With a shared Q on every rank, the mean of the ranks'
+    results is exactly ``step(mean M, Q)``: the operator applied to the average (tested). The
+    simulator's clients each run the operator on their own matrix with their own Q.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from ..rng import Keys
+from ._wire import HALF_DTYPES, BitReader, BitWriter, float_width, paper_width
+from .base import (
+    COMPRESSORS,
+    Collective,
+    Compressor,
+    ConstantUnknownError,
+    _check_positive_int,
+    _require_finite,
+    check_dimension,
+)
+
+__all__ = [
+    "FactorCollective",
+    "FactorStage",
+    "LowRank",
+    "PowerSGD",
+    "RankK",
+    "matrix_shape",
+]
+
+#: fold tag of PowerSGD's initial Q
+Q0_TAG = "power_sgd.q0"
+
+
+def matrix_shape(d: int, rows: int | None = None) -> tuple[int, int]:
+    """The matrix (m, n) a flat vector of length ``d`` is viewed as (module docstring): with
+    ``rows``, m = rows and n = ⌈d/m⌉; otherwise n = ⌈√d⌉ and m = ⌈d/n⌉."""
+    d = check_dimension(d, "matrix_shape(d)")
+    if rows is None:
+        n = math.isqrt(d)
+        n += n * n < d
+        return -(-d // n), n
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= d:
+        raise ValueError(f"the matrix view needs rows in [1, d={d}], got {rows!r}")
+    return rows, -(-d // rows)
+
+
+class FactorStage(NamedTuple):
+    """One collective of a factor exchange: ``name`` ("P", "Q"), its ``shape`` and how the
+    ranks' contributions combine (``"sum"``: an all-reduce)."""
+
+    name: str
+    shape: tuple[int, int]
+    reduce: str
+
+
+class FactorCollective(NamedTuple):
+    """How a low-rank compressor's messages travel: the matrix view, the rank, the stages in
+    order and the bits one rank sends per step (the stages' values in the wire dtype)."""
+
+    matrix: tuple[int, int]
+    rank: int
+    stages: tuple[FactorStage, ...]
+    bits: float
+
+
+def _gaussian(keys: Keys, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """Keyed standard normal draws (Box–Muller on the keyed uniforms), shape (*keys, count)."""
+    u = keys.uniform(2 * count, torch.float64)
+    z = torch.sqrt(-2.0 * torch.log(u[..., :count])) * torch.cos(2.0 * math.pi * u[..., count:])
+    return z.to(dtype)
+
+
+def _each(fn: Callable[..., Any], *batches: torch.Tensor) -> Any:
+    """``fn`` applied to the matrices of the batches one at a time, on fresh contiguous copies,
+    results stacked. Batched LAPACK/BLAS calls are not bit-reproducible across batch sizes (a
+    batched SVD of 11 × 12 float32 matrices differs from single calls in the last bits: the
+    libraries block and align batches differently), and the contract is that row i of a batch
+    is exactly what a call on that row alone gives; so each row is its own call, at the cost of
+    a Python-level loop over the rows (the simulator's clients), ~0.05 ms per small matrix."""
+    rows = batches[0].shape[0]
+    outs = [
+        fn(*(b[i].clone(memory_format=torch.contiguous_format) for b in batches))
+        for i in range(rows)
+    ]
+    if outs and isinstance(outs[0], tuple):
+        return tuple(torch.stack(list(o)) for o in zip(*outs, strict=True))
+    return torch.stack(outs)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The arithmetic dtype: float64 for float64 inputs, float32 otherwise (16-bit included)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class LowRank(Compressor):
+    """Shared machinery: the matrix view, the rank check, bits and the factor wire format."""
+
+    kind = "contractive"
+    collective: Collective = "allgather"
+    positively_homogeneous = True
+    bits_formula = "32·r·(m + n) (m × n: the matrix view)"
+    _family = "low_rank"
+
+    def __init__(self, r: int, rows: int | None = None) -> None:
+        self.r = _check_positive_int(r, "the rank", self._family)
+        if rows is not None:
+            self.rows: int | None = _check_positive_int(
+                rows, "rows (the matrix view)", self._family
+            )
+        else:
+            self.rows = None
+
+    # -- the matrix view ----------------------------------------------------------------------
+    def matrix_shape(self, d: int) -> tuple[int, int]:
+        """The (m, n) view of a vector of length d (module docstring); the rank must fit it."""
+        d = check_dimension(d, f"{self.name}.matrix_shape(d)")
+        if self.rows is not None and self.rows > d:
+            raise ValueError(f"{self.name}: rows={self.rows} exceeds the vector length d={d}")
+        m, n = matrix_shape(d, self.rows)
+        if self.r > min(m, n):
+            raise ValueError(
+                f"{self.name}: rank {self.r} exceeds min(m, n) = {min(m, n)} of the {m} × {n} "
+                f"view of d={d}; use a rank in [1, {min(m, n)}]"
+            )
+        return m, n
+
+    def for_shape(self, shape: tuple[int, ...] | torch.Size) -> LowRank:
+        """This compressor bound to the matrix view of a tensor of ``shape``: (shape[0],
+        prod(shape[1:])) for tensors of two or more dimensions, the flat rule otherwise."""
+        dims = tuple(int(s) for s in shape)
+        rows = dims[0] if len(dims) >= 2 else None
+        if rows == self.rows:
+            return self
+        params = self._params()
+        params["rows"] = rows
+        text = ",".join(f"{k}={v}" for k, v in params.items() if v is not None)
+        built = COMPRESSORS.make(f"{self.spec.split('[')[0] or self._family}[{text}]")
+        assert isinstance(built, LowRank)
+        return built
+
+    def _params(self) -> dict[str, object]:
+        return {"r": self.r, "rows": self.rows}
+
+    def _matrices(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int, int]:
+        """x (..., d) as a batch of matrices (B, m, n) in ``dtype`` (zero padded)."""
+        d = x.shape[-1]
+        m, n = self.matrix_shape(d)
+        flat = x.reshape(-1, d).to(dtype)
+        if m * n != d:
+            flat = torch.nn.functional.pad(flat, (0, m * n - d))
+        return flat.reshape(-1, m, n), m, n
+
+    @staticmethod
+    def _vectors(M: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        d = shape[-1]
+        return M.reshape(M.shape[0], -1)[:, :d].reshape(shape)
+
+    # -- bits ---------------------------------------------------------------------------------
+    def dense_message(self, d: int) -> bool:
+        """True when the factors would not be shorter than the vector (r(m + n) ≥ d): the
+        message then carries the d values of C(x) instead (never more than the vector)."""
+        m, n = self.matrix_shape(d)
+        return self.r * (m + n) >= d
+
+    def _values_sent(self, d: int) -> int:
+        m, n = self.matrix_shape(d)
+        return min(self.r * (m + n), d)
+
+    def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(float_width(dtype) * self._values_sent(d))
+
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(paper_width(dtype) * self._values_sent(d))
+
+    # -- the message: two factors, A (m × r) and B (r × n), C(M) = A B ------------------------
+    def _factors(
+        self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The factors (B, m, r), (B, r, n) of every row of validated input, in ``dtype``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """A B for batches (B, m, r) @ (B, r, n), one matrix at a time (:func:`_each`), used by
+        every path (the receiver included), so that decode(encode(x)) equals C(x) bit for bit."""
+        return _each(torch.mm, a, b)  # type: ignore[no-any-return]
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        _require_finite(x, self.name)
+        if x.numel() == 0:
+            return x.clone() if out is None else out
+        a, b = self._factors(x, keys, x.dtype)
+        y = self._vectors(self._product(a, b), x.shape)
+        return y if out is None else out.copy_(y)
+
+    def _apply_half(self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype) -> torch.Tensor:
+        """16-bit inputs: the factors in float32, rounded to the 16-bit dtype they travel in,
+        multiplied in float32 (the caller rounds the product once)."""
+        _require_finite(x, self.name)
+        if x.numel() == 0:
+            return x.clone()
+        a, b = self._factors(x, keys, torch.float32)
+        a = a.to(dtype).float()
+        b = b.to(dtype).float()
+        return self._vectors(self._product(a, b), x.shape)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        _require_finite(x, self.name)
+        if self.dense_message(x.shape[-1]):  # the values of C(x): shorter than the factors
+            vd = w.value_dtype
+            w.add_values(
+                self._apply(x, keys, None) if vd is None else self._apply_half(x, keys, vd)
+            )
+            return
+        a, b = self._factors(x, keys, x.dtype)
+        w.add_values(a.reshape(-1))
+        w.add_values(b.reshape(-1))
+
+    def _decode_fields(
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if self.dense_message(d):
+            return r.read_values(d, dtype, out)
+        m, n = self.matrix_shape(d)
+        a = r.read_values(m * self.r, dtype).reshape(1, m, self.r)
+        b = r.read_values(self.r * n, dtype).reshape(1, self.r, n)
+        return self._vectors(self._product(a, b), torch.Size([d]))
+
+
+@COMPRESSORS.register("rank_k")
+class RankK(LowRank):
+    """Rank-r truncated SVD of the matrix view (FL_PyTorch's ``rank_k``; Eckart–Young):
+    contractive with α = r/min(m, n), exact for matrices with equal singular values; message
+    U_rΣ_r (m × r) and V_rᵀ (r × n). See :mod:`shrinkgrad.compressors.lowrank`."""
+
+    deterministic = True
+    constant_formula = "α = r/min(m, n)  (m × n: the matrix view)"
+    _family = "rank_k"
+
+    def __init__(self, r: int, rows: int | None = None) -> None:
+        super().__init__(r, rows)
+
+    def alpha(self, d: int) -> float:
+        m, n = self.matrix_shape(d)
+        return self.r / min(m, n)
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        m, n = self.matrix_shape(x.shape[-1])
+        if self.r == min(m, n):  # full rank: M_r = M exactly (no SVD round-off)
+            _require_finite(x, self.name)
+            return x.clone() if out is None else out.copy_(x)
+        return super()._apply(x, keys, out)
+
+    def _apply_half(self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype) -> torch.Tensor:
+        m, n = self.matrix_shape(x.shape[-1])
+        if self.r == min(m, n):
+            _require_finite(x, self.name)
+            return x
+        return super()._apply_half(x, keys, dtype)
+
+    def _factors(
+        self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        M, _, _ = self._matrices(x, _compute_dtype(dtype))
+        r = self.r
+
+        def truncated(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            u, sv, vh = torch.linalg.svd(m, full_matrices=False)
+            return (u[:, :r] * sv[:r]).to(dtype), vh[:r].to(dtype)
+
+        return _each(truncated, M)  # type: ignore[no-any-return]
+
+
+@COMPRESSORS.register("power_sgd")
+class PowerSGD(LowRank):
+    """PowerSGD's rank-r approximation (Vogels, Karimireddy, Jaggi 2019, Alg. 1): one power
+    iteration from the previous Q, orthonormalization in float32 (float64 for float64 input).
+
+    Contractive only in the weak sense ‖C(M) − M‖ ≤ ‖M‖: no worst-case α exists (module
+    docstring), so ``alpha`` is unknown unless given (``alpha=...``). Stateful: the state of a
+    row is its Q (n × r); ``C(x, keys)`` is the first step from the keyed initial Q.
+    """
+
+    deterministic = False
+    stateful = True
+    collective = "allreduce_factors"
+    constant_formula = "none: no worst-case α (give alpha=... for theory step sizes)"
+    bits_formula = "32·rank·(m + n): P (m × rank) then Q (n × rank), each all-reduced"
+    _family = "power_sgd"
+
+    def __init__(self, rank: int, alpha: float | None = None, rows: int | None = None) -> None:
+        super().__init__(rank, rows)
+        if alpha is not None:
+            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+                raise TypeError(f"power_sgd needs a number alpha, got {alpha!r}")
+            if not 0.0 < float(alpha) <= 1.0:
+                raise ValueError(f"power_sgd needs alpha in (0, 1] (a contraction), got {alpha}")
+        self.given_alpha = None if alpha is None else float(alpha)
+        self.constant_known = alpha is not None
+
+    def _params(self) -> dict[str, object]:
+        return {"rank": self.r, "alpha": self.given_alpha, "rows": self.rows}
+
+    def alpha(self, d: int) -> float:
+        self.matrix_shape(d)
+        if self.given_alpha is None:
+            raise ConstantUnknownError(
+                f"{self.name} has no worst-case α (Vogels et al. 2019 give none: one power "
+                "iteration can miss M's top directions, and C(M) = 0 when M Q = 0); a theory step "
+                f"size needs one: give it explicitly, e.g. power_sgd[rank={self.r},alpha=0.1] "
+                "(docs/compressors.md reports measured contractions), or pass a numeric step size"
+            )
+        return self.given_alpha
+
+    # -- state --------------------------------------------------------------------------------
+    def init_state(self, x: torch.Tensor, keys: Keys) -> torch.Tensor:
+        """The first Q of every row of ``x`` (..., d): keyed Gaussian draws, (..., n, r), in the
+        arithmetic dtype (float32, or float64 for float64 input)."""
+        self._check_input(x)
+        row_keys = self._prepare_keys(x, keys)
+        assert row_keys is not None
+        _, n = self.matrix_shape(x.shape[-1])
+        q = _gaussian(row_keys.fold(Q0_TAG), n * self.r, _compute_dtype(x.dtype))
+        return q.reshape(*x.shape[:-1], n, self.r).to(x.device)
+
+    def check_state(self, x: torch.Tensor, state: torch.Tensor) -> None:
+        """A ValueError unless ``state`` is a Q for every row of ``x``."""
+        _, n = self.matrix_shape(x.shape[-1])
+        want = (*x.shape[:-1], n, self.r)
+        if not isinstance(state, torch.Tensor) or tuple(state.shape) != want:
+            got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
+            raise ValueError(f"{self.name}: the state must be Q of shape {want}, got {got}")
+        if state.dtype != _compute_dtype(x.dtype):
+            raise ValueError(
+                f"{self.name}: the state Q must be {_compute_dtype(x.dtype)} for {x.dtype} input"
+            )
+
+    def step(
+        self, x: torch.Tensor, keys: Keys | None, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One PowerSGD step of every row with its previous Q: ``(C(x), new Q)``."""
+        self._check_input(x)
+        keys = self._prepare_keys(x, keys)
+        self.check_state(x, state)
+        _require_finite(x, self.name)
+        value_dtype = x.dtype if x.dtype in HALF_DTYPES else None
+        if x.numel() == 0:
+            return x.clone(), state.clone()
+        M, _, n = self._matrices(x, _compute_dtype(x.dtype))
+        p_hat, q = self._power_step(M, state.reshape(-1, n, self.r))
+        a, b = p_hat, q.transpose(-1, -2)
+        if value_dtype is not None:
+            a, b = a.to(value_dtype).float(), b.to(value_dtype).float()
+        y = self._vectors(self._product(a, b), x.shape)
+        if value_dtype is not None:
+            y = self._to_half(y, value_dtype)
+        elif y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y, q.reshape(state.shape)
+
+    # -- the stages (shared by the per-client step and the hook's factor all-reduce) ----------
+    @staticmethod
+    def left(M: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """P = M Q: (B, m, n) @ (B, n, r); summed over ranks by the first all-reduce."""
+        return _each(torch.mm, M, q)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def orthonormalize(p: torch.Tensor) -> torch.Tensor:
+        """P̂ (B, m, r) with orthonormal columns spanning P's (reduced QR, Householder, in at
+        least float32 arithmetic; a rank-deficient P still gives orthonormal columns, never
+        NaN)."""
+
+        def qr(a: torch.Tensor) -> torch.Tensor:
+            work = a if a.dtype == torch.float64 else a.to(torch.float32)
+            basis: torch.Tensor = torch.linalg.qr(work, mode="reduced").Q
+            return basis.to(a.dtype)
+
+        return _each(qr, p)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def right(M: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
+        """Q = Mᵀ P̂: (B, n, r); summed over ranks by the second all-reduce."""
+        return _each(lambda m, p: m.t().mm(p), M, p_hat)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def combine(p_hat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The decompressed matrix P̂ Qᵀ (B, m, n)."""
+        return _each(lambda p, qq: p.mm(qq.t()), p_hat, q)  # type: ignore[no-any-return]
+
+    def _power_step(self, M: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p_hat = self.orthonormalize(self.left(M, q.to(M.dtype)))
+        return p_hat, self.right(M, p_hat)
+
+    def factor_collective(self, d: int, dtype: torch.dtype = torch.float32) -> FactorCollective:
+        """PowerSGD's all-reduce of the factors for a tensor of d entries (values in ``dtype``):
+        P (m × r) summed over the ranks, P̂ = orthonormalize(P) on every rank, then
+        Q_i = Mᵢᵀ P̂ (n × r) summed; the mean result is P̂ (ΣQ_i/n)ᵀ and the next state ΣQ_i/n
+        (shared by all ranks). ``bits`` is what one rank sends: r(m + n) values (when that is
+        not less than d, :meth:`dense_message`, a hook does better sending the tensor)."""
+        m, n = self.matrix_shape(d)
+        stages = (FactorStage("P", (m, self.r), "sum"), FactorStage("Q", (n, self.r), "sum"))
+        bits = float(float_width(dtype) * self.r * (m + n))
+        return FactorCollective((m, n), self.r, stages, bits)
+
+    # -- the stateless contract: the first step from the keyed Q -------------------------------
+    def _factors(
+        self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert keys is not None
+        M, _, n = self._matrices(x, _compute_dtype(dtype))
+        q0 = _gaussian(keys.fold(Q0_TAG), n * self.r, M.dtype).reshape(-1, n, self.r)
+        p_hat, q = self._power_step(M, q0.to(M.device))
+        return p_hat.to(dtype), q.transpose(-1, -2).to(dtype)

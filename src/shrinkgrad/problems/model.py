@@ -1,0 +1,569 @@
+"""Neural networks as problems: n clients of a torch model, the clients on one tensor axis.
+
+:func:`model_problem` turns any ``torch.nn.Module`` h(x; a) and a dataset split over n clients
+into the objective of the rest of shrinkgrad (methods.md §1, the [EF21] convention)
+
+    f_i(x) = (1/m_i) Σ_{j ∈ client i} ℓ(h(x; a_j), y_j),        f(x) = (1/n) Σ_i f_i(x),
+
+with ℓ one of :data:`~shrinkgrad.problems.model_losses.LOSSES`. The iterate x is the flat vector
+of the model's parameters in ``model.parameters()`` order, the
+:func:`torch.nn.utils.parameters_to_vector` convention, so anyone can check a gradient with plain
+autograd.
+
+Every oracle is **one batched evaluation**: the clients' samples are padded to one length
+(:mod:`~shrinkgrad.problems.model_data`; padded rows have weight 0) and the per-client function
+(x, X_i, y_i, w_i) ↦ Σ_j w_ij ℓ(h(x; X_ij), y_ij) is evaluated with
+:func:`torch.func.functional_call` under :func:`torch.func.vmap` over the client axis:
+``vmap(grad(f_i))`` gives all n gradients at once (x shared: ``client_grads``; one point per
+client: ``client_grads_at``), ``vmap(jvp(grad(f_i)))`` the clients' Hessian-vector products
+(:meth:`ModelProblem.client_hvps`, used by :func:`~shrinkgrad.problems.estimate_smoothness`).
+There is no Python loop over clients; ``batch_size`` only bounds the rows of one batched call
+(then the clients are evaluated in a few chunks).
+
+The model is copied, cast to ``dtype``/``device`` and evaluated in ``eval()`` mode, so f is a
+deterministic function of x (dropout off; normalisation layers use their running statistics,
+which stay fixed). L and L_i are unknown (``None``; design.md principle 14): numeric step sizes
+work for every method, and :func:`~shrinkgrad.problems.estimate_smoothness` estimates local
+constants that :meth:`~shrinkgrad.problems.Problem.with_constants` can put on the problem.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.func import functional_call, grad, grad_and_value, jvp, vmap
+
+from ..registry import Spec
+from ..rng import Keys, bits32_torch
+from .base import Problem
+from .datasets import Dataset
+from .linear import as_device, as_dtype
+from .model_data import ClientBatch, ClientGroup, PreparedData, TestArg, prepare_data
+from .model_losses import ModelLoss, make_loss
+from .splits import Split
+
+__all__ = ["ModelProblem", "model_problem"]
+
+
+class _Functional:
+    """f_i(x) = Σ_j w_j ℓ(h(x; X_j), y_j) of one client, as a pure function of the flat x, and
+    its vmapped transforms (built once, shared by a problem's restrictions and copies)."""
+
+    def __init__(self, module: torch.nn.Module, loss: ModelLoss) -> None:
+        self.module = module
+        self.loss = loss
+        named = list(module.named_parameters())
+        self.names = [k for k, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+        self.buffers = {k: b for k, b in module.named_buffers()}
+        self.d = sum(self.sizes)
+        fx = self.client_loss
+        self.losses_shared = vmap(fx, in_dims=(None, 0, 0, 0))
+        self.grads_shared = vmap(grad(fx), in_dims=(None, 0, 0, 0))
+        self.grads_each = vmap(grad(fx), in_dims=(0, 0, 0, 0))
+        self.grads_and_losses = vmap(grad_and_value(fx), in_dims=(None, 0, 0, 0))
+        self.hvps = vmap(self._hvp, in_dims=(None, 0, 0, 0, 0))
+
+    def grads_and_losses_flat(
+        self, x: torch.Tensor, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        """(m, d + 1): each client's gradient and, in the last column, its loss."""
+        g, v = self.grads_and_losses(x, X, y, w)
+        return torch.cat([g, v[:, None].to(g.dtype)], dim=1)
+
+    def params(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """x as the model's named parameters (views of x)."""
+        views = torch.split(x, self.sizes)
+        return {k: v.view(s) for k, v, s in zip(self.names, views, self.shapes, strict=True)}
+
+    def forward(self, x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = functional_call(self.module, (self.params(x), self.buffers), (X,))
+        return out
+
+    def client_loss(
+        self, x: torch.Tensor, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        return (w * self.loss.per_sample(self.forward(x, X), y)).sum()
+
+    def _hvp(
+        self, x: torch.Tensor, v: torch.Tensor, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        g = grad(self.client_loss)
+        tangent: torch.Tensor = jvp(lambda z: g(z, X, y, w), (x,), (v,))[1]
+        return tangent
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    """Clients of similar size evaluated together (:class:`~.model_data.ClientGroup`), and the
+    layout of their batched calls: ``layout_n`` clients in the full problem's group, this
+    problem's at ``slots`` of it (None: all of them, in order)."""
+
+    batch: ClientBatch
+    members: torch.Tensor
+    layout_n: int
+    slots: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, g: ClientGroup) -> _Group:
+        return cls(g.batch, g.members, g.batch.n)
+
+
+class ModelProblem(Problem):
+    """f = (1/n) Σ f_i with f_i the mean loss of a torch model on client i's samples.
+
+    Built by :func:`model_problem` (or the registered ``mlp[...]`` / ``cnn[...]``); see the module
+    docstring for the definition and the batched evaluation. Beyond :class:`Problem`:
+    ``client_hvps`` / ``hvp`` (Hessian-vector products), ``held_out(x)`` (``test_loss`` and, for
+    the classification losses, ``test_accuracy`` on the rows kept back), ``parts`` (each client's
+    rows of ``data``), ``input_shape`` (of one sample), ``module`` (the evaluated copy of the
+    model), ``loss_kind``, ``n_test``, ``to()``.
+    """
+
+    fresh_grads = True  # every oracle returns the new output of a batched evaluation
+    name = "model"
+
+    def __init__(
+        self,
+        functional: _Functional,
+        prepared: PreparedData,
+        x0: torch.Tensor,
+        *,
+        batch_size: int | None,
+        name: str,
+    ) -> None:
+        self._fn = functional
+        self._groups = [_Group.of(g) for g in prepared.groups]
+        self._test = prepared.test
+        self._x0 = x0
+        self.parts = prepared.parts
+        self.dataset = prepared.dataset
+        self.split = prepared.split
+        self.n_classes = prepared.n_classes
+        self.name = name
+        self.batch_size = _check_batch_size(batch_size)
+        self.n = len(prepared.parts)
+        self.d = functional.d
+        self.dtype = x0.dtype
+        self.device = x0.device
+        self.client_sizes: torch.Tensor = torch.tensor([p.size for p in self.parts])
+        #: the shape of one sample as the model receives it
+        self.input_shape: tuple[int, ...] = tuple(self._groups[0].batch.X.shape[2:])
+        self.n_samples = int(self.client_sizes.sum())
+        self.f_lower = 0.0  # every loss here is ≥ 0
+        self.held_out_columns = functional.loss.held_out_columns if self._test is not None else ()
+
+    # -- what the problem is ----------------------------------------------------------------------
+    @property
+    def module(self) -> torch.nn.Module:
+        """The evaluated copy of the model (eval mode, the problem's dtype and device)."""
+        return self._fn.module
+
+    @property
+    def loss_kind(self) -> str:
+        return self._fn.loss.name
+
+    @property
+    def n_test(self) -> int:
+        """The number of held-out samples (0 without a held-out part)."""
+        return 0 if self._test is None else self._test.size
+
+    def x0(self) -> torch.Tensor:
+        """The model's parameters as given (flat, parameters() order): the network's init."""
+        return self._x0.clone()
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out.update(
+            {
+                "split": self.split,
+                "loss": self.loss_kind,
+                "model": type(self.module).__name__,
+                "n_samples": self.n_samples,
+                "n_test": self.n_test,
+                "dtype": str(self.dtype).replace("torch.", ""),
+            }
+        )
+        spec = getattr(self, "spec", None)
+        if spec:
+            out["spec"] = spec
+        return out
+
+    def __repr__(self) -> str:
+        consts = "L unknown" if self.L is None else f"L={self.L:.4g}"
+        if self.constants_estimated:
+            consts += " (estimated)"
+        return (
+            f"<problem {self.name} on {self.dataset or 'data'}: n={self.n} clients, d={self.d}, "
+            f"N={self.n_samples} (+{self.n_test} held out), loss={self.loss_kind}, "
+            f"split={self.split or '?'}, {consts}>"
+        )
+
+    # -- input checks (Problem's shared ones) ----------------------------------------------------
+    def _point(self, x: torch.Tensor, what: str = "x") -> torch.Tensor:
+        return self.check_point(x, what, hint=f"the model's {self.d} parameters")
+
+    def _points(self, X: torch.Tensor) -> torch.Tensor:
+        return self.check_points(X)
+
+    # -- batched evaluation -----------------------------------------------------------------------
+    def _calls(
+        self, group: _Group, rows_per_client: int
+    ) -> list[tuple[slice | torch.Tensor, torch.Tensor | None, int]]:
+        """The batched calls of a group: (its clients in the call, their slots, the call's size).
+
+        A group is evaluated in chunks of at most ``batch_size`` padded rows (one chunk without
+        ``batch_size``). A restricted problem keeps the layout of the problem it was cut from:
+        each call has the shape of the full problem's chunk, with this problem's clients in their
+        original slots (the other slots hold copies), because batched kernels round differently
+        for different shapes; so each client's rows are computed exactly as there.
+        """
+        n_layout = group.layout_n
+        per = n_layout if self.batch_size is None else max(1, self.batch_size // rows_per_client)
+        if group.slots is None:
+            n = group.batch.n
+            return [(slice(s, min(s + per, n)), None, 0) for s in range(0, n, per)]
+        chunk = group.slots // per
+        out: list[tuple[slice | torch.Tensor, torch.Tensor | None, int]] = []
+        for k in torch.unique(chunk).tolist():
+            own = torch.nonzero(chunk == k).reshape(-1)
+            out.append((own, group.slots[own] - k * per, min(per, n_layout - k * per)))
+        return out
+
+    def _batched(
+        self,
+        fn: Callable[..., torch.Tensor],
+        x: torch.Tensor,
+        batches: list[ClientBatch] | None = None,
+        *extra: torch.Tensor,
+    ) -> torch.Tensor:
+        """Rows i of ``fn(x_i, *extra_i, X_i, y_i, w_i)`` over the groups' batched calls.
+
+        ``x`` is (d,) (shared) or (n, d) (a point per client); ``batches`` replace the groups'
+        samples (minibatches), ``extra`` are further (n, …) per-client arguments.
+        """
+        per_client = x.ndim == 2
+        data = [g.batch for g in self._groups] if batches is None else batches
+        results: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for group, batch in zip(self._groups, data, strict=True):
+            rows = group.members.to(self.device)
+            mine = ((x[rows],) if per_client else ()) + tuple(e[rows] for e in extra)
+            tensors = (*mine, batch.X, batch.y, batch.w)
+            calls = self._calls(group, batch.m_pad)
+            outs = []
+            for own, slots, size in calls:
+                if slots is None and len(calls) == 1:
+                    args = list(tensors)
+                elif slots is None:
+                    # fresh (aligned) copies: kernels' rounding can depend on the alignment of
+                    # their inputs, and a restricted problem's calls are fresh buffers too
+                    args = [t[own].clone() for t in tensors]
+                else:
+                    args = [_place(t, own, slots, size) for t in tensors]
+                res = fn(*args) if per_client else fn(x, *args)
+                outs.append((own, res if slots is None else res[slots]))
+            if len(outs) == 1 and outs[0][1].shape[0] == batch.n:
+                results.append((group.members, outs[0][1]))
+            else:
+                part = torch.empty(
+                    (batch.n, *outs[0][1].shape[1:]), dtype=outs[0][1].dtype, device=self.device
+                )
+                for own, res in outs:
+                    part[own] = res
+                results.append((group.members, part))
+        if (
+            len(results) == 1
+            and results[0][0].numel() == self.n
+            and bool((results[0][0] == torch.arange(self.n)).all())
+        ):
+            return results[0][1]
+        first = results[0][1]
+        out = torch.empty((self.n, *first.shape[1:]), dtype=first.dtype, device=self.device)
+        for members, res in results:
+            out[members.to(self.device)] = res
+        return out
+
+    # -- oracles ----------------------------------------------------------------------------------
+    def client_losses(self, x: torch.Tensor) -> torch.Tensor:
+        """(n,): f_i(x)."""
+        with torch.no_grad():
+            return self._batched(self._fn.losses_shared, self._point(x))
+
+    def loss(self, x: torch.Tensor) -> float:
+        """f(x) = (1/n) Σ_i f_i(x)."""
+        return float(self.client_losses(x).double().mean())
+
+    def client_grads(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d): row i is ∇f_i(x), one batched ``vmap(grad)`` evaluation."""
+        return self._batched(self._fn.grads_shared, self._point(x))
+
+    def client_grads_and_losses(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(client_grads(x), client_losses(x)) from one pass (the forward of the gradient)."""
+        x = self._point(x)
+        both = self._batched(self._fn.grads_and_losses_flat, x)
+        return both[:, : self.d].contiguous(), both[:, self.d].contiguous()
+
+    def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
+        """(n, d): row i is ∇f_i(X[i]) (a point per client: stale gradients, the PS)."""
+        return self._batched(self._fn.grads_each, self._points(X))
+
+    def client_stoch_grads(
+        self, X: torch.Tensor, batch_sizes: torch.Tensor | int, keys: Keys
+    ) -> torch.Tensor:
+        """Row i averages ∇ℓ over b_i of client i's m_i samples, without replacement.
+
+        The draw is the linear problems' (docs/problems.md §5): sample j of client i (its j-th
+        row) gets the keyed uniform ``keys[i]`` at counter j and the b_i smallest win, so client
+        i's minibatch depends only on ``keys[i]``. ``X`` is (d,) or (n, d); b_i = m_i gives the
+        exact gradients. The estimator is unbiased: E ĝ_i = ∇f_i.
+        """
+        shared = isinstance(X, torch.Tensor) and X.shape == (self.d,)
+        x = self._point(X) if shared else self._points(X)
+        b = self._batch_sizes(batch_sizes)
+        if bool((b == self.client_sizes).all()):
+            return self.client_grads(x) if shared else self.client_grads_at(x)
+        keys = keys.expand((self.n,)).to(self.device)
+        batches = [self._minibatch(g.batch, b[g.members], keys[g.members]) for g in self._groups]
+        fn = self._fn.grads_shared if shared else self._fn.grads_each
+        return self._batched(fn, x, batches)
+
+    def _minibatch(self, data: ClientBatch, b: torch.Tensor, keys: Keys) -> ClientBatch:
+        """A group's minibatches: client i's b_i rows with the smallest keyed uniforms."""
+        dev = self.device
+        j = torch.arange(data.m_pad, device=dev)
+        u = bits32_torch(keys.lo[:, None], keys.hi[:, None], j[None, :]).to(torch.float64)
+        sizes = data.sizes.to(dev)
+        u = u.masked_fill(j[None, :] >= sizes[:, None], math.inf)  # padding never wins
+        b_max = int(b.max())
+        sel = torch.argsort(u, dim=1, stable=True)[:, :b_max]
+        rows = torch.arange(data.n, device=dev)[:, None]
+        bd = b.to(dev)
+        w = (torch.arange(b_max, device=dev)[None, :] < bd[:, None]).to(self.dtype)
+        w = w / bd[:, None].to(self.dtype)
+        return ClientBatch(data.X[rows, sel], data.y[rows, sel], w, b.clone())
+
+    def _batch_sizes(self, batch_sizes: torch.Tensor | int) -> torch.Tensor:
+        return self.check_batch_sizes(batch_sizes, self.client_sizes)
+
+    def client_hvps(self, x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        """(n, d): row i is ∇²f_i(x) V[i] (forward-over-reverse: ``jvp`` of ``grad``, vmapped).
+
+        ``V`` is (n, d), or (d,) for the same direction at every client.
+        """
+        x = self._point(x)
+        if not isinstance(V, torch.Tensor) or V.shape not in ((self.d,), (self.n, self.d)):
+            raise ValueError(f"V must have shape ({self.n}, {self.d}) or ({self.d},)")
+        V = self.check_finite(V.detach().to(device=self.device, dtype=self.dtype), "V")
+        with warnings.catch_warnings():  # torch.func.jvp's internals call torch.jit.script
+            warnings.filterwarnings("ignore", ".*torch.jit.script.*", DeprecationWarning)
+            return self._batched(self._fn.hvps, x, None, V.expand(self.n, self.d))
+
+    def hvp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """∇²f(x) v = (1/n) Σ_i ∇²f_i(x) v."""
+        return self.client_hvps(x, v).mean(dim=0)
+
+    # -- held-out metrics -------------------------------------------------------------------------
+    def held_out(self, x: torch.Tensor) -> dict[str, float]:
+        """``test_loss`` (mean ℓ over the held-out samples) and, for cross-entropy and the
+        logistic loss, ``test_accuracy`` (fraction predicted correctly) at x; {} without a
+        held-out part."""
+        if self._test is None:
+            return {}
+        x = self._point(x)
+        t, loss = self._test, self._fn.loss
+        step = t.size if self.batch_size is None else max(1, self.batch_size)
+        total, correct = 0.0, 0
+        with torch.no_grad():
+            for s in range(0, t.size, step):
+                out = self._fn.forward(x, t.X[s : s + step])
+                y = t.y[s : s + step]
+                total += float(loss.per_sample(out, y).double().sum())
+                if loss.correct is not None:
+                    correct += int(loss.correct(out, y).sum())
+        metrics = {"test_loss": total / t.size}
+        if loss.correct is not None:
+            metrics["test_accuracy"] = correct / t.size
+        return metrics
+
+    # -- restriction and conversion ---------------------------------------------------------------
+    def restrict(self, ids: torch.Tensor) -> ModelProblem:
+        """The problem of the clients ``ids`` alone (:meth:`Problem.restrict`), exact to the bit.
+
+        The result holds only these clients' samples, but evaluates them in this problem's
+        batched layout (:meth:`_calls`): the rounding of batched kernels (matrix
+        products, convolutions) depends on the batch's shape, so each evaluation has the shape of
+        the full problem's chunk holding the clients. A call therefore costs up to one chunk of
+        the full problem: set ``batch_size`` to bound it. Minibatch gradients are exact when the
+        restricted clients' largest batch size is their chunk's (always with one b for all).
+        ``L_i`` (when set) is restricted, ``L`` becomes unknown (that of the subset's average is
+        not the full problem's); the held-out part is shared.
+        """
+        idx = torch.as_tensor(ids).detach().cpu().reshape(-1)
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"client ids must be integers, got {idx.dtype}")
+        if idx.numel() == 0:
+            raise ValueError("restrict needs at least one client id")
+        if int(idx.min()) < 0 or int(idx.max()) >= self.n:
+            raise ValueError(f"client ids must lie in [0, n={self.n})")
+        if torch.unique(idx).numel() != idx.numel():
+            raise ValueError("client ids must be distinct")
+        idx = idx.to(torch.int64)
+        out = copy.copy(self)
+        groups = []
+        for g in self._groups:  # new client j is old client idx[j]; keep each group's layout
+            where = torch.nonzero(torch.isin(idx, g.members)).reshape(-1)
+            if where.numel() == 0:
+                continue
+            pos = torch.searchsorted(g.members, idx[where])  # positions within the group
+            slots = pos if g.slots is None else g.slots[pos]
+            groups.append(_Group(g.batch.subset(pos), where, g.layout_n, slots.clone()))
+        out._groups = groups
+        out.parts = [self.parts[i] for i in idx.tolist()]
+        out.n = int(idx.numel())
+        out.client_sizes = self.client_sizes[idx].clone()
+        out.n_samples = int(out.client_sizes.sum())
+        out.L = None
+        out.L_i = None if self.L_i is None else self.L_i[idx].clone()
+        return out
+
+    def to(
+        self, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+    ) -> ModelProblem:
+        """The same problem with its model and data in ``dtype`` on ``device``."""
+        dt = self.dtype if dtype is None else as_dtype(dtype)
+        dev = self.device if device is None else as_device(device)
+        out = copy.copy(self)
+        module = copy.deepcopy(self.module).to(device=dev, dtype=dt)
+        out._fn = _Functional(module, self._fn.loss)
+        out._groups = [dataclasses.replace(g, batch=g.batch.to(dt, dev)) for g in self._groups]
+        out._test = None if self._test is None else self._test.to(dt, dev)
+        out._x0 = self._x0.to(device=dev, dtype=dt)
+        out.dtype, out.device = dt, dev
+        return out
+
+
+def _place(
+    t: torch.Tensor, own: slice | torch.Tensor, slots: torch.Tensor, size: int
+) -> torch.Tensor:
+    """A call's batch of ``size`` slots: rows ``own`` of ``t`` at ``slots``, copies elsewhere."""
+    rows = t[own]
+    buf = rows[:1].expand(size, *t.shape[1:]).clone()
+    buf[slots.to(t.device)] = rows
+    return buf
+
+
+def _check_batch_size(batch_size: int | None) -> int | None:
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"batch_size (the most samples of one batched evaluation) must be a positive integer "
+            f"or None (all at once), got {batch_size!r}"
+        )
+    return batch_size
+
+
+# --------------------------------------------------------------------------------------------
+# the factory
+# --------------------------------------------------------------------------------------------
+def model_problem(
+    model: torch.nn.Module,
+    data: str | os.PathLike[str] | Dataset | tuple[Any, Any],
+    *,
+    n_clients: int | None = None,
+    split: str | Spec | Split | Sequence[Any] = "contiguous",
+    loss: str | ModelLoss = "cross_entropy",
+    batch_size: int | None = None,
+    seed: int = 0,
+    test: TestArg = 0.2,
+    dtype: str | torch.dtype = "float64",
+    device: str | torch.device | None = "cpu",
+    input_shape: Sequence[int] | None = None,
+    name: str | None = None,
+) -> ModelProblem:
+    """A torch model on a dataset split over clients, as a :class:`~shrinkgrad.problems.Problem`.
+
+    ``model``: any ``torch.nn.Module`` mapping a batch of inputs (m, …) to outputs (m, …); it is
+    copied (the original is not touched), cast to ``dtype``/``device`` and evaluated in eval
+    mode; its current parameters are the starting point ``x0()``. ``data``: a bundled dataset
+    name ("a9a", "digits", ...), a LIBSVM path, a :class:`~shrinkgrad.problems.Dataset`, or an
+    ``(X, y)`` pair of arrays or tensors. ``split``/``n_clients``: a split name
+    (``"contiguous"``, ``"by_label"``, ``"dirichlet[alpha=0.5]"``, ...) with the number of
+    clients, or explicit per-client lists of rows of ``data`` (n implied). ``loss``:
+    ``"cross_entropy"``, ``"logistic"`` or ``"mse"``. ``test``: the held-out part: a fraction
+    (seeded by ``seed``; default 0.2), explicit row indices, an ``(X, y)`` pair, or ``None``/0.
+    ``input_shape``: the shape one sample is given to the model in (e.g. ``(1, 8, 8)`` for a CNN
+    on digits; default: as stored). ``batch_size``: the most samples one batched evaluation
+    holds (memory; default all).
+
+    Example::
+
+        net = torch.nn.Sequential(torch.nn.Linear(123, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+        p = model_problem(net, "a9a", n_clients=20, split="by_label")
+        G = p.client_grads(p.x0())            # (20, 8066), one vmap(grad) evaluation
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    params = list(model.parameters())
+    if not params:
+        raise ValueError("the model has no parameters: there is nothing to optimise")
+    if any(not p.dtype.is_floating_point for p in params):
+        raise TypeError("every parameter of the model must be a floating-point tensor")
+    dt, dev = as_dtype(dtype), as_device(device)
+    lf = make_loss(loss)
+    prepared = prepare_data(
+        data,
+        loss=lf,
+        n_clients=n_clients,
+        split=split,
+        test=test,
+        seed=seed,
+        input_shape=input_shape,
+        dtype=dt,
+        device=dev,
+    )
+    module = copy.deepcopy(model).to(device=dev, dtype=dt).eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    fn = _Functional(module, lf)
+    x0 = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+    _check_forward(fn, x0, prepared.groups, input_shape)
+    return ModelProblem(
+        fn, prepared, x0, batch_size=batch_size, name=name or type(model).__name__.lower()
+    )
+
+
+def _check_forward(
+    fn: _Functional,
+    x0: torch.Tensor,
+    groups: Sequence[ClientGroup],
+    input_shape: Sequence[int] | None,
+) -> None:
+    """Run the model on two samples: a clear error when it does not fit the data or the loss."""
+    X, y = groups[0].batch.X[0, :2], groups[0].batch.y[0, :2]
+    try:
+        with torch.no_grad():
+            out = fn.forward(x0, X)
+    except Exception as e:  # the user's model: any error means "does not fit the data"
+        hint = "" if input_shape is not None else "; image data may need input_shape=(C, H, W)"
+        raise ValueError(
+            f"the model fails on a batch of inputs of shape {tuple(X.shape)}: "
+            f"{type(e).__name__}: {e}{hint}"
+        ) from None
+    why = fn.loss.check_output(tuple(out.shape), tuple(y.shape))
+    if why is not None:
+        raise ValueError(f"the model's output does not fit the loss: {why}")
+    if fn.loss.name == "cross_entropy" and not y.dtype.is_floating_point:
+        classes = max(int(g.batch.y.max()) for g in groups) + 1
+        if out.shape[1] < classes:
+            raise ValueError(
+                f"the model has {out.shape[1]} outputs but the labels have {classes} classes"
+            )

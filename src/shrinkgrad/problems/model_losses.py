@@ -1,0 +1,184 @@
+"""The per-sample losses of model problems: cross-entropy, logistic and squared error.
+
+A model problem (:mod:`shrinkgrad.problems.model`) has f_i(x) = (1/m_i) Σ_{j ∈ client i}
+ℓ(h(x; a_j), y_j) with h the network's output. Each loss here says how to compute ℓ row-wise on a
+(client's) batch of outputs, what counts as a correct prediction (for the held-out accuracy), and
+which labels it accepts (converting a dataset's labels to its targets):
+
+========================  ===========================================  ============================
+``loss``                  ℓ(h; y)                                       targets, output
+========================  ===========================================  ============================
+``"cross_entropy"``       −h_y + log Σ_c exp h_c                        class index y ∈ {0 … C−1};
+                                                                        C outputs per sample
+``"logistic"``            log(1 + exp(−y h))                            y ∈ {±1}; one output
+``"mse"``                 ‖h − y‖² (no ½, as the linear least squares)  real y (or a vector); as
+                                                                        many outputs
+========================  ===========================================  ============================
+
+A binary LIBSVM dataset's labels ±1 become the classes 0 (−1) and 1 (+1) for cross-entropy; the
+multi-class ``digits`` labels are class indices and work with cross-entropy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LOSSES", "ModelLoss", "make_loss"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelLoss:
+    """One per-sample loss (see the module docstring).
+
+    ``per_sample(out, y)`` maps a batch of outputs (m, …) and targets (m, …) to the (m,) losses;
+    ``correct(out, y)`` to (m,) booleans, or is None when accuracy is meaningless (regression);
+    ``targets(y, n_classes, dtype, where)`` converts labels (``n_classes`` is the dataset's class
+    count, or None for user data) or raises a ValueError saying what is wrong;
+    ``check_output(out_shape, y_shape)`` returns why an output shape does not fit, or None.
+    """
+
+    name: str
+    formula: str
+    per_sample: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    correct: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    targets: Callable[[np.ndarray, int | None, torch.dtype, str], torch.Tensor]
+    check_output: Callable[[tuple[int, ...], tuple[int, ...]], str | None]
+
+    @property
+    def held_out_columns(self) -> tuple[str, ...]:
+        """The held-out metrics of a problem with this loss."""
+        return ("test_loss", "test_accuracy") if self.correct is not None else ("test_loss",)
+
+
+# -- cross-entropy ------------------------------------------------------------------------------
+def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def _ce_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return out.argmax(dim=-1) == y
+
+
+def _ce_targets(
+    y: np.ndarray, n_classes: int | None, dtype: torch.dtype, where: str
+) -> torch.Tensor:
+    if y.ndim != 1:
+        raise ValueError(
+            f"{where}: cross_entropy needs one class index per sample, got y of shape {y.shape}"
+        )
+    if n_classes == 2:  # a binary dataset: −1 → class 0, +1 → class 1
+        return torch.from_numpy((y > 0).astype(np.int64))
+    if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)) or (y.size and y.min() < 0):
+        raise ValueError(
+            f"{where}: cross_entropy needs integer class indices 0 … C−1 as labels (got values "
+            f"such as {_examples(y)}); use loss='mse' for real-valued targets"
+        )
+    return torch.from_numpy(y.astype(np.int64))
+
+
+def _ce_output(out: tuple[int, ...], y: tuple[int, ...]) -> str | None:
+    if len(out) != 2:
+        return f"cross_entropy needs an output of shape (batch, classes), got {out}"
+    return None
+
+
+# -- logistic -----------------------------------------------------------------------------------
+def _margin(out: torch.Tensor) -> torch.Tensor:
+    return out.reshape(out.shape[0])
+
+
+def _logistic(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.softplus(-y * _margin(out))
+
+
+def _logistic_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (_margin(out) > 0) == (y > 0)
+
+
+def _pm1_targets(
+    y: np.ndarray, n_classes: int | None, dtype: torch.dtype, where: str
+) -> torch.Tensor:
+    if n_classes is not None and n_classes != 2:
+        raise ValueError(
+            f"{where}: the logistic loss needs two classes (±1); this dataset has {n_classes}: use "
+            "loss='cross_entropy'"
+        )
+    if y.ndim != 1 or not np.all(np.isin(y, (-1.0, 1.0))):
+        raise ValueError(
+            f"{where}: the logistic loss needs labels −1 or +1 (got values such as "
+            f"{_examples(y)}); map 0/1 labels with y = 2y − 1, or use loss='cross_entropy'"
+        )
+    return torch.from_numpy(np.array(y, dtype=np.float64)).to(dtype)
+
+
+def _logistic_output(out: tuple[int, ...], y: tuple[int, ...]) -> str | None:
+    if not (len(out) == 1 or (len(out) == 2 and out[1] == 1)):
+        return (
+            f"the logistic loss needs one output per sample, shape (batch,) or (batch, 1), got "
+            f"{out}"
+        )
+    return None
+
+
+# -- squared error ------------------------------------------------------------------------------
+def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    r = out.reshape(y.shape) - y
+    return (r * r).reshape(r.shape[0], -1).sum(dim=1)
+
+
+def _real_targets(
+    y: np.ndarray, n_classes: int | None, dtype: torch.dtype, where: str
+) -> torch.Tensor:
+    if n_classes is not None and n_classes != 2:
+        raise ValueError(
+            f"{where}: mse on class indices of a {n_classes}-class dataset is not a meaningful "
+            "regression; use loss='cross_entropy' or pass (X, y) with real-valued targets"
+        )
+    if not np.all(np.isfinite(y)):
+        raise ValueError(f"{where}: the targets must be finite (found NaN or inf)")
+    return torch.from_numpy(np.array(y, dtype=np.float64)).to(dtype)
+
+
+def _mse_output(out: tuple[int, ...], y: tuple[int, ...]) -> str | None:
+    if int(np.prod(out)) != int(np.prod(y)) or out[0] != y[0]:
+        return f"mse needs one output per target: targets of shape {y}, output of shape {out}"
+    return None
+
+
+def _examples(y: np.ndarray) -> str:
+    vals = np.unique(y.reshape(-1))[:4]
+    return ", ".join(f"{v:g}" for v in vals) + (", …" if np.unique(y).size > 4 else "")
+
+
+#: the losses of model problems, by name
+LOSSES: dict[str, ModelLoss] = {
+    "cross_entropy": ModelLoss(
+        "cross_entropy", "−h_y + log Σ_c exp h_c", _ce, _ce_correct, _ce_targets, _ce_output
+    ),
+    "logistic": ModelLoss(
+        "logistic",
+        "log(1 + exp(−y h))",
+        _logistic,
+        _logistic_correct,
+        _pm1_targets,
+        _logistic_output,
+    ),
+    "mse": ModelLoss("mse", "‖h − y‖²", _mse, None, _real_targets, _mse_output),
+}
+
+
+def make_loss(name: str | ModelLoss) -> ModelLoss:
+    """The loss called ``name`` (one of :data:`LOSSES`), or a ValueError listing them."""
+    if isinstance(name, ModelLoss):
+        return name
+    try:
+        return LOSSES[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"loss must be one of {', '.join(repr(k) for k in LOSSES)}, got {name!r}"
+        ) from None
