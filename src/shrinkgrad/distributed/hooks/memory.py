@@ -92,6 +92,13 @@ def _fill(prefix: str, template: Any, saved: dict[str, Any], where: str) -> Any:
                 f"{where}: {prefix!r} has shape {shape} in the checkpoint but "
                 f"{tuple(template.shape)} in this model"
             )
+        if value.dtype != template.dtype:  # copy_ would cast silently
+            raise ValueError(
+                f"{where}: {prefix!r} is {str(value.dtype).removeprefix('torch.')} in the "
+                f"checkpoint but {str(template.dtype).removeprefix('torch.')} in this model (the "
+                "model's dtype changed since the checkpoint; load it into a model of the dtype it "
+                "was saved from)"
+            )
         return template.copy_(value)
     return value
 

@@ -294,7 +294,10 @@ class CompressionState:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` of the same configuration, rank and world size."""
+        """Restore a :meth:`state_dict` of the same configuration, rank and world size (and
+        model dtype: a state tensor saved in another dtype, e.g. bfloat16 memory of
+        ``state_dtype="gradient"`` into a float32 model, is refused when its tensor is first
+        planned, never cast)."""
         Memory.check_format(state)
         # checkpoints from before state_dtype existed kept float32/float64 models only
         saved = {"state_dtype": "float32", **state["config"]}
