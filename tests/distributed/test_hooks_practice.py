@@ -110,3 +110,27 @@ def test_the_bucket_layout_does_not_change_the_trajectory() -> None:
         for t in range(job.steps):
             assert torch.equal(small[r]["params"][t], one[r]["params"][t]), (r, t)
         assert small[r]["state_bytes"] == one[r]["state_bytes"]
+
+
+def _power_sgd_state(rank: int, world: int, method: str | None) -> str:
+    try:
+        CompressionState("power_sgd[rank=2]", method=method, min_numel=45)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("method", ["ef21", "ef", None])
+def test_power_sgd_is_refused_in_one_line_naming_the_alternatives(method: str | None) -> None:
+    """PowerSGD's factor all-reduce is not wired into the hook: refused when the state is
+    built (not at the first backward), naming rank_k and torch's hook; the network model
+    refuses it with the same words (it charges only what the hook can send)."""
+    from shrinkgrad.network import hook_collectives
+
+    (message,) = spawn(_power_sgd_state, 1, (method,))
+    assert message.startswith("power_sgd[rank=2] does not run in the DDP hook yet")
+    assert "use rank_k[r=2]" in message and "powerSGD_hook" in message
+    assert "\n" not in message
+    with pytest.raises(ValueError) as info:
+        hook_collectives("power_sgd[rank=2]", [1152, 48], min_numel=45)
+    assert str(info.value) == message

@@ -81,6 +81,7 @@ CASES = [
     dict(compressor="rand_k[shared_seed=true]", ratio=0.1, min_numel=45),
     dict(compressor="identity", min_numel=0),
     dict(compressor="natural", error_feedback="ef", min_numel=45),
+    dict(compressor="rank_k[r=2]", method="ef21", min_numel=45),  # factors all-gathered
 ]
 #: DDP's default (one bucket for so small a model) and a cap that cuts it in two after the
 #: first iteration (DDP's rebuild; tensors fill a bucket until it reaches the cap)

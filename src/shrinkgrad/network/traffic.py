@@ -150,6 +150,11 @@ def hook_collectives(
     if ratio is not None and not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) <= 1.0):
         raise ValueError(f"ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got {ratio!r}")
     template = _template(compressor, ratio)
+    from ..distributed.hooks.config import factor_refusal
+
+    refusal = factor_refusal(template)  # the hook refuses it: no traffic to model
+    if refusal is not None:
+        raise ValueError(refusal)
     out: list[Collective] = []
     for b, bucket in enumerate(_buckets(tensors)):
         dense = sum(bucket) * esize

@@ -30,6 +30,7 @@ __all__ = [
     "Mode",
     "Settings",
     "StateDtype",
+    "factor_refusal",
     "resolve_method",
 ]
 
@@ -61,6 +62,20 @@ def _dtypes(C: Compressor) -> tuple[torch.dtype, ...]:
     if callable(dtypes):
         return tuple(dtypes())
     return (torch.float32, torch.float64)
+
+
+def factor_refusal(C: Compressor) -> str | None:
+    """Why the hook cannot run ``C`` (None when it can): a compressor whose messages travel as
+    an all-reduce of low-rank factors (``collective == "allreduce_factors"``: PowerSGD's P, then
+    Q, with the previous Q as state) is not wired into the hook's collectives yet."""
+    if C.collective != "allreduce_factors":
+        return None
+    r = getattr(C, "r", 4)
+    return (
+        f"{C.name} does not run in the DDP hook yet (its factor all-reduce, P then Q with the "
+        f"previous Q as state, is not wired in); use rank_k[r={r}] (exact truncated SVD, its "
+        "factors all-gathered) with method='ef21' or 'ef', or torch's powerSGD_hook"
+    )
 
 
 def _check_int(name: str, value: Any, low: int = 0) -> int:
@@ -188,7 +203,10 @@ class Settings:
             state_dtype=state_dtype,
         )
         out.weights = out._check_weights(weights)
-        out.build_compressor(None)  # validates the name (k may still be missing)
+        C = out.build_compressor(None if ratio is None else 1)  # validates the name
+        refusal = None if C is None else factor_refusal(C)
+        if refusal is not None:
+            raise ValueError(refusal)
         return out
 
     # -- the ranks' weights ----------------------------------------------------------------------
