@@ -71,9 +71,15 @@ class ModelClock:
     def of(cls, network: Network, n: int, compressor: Any) -> ModelClock:
         """The clock of a run of ``n`` clients with ``compressor``; checks now that the
         network's per-client lists fit ``n`` (one-line error otherwise)."""
+        cls.check(network, n)
+        return cls(network, int(n), summable(compressor))
+
+    @staticmethod
+    def check(network: Network, n: int) -> None:
+        """Raise a one-line ValueError when ``network`` cannot describe ``n`` clients (a
+        per-client list of another length)."""
         network.links(n)
         network.compute_times(n)
-        return cls(network, int(n), summable(compressor))
 
     def describe(self) -> str:
         """The network with its links for this run's clients (one line)."""
