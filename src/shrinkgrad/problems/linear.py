@@ -351,39 +351,12 @@ class LinearModelProblem(Problem):
             x = res.x
         self._set_solution(x)
 
-    # -- input handling ----------------------------------------------------------------------
+    # -- input handling (the shared checks of Problem) -------------------------------------------
     def _point(self, x: torch.Tensor, what: str = "x") -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(
-                f"{what} must be a torch tensor of shape ({self.d},), got {type(x).__name__}"
-            )
-        if x.shape != (self.d,):
-            raise ValueError(
-                f"{what} must have shape ({self.d},) for this problem, got {tuple(x.shape)}"
-            )
-        return self._check_finite(x.detach().to(device=self.device, dtype=self.dtype), what)
+        return self.check_point(x, what)
 
     def _points(self, X: torch.Tensor) -> torch.Tensor:
-        if not isinstance(X, torch.Tensor):
-            raise TypeError(
-                f"X must be a torch tensor of shape ({self.n}, {self.d}), got {type(X).__name__}"
-            )
-        if X.shape == (self.d,):
-            X = X.expand(self.n, self.d)
-        if X.shape != (self.n, self.d):
-            raise ValueError(
-                f"X must have shape (n, d) = ({self.n}, {self.d}) (one point per client) or "
-                f"({self.d},), got {tuple(X.shape)}"
-            )
-        return self._check_finite(X.detach().to(device=self.device, dtype=self.dtype), "X")
-
-    @staticmethod
-    def _check_finite(x: torch.Tensor, what: str) -> torch.Tensor:
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(
-                f"{what} contains NaN or inf (did the method diverge? try a smaller step size)"
-            )
-        return x
+        return self.check_points(X)
 
     def _numpy(self, t: torch.Tensor) -> np.ndarray:
         return np.ascontiguousarray(t.numpy())

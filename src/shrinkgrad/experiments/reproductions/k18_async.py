@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ...methods.stepsize import parse_stepsize
 from ...plotting.style import FIGURE_DPI
 from ..claims import Claim, fmt
 from ..config import ExperimentConfig
@@ -56,7 +57,6 @@ DEFAULTS: dict[str, Any] = {
     "stall_factor": 1e-2,
 }
 
-_OVER_L = re.compile(r"^\s*(?P<c>[0-9.eE+\-]+)\s*/\s*L\s*$")
 #: per-run columns added beside the results table's (constant within a run)
 EXTRA_COLUMNS = (
     "tau_max_config",
@@ -79,20 +79,19 @@ class Outcome:
 
 
 def _ps_stepsize(text: str, L: float) -> tuple[float | str, bool]:
-    """(the PSConfig step size, whether the arm runs with bounded staleness)."""
-    s = text.strip()
-    if s.startswith("theory") and "(" not in s:
-        return s, True
-    m = _OVER_L.match(s)
-    if m is not None:
-        return float(m.group("c")) / L, False
-    try:
-        return float(s), False
-    except ValueError:
-        raise ValueError(
-            f"k18-async: cannot run the step size {text!r} on the parameter server; use "
-            "'theory', 'theory*m', 'c/L' or a number"
-        ) from None
+    """(the PSConfig step size, whether the arm runs with bounded staleness), read with the one
+    step-size grammar (:func:`shrinkgrad.methods.stepsize.parse_stepsize`)."""
+    step = parse_stepsize(text)
+    if step.theory:
+        return str(step), True
+    if step.over == "L":
+        return step.value / L, False
+    if step.over is None and step.of is None:
+        return step.value, False
+    raise ValueError(
+        f"k18-async: cannot run the step size {text!r} on the parameter server; use "
+        "'theory', 'theory*m', 'c/L' or a number"
+    )
 
 
 def execute(
