@@ -31,6 +31,7 @@ MINE = [
     "ef21-vs-ef",
     "k18-quantizers",
     "k18-delays",
+    "time-to-accuracy",
 ]
 
 

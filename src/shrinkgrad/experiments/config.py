@@ -157,6 +157,9 @@ class RunSettings:
     wire_dtype: str = "float32"
     divergence_factor: float | None = 1e8
     checkpoint_every: int = 500
+    #: network specs (``run.network``): every run is simulated on each of them, with the modelled
+    #: wall clock ``time_model_s`` (docs/network.md); empty: no network, no such column
+    network: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +188,7 @@ class ExperimentConfig:
             {
                 "problems": [p.spec for p in self.problems],
                 "arms": [(a.method, a.compressor, a.stepsize, a.problems) for a in self.arms],
-                "run": dataclasses.asdict(self.run),
+                "run": _run_identity(self.run),
             }
         )
 
@@ -206,6 +209,15 @@ def derive_seed(base: int, index: int) -> int:
         return 0
     digest = hashlib.sha256(f"shrinkgrad-seed:{base}:{index}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def _run_identity(run: RunSettings) -> dict[str, Any]:
+    """The ``[run]`` settings that determine the runs (``network`` only when given, so that the
+    fingerprints of configs without one are those of earlier versions)."""
+    out = dataclasses.asdict(run)
+    if not run.network:
+        del out["network"]
+    return out
 
 
 def _hash(obj: Any) -> str:
@@ -732,6 +744,8 @@ def _run(value: Any, source: str) -> RunSettings:
                     source, f"run.{key}", f"must be one of {', '.join(allowed)}, got {_show(v)}"
                 )
             kw[key] = v
+    if "network" in value:
+        kw["network"] = _networks(value["network"], source)
     if "seeds" in value:
         v = value["seeds"]
         if isinstance(v, int) and not isinstance(v, bool):
@@ -912,6 +926,27 @@ def _stepsizes(specs: list[str], source: str, key: str) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # step sizes
 # --------------------------------------------------------------------------------------------
+def _networks(v: Any, source: str) -> tuple[str, ...]:
+    """``run.network``: one network spec or a non-empty list of them, each checked now."""
+    from ..network import network_of
+
+    specs = [v] if isinstance(v, str) else v
+    form = (
+        'a network spec such as "star[up=10mbit,down=100mbit,latency=20ms]" or a list of '
+        "them (one sweep axis)"
+    )
+    if not isinstance(specs, list) or not specs or not all(isinstance(x, str) for x in specs):
+        raise ConfigError(source, "run.network", f"must be {form}, got {_show(v)}")
+    if len(set(specs)) != len(specs):
+        raise ConfigError(source, "run.network", f"has repeated networks: {_show(v)}")
+    for spec in specs:
+        try:
+            network_of(spec, "network")
+        except ValueError as e:
+            raise ConfigError(source, "run.network", str(e)) from None
+    return tuple(specs)
+
+
 def _check_stepsize(text: str) -> str:
     """Validate a step-size spec (:func:`shrinkgrad.methods.parse_stepsize`, the one grammar)
     and return it in canonical form; a plain number is kept as written (it is part of run ids)."""
@@ -929,6 +964,10 @@ def _resolved_document(cfg: ExperimentConfig, doc: dict[str, Any]) -> dict[str, 
     """The TOML document of ``cfg`` with defaults filled in (problems as explicit specs)."""
     run = {k: v for k, v in dataclasses.asdict(cfg.run).items()}
     run["seeds"] = list(cfg.run.seeds)
+    if cfg.run.network:
+        run["network"] = list(cfg.run.network)
+    else:
+        del run["network"]
     if run["divergence_factor"] is None:
         run["divergence_factor"] = False
     out: dict[str, Any] = {}

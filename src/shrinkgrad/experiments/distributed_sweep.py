@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..distributed.runner import run_distributed
 from ..storage import DirectoryLock, atomic_write, atomic_write_text, probe_writable
-from .config import ExperimentConfig, dump_config
+from .config import ConfigError, ExperimentConfig, dump_config
 from .execute import collect_results, finish_run, prepare_run, write_run
 from .grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
 from .results import Format, default_format, find_run_table, write_json, write_table
@@ -45,6 +45,13 @@ def plan(
     Built problems are stored in ``problems`` (spec → problem) for reuse: ranks forked after this
     call inherit them instead of loading the data again.
     """
+    if config.run.network:
+        raise ConfigError(
+            config.source,
+            "run.network",
+            "a distributed sweep measures real time; the modelled network (time_model_s) is "
+            "for simulated sweeps: run it with `shrinkgrad run`, or drop run.network",
+        )
     cache = problems if problems is not None else {}
 
     def build(spec: str) -> Any:

@@ -92,6 +92,7 @@ class PreparedRun:
             "wire_dtype": getattr(torch, s.wire_dtype),
             "divergence_factor": s.divergence_factor,
             "checkpoint_every": s.checkpoint_every,
+            **({"network": run.network} if run.network is not None else {}),
         }
 
     def execute(self, runner: Callable[..., SimResult], **kwargs: Any) -> tuple[SimResult, float]:
@@ -140,6 +141,8 @@ def finish_run(
         "status": result.status,
         **info.columns(),
     }
+    if run.network is not None:
+        columns["network"] = run.network
     for k, v in columns.items():
         table[k] = v
     last = table.iloc[-1]

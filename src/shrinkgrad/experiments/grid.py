@@ -1,6 +1,6 @@
-"""Grid expansion: a config's problems × arms × seeds as a list of runs with stable ids.
+"""Grid expansion: a config's problems × arms × networks × seeds as a list of runs with ids.
 
-:func:`expand` lists the runs in a fixed order (problem, then arm, then seed index) and gives
+:func:`expand` lists the runs in a fixed order (problem, arm, network, seed index) and gives
 each one an id that is a hash of what determines its result — the problem spec, method,
 compressor, step-size spec, seed and the ``[run]`` settings — so the same run has the same id
 (and directory) whatever else the config contains. :func:`check_runs` builds every problem once
@@ -32,11 +32,14 @@ class RunSpec:
     seed_index: int
     seed: int
     settings: RunSettings
+    #: the network spec this run is modelled on (``run.network``), or None
+    network: str | None = None
 
     @property
     def label(self) -> str:
         """A one-line description for progress displays and messages."""
-        return f"{self.arm.label} · seed {self.seed_index} · {self.problem.label}"
+        on = f" · {self.network}" if self.network is not None else ""
+        return f"{self.arm.label} · seed {self.seed_index} · {self.problem.label}{on}"
 
     def identity(self) -> dict[str, Any]:
         """What determines the run's result (hashed into :attr:`run_id`)."""
@@ -54,6 +57,8 @@ class RunSpec:
             "dtype": s.dtype,
             "wire_dtype": s.wire_dtype,
             "divergence_factor": s.divergence_factor,
+            # only when given: runs without a network keep their ids
+            **({"network": self.network} if self.network is not None else {}),
         }
 
 
@@ -65,13 +70,16 @@ def _run_id(identity: dict[str, Any]) -> str:
 def expand(config: ExperimentConfig) -> list[RunSpec]:
     """Every run of ``config``: problems × arms × seed indices, in that nesting order."""
     runs: list[RunSpec] = []
+    networks: tuple[str | None, ...] = config.run.network or (None,)
     for problem in config.problems:
         for arm in config.arms:
             if not arm.applies_to(problem):
                 continue
-            for index in config.run.seeds:
-                spec = RunSpec("", problem, arm, index, config.seed_of(index), config.run)
-                runs.append(dataclasses.replace(spec, run_id=_run_id(spec.identity())))
+            for net in networks:
+                for index in config.run.seeds:
+                    seed = config.seed_of(index)
+                    spec = RunSpec("", problem, arm, index, seed, config.run, net)
+                    runs.append(dataclasses.replace(spec, run_id=_run_id(spec.identity())))
     return runs
 
 
@@ -146,6 +154,7 @@ def check_runs(
     are never skipped.
     """
     from ..methods import make_method
+    from ..network import ModelClock, make_network
 
     make = build or (lambda spec: build_problem(spec, config.run.dtype))
     infos: dict[str, ProblemInfo] = {}
@@ -159,6 +168,13 @@ def check_runs(
                 config.source, problem.key, f"cannot build {problem.spec}: {e}"
             ) from None
         infos[problem.spec] = problem_info(built)
+        for net in config.run.network:
+            try:
+                ModelClock.check(make_network(net), int(built.n))
+            except ValueError as e:
+                raise ConfigError(
+                    config.source, "run.network", f"{net} on {problem.label}: {e}"
+                ) from None
         for arm in config.arms:
             if not arm.applies_to(problem):
                 continue

@@ -278,9 +278,9 @@ def duplicate_seed_notes(table: pd.DataFrame, runs: Sequence[RunSpec]) -> list[s
     then runs three copies. Measured, not predicted: the finished tables of an arm's seeds are
     compared (without the seed, run id and time columns).
     """
-    groups: dict[tuple[str, str, str, str], list[RunSpec]] = {}
+    groups: dict[tuple[str, str, str, str, str | None], list[RunSpec]] = {}
     for r in runs:
-        key = (r.problem.spec, r.arm.method, r.arm.compressor, r.arm.stepsize)
+        key = (r.problem.spec, r.arm.method, r.arm.compressor, r.arm.stepsize, r.network)
         groups.setdefault(key, []).append(r)
     by_run = dict(tuple(table.groupby("run_id", sort=False))) if len(table) else {}
     same: dict[str, tuple[str, int]] = {}

@@ -7,6 +7,8 @@
   ``collective`` (the DDP hook's rules, the parameter server's messages);
 * :mod:`.topology` — the networks (``star[...]``, ``ring[...]``, a registry) and the time of a
   server round, a DDP step and a parameter-server cycle (:class:`RoundCost`);
+* :mod:`.clock` — the simulator's modelled wall clock (``simulate(network=...)``,
+  the ``time_model_s`` column): each round's traffic on the network;
 * :mod:`.estimate` — time to ε: the theory's rounds × the cost of a round.
 
 Example::
@@ -21,6 +23,7 @@ The formulas and the model's limits: docs/network.md.
 
 from __future__ import annotations
 
+from .clock import ModelClock, network_of
 from .collectives import Cost, point_to_point, ring_allgather, ring_allreduce
 from .topology import NETWORKS, Links, Network, Ring, RoundCost, Star, make_network
 from .traffic import Collective, PSMessages, hook_collectives, ps_messages, summable
@@ -34,6 +37,7 @@ __all__ = [
     "Cost",
     "Distribution",
     "Links",
+    "ModelClock",
     "Network",
     "PSMessages",
     "PerClient",
@@ -42,6 +46,7 @@ __all__ = [
     "Star",
     "hook_collectives",
     "make_network",
+    "network_of",
     "parse_bandwidth",
     "parse_duration",
     "point_to_point",

@@ -37,6 +37,8 @@ __all__ = ["CURVE_KEYS", "X_AXES", "Y_AXES", "aggregate", "curve_label", "plot_r
 CURVE_KEYS = ("method", "compressor", "stepsize_spec")
 #: the default panel column; a table without it is drawn in one panel
 DEFAULT_FACET = "problem_label"
+#: the column of a sweep over networks (``run.network``): its curves are told apart by it
+NETWORK = "network"
 #: the value of ``status`` that marks a diverged run
 DIVERGED = "diverged"
 
@@ -79,6 +81,8 @@ def _curve_keys(table: pd.DataFrame, facet: str | None) -> list[str]:
         and table[DEFAULT_FACET].nunique(dropna=False) > 1
     ):
         keys.insert(0, DEFAULT_FACET)
+    if facet != NETWORK and NETWORK in table.columns and table[NETWORK].nunique() > 1:
+        keys.append(NETWORK)  # a sweep over networks: one curve per network
     return keys
 
 
@@ -192,6 +196,8 @@ def curve_label(row: pd.Series | dict[str, Any], rule: str | None = None) -> str
     parts = [str(row[k]) for k in (DEFAULT_FACET, "method", "compressor") if k in row]
     if "stepsize_spec" in row:
         parts.append(f"γ={row['stepsize_spec']}")
+    if NETWORK in row:
+        parts.append(str(row[NETWORK]))
     text = " · ".join(parts)
     return f"{text} ({rule})" if rule else text
 

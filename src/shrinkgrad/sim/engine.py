@@ -37,6 +37,7 @@ from ..compressors import Compressor
 from ..methods.base import BoundMethod, Method, NonFiniteError, State, Traffic, make_method
 from ..methods.oracle import ProblemOracle
 from ..methods.stepsize import StepSize
+from ..network.clock import ModelClock
 from ..problems import Problem
 from .checkpoint import load_checkpoint, save_checkpoint
 from .options import DivergenceReference, RunOptions
@@ -44,6 +45,7 @@ from .options import DivergenceReference, RunOptions
 __all__ = [
     "COLUMNS",
     "METRIC_COLUMNS",
+    "TIME_MODEL_COLUMN",
     "LocalRuntime",
     "Progress",
     "Row",
@@ -82,14 +84,19 @@ COLUMNS = (
 #: the metric block of a row: (round, grad_norm_sq, loss, bits_up, bits_up_paper, bits_down,
 #: time_s); a problem's held-out columns follow it
 METRIC_COLUMNS = COLUMNS[:7]
-#: the metrics of one logged row: :data:`METRIC_COLUMNS`, then the held-out values
+#: the column of a run given a network (``simulate(network=...)``), right after ``time_s``
+TIME_MODEL_COLUMN = "time_model_s"
+#: the metrics of one logged row: :data:`METRIC_COLUMNS`, ``time_model_s`` when the run has a
+#: network, then the held-out values
 Row = tuple[float, ...]
 
 
-def table_columns(held_out: Sequence[str] = ()) -> tuple[str, ...]:
+def table_columns(held_out: Sequence[str] = (), *, time_model: bool = False) -> tuple[str, ...]:
     """The table's columns for a problem with the held-out columns ``held_out`` (PLAN interface
-    1): the metric block, the held-out metrics, the identifying columns."""
-    return METRIC_COLUMNS + tuple(held_out) + COLUMNS[len(METRIC_COLUMNS) :]
+    1): the metric block, ``time_model_s`` (a run with a network), the held-out metrics, the
+    identifying columns."""
+    model = (TIME_MODEL_COLUMN,) if time_model else ()
+    return METRIC_COLUMNS + model + tuple(held_out) + COLUMNS[len(METRIC_COLUMNS) :]
 
 
 def held_out_values(problem: Problem, names: Sequence[str], x: torch.Tensor) -> tuple[float, ...]:
@@ -194,17 +201,34 @@ class Progress:
     gns0: float
     status: Status | None = None
     message: str = ""
+    #: the modelled wall-clock time so far (runs with a network; :mod:`shrinkgrad.network.clock`)
+    time_model_s: float = 0.0
 
     @classmethod
-    def start(cls, state: State[Any, Any], traffic: Traffic, elapsed: float, n: int) -> Progress:
+    def start(
+        cls,
+        state: State[Any, Any],
+        traffic: Traffic,
+        elapsed: float,
+        n: int,
+        clock: ModelClock | None = None,
+    ) -> Progress:
         """The progress after ``init`` (round 0, not logged yet) of a problem with n clients."""
         zeros = torch.zeros(n, dtype=torch.float64, device=state.x.device)
         empty = cls(state, zeros, zeros, zeros, 0.0, [], 0, -1, math.nan)
-        return empty.after(state, traffic, elapsed)
+        return empty.after(state, traffic, elapsed, clock)
 
-    def after(self, state: State[Any, Any], traffic: Traffic, elapsed: float) -> Progress:
-        """The progress after a step to ``state`` that moved ``traffic`` in ``elapsed`` s."""
+    def after(
+        self,
+        state: State[Any, Any],
+        traffic: Traffic,
+        elapsed: float,
+        clock: ModelClock | None = None,
+    ) -> Progress:
+        """The progress after a step to ``state`` that moved ``traffic`` in ``elapsed`` s; with a
+        ``clock``, the round's modelled time is added to ``time_model_s``."""
         ids = state.clients.ids
+        model = 0.0 if clock is None else clock.seconds(traffic, ids, elapsed)
         return dataclasses.replace(
             self,
             state=state,
@@ -212,6 +236,7 @@ class Progress:
             up_paper=self.up_paper.index_add(0, ids, traffic.up_paper),
             down=self.down.index_add(0, ids, traffic.down),
             time_s=self.time_s + elapsed,
+            time_model_s=self.time_model_s + model,
         )
 
     def table_rows(self) -> list[Row]:
@@ -336,6 +361,8 @@ class RunSetup:
     #: tests (None when unknown)
     f_lower: float | None = None
     x_star: torch.Tensor | None = None
+    #: the modelled clock of a run given a network (``time_model_s``), else None
+    clock: ModelClock | None = None
 
     @property
     def rounds(self) -> int:
@@ -348,7 +375,22 @@ class RunSetup:
     @property
     def columns(self) -> tuple[str, ...]:
         """The table's columns."""
-        return table_columns(self.held_out)
+        return table_columns(self.held_out, time_model=self.clock is not None)
+
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        """The metric columns after :data:`METRIC_COLUMNS`: ``time_model_s`` (a run with a
+        network) and the held-out metrics, in the order of a :data:`Row`."""
+        model = (TIME_MODEL_COLUMN,) if self.clock is not None else ()
+        return model + self.held_out
+
+    def row(self, runtime: Runtime, progress: Progress) -> Row:
+        """The logged row of ``progress``: the runtime's metrics with ``time_model_s``."""
+        row = runtime.row(progress)
+        if self.clock is None:
+            return row
+        k = len(METRIC_COLUMNS)
+        return (*row[:k], progress.time_model_s, *row[k:])
 
     def logged(self, r: int) -> bool:
         """Whether round ``r`` gets a row (every ``log_every`` rounds, round 0, the last round)."""
@@ -412,6 +454,13 @@ def setup_run(
     )
     if held_out:
         fingerprint["held_out_columns"] = list(held_out)
+    clock = None
+    if options.network is not None:
+        try:
+            clock = ModelClock.of(options.network, cfg.n, cfg.compressor)
+        except ValueError as e:
+            raise ValueError(f"network: {e}") from None
+        fingerprint["network"] = clock.describe()
     return RunSetup(
         problem=prob,
         bound=bound,
@@ -422,6 +471,7 @@ def setup_run(
         held_out=held_out,
         f_lower=_lower_bound(prob),
         x_star=_minimiser(prob, cfg.dtype, cfg.device),
+        clock=clock,
     )
 
 
@@ -523,6 +573,11 @@ def run_rounds(setup: RunSetup, runtime: Runtime) -> SimResult:
     """
     cfg, opts = setup.bound.cfg, setup.options
     rounds, checkpoint, callback = opts.rounds, opts.checkpoint, opts.callback
+    if setup.clock is not None and not runtime.standalone:
+        raise ValueError(
+            "network= (the modelled time_model_s) is a simulator option: a distributed run "
+            "measures its real time; drop network, or simulate the run with shrinkgrad.simulate"
+        )
 
     def save(p: Progress) -> None:
         if checkpoint is not None:
@@ -597,7 +652,7 @@ def run_rounds(setup: RunSetup, runtime: Runtime) -> SimResult:
 
 
 def _table(rows: list[Row], setup: RunSetup) -> pd.DataFrame:
-    metrics = list(METRIC_COLUMNS) + list(setup.held_out)
+    metrics = list(METRIC_COLUMNS) + list(setup.extra_metrics)
     table = pd.DataFrame(rows, columns=metrics).astype({"round": "int64"})
     table = table.astype({c: "float64" for c in metrics[1:]})
     table = table.assign(**setup.meta)[list(setup.columns)]
@@ -611,7 +666,7 @@ def _finite(row: Row) -> bool:
 
 
 def _describe(row: Row, setup: RunSetup) -> str:
-    names = ("grad_norm_sq", "loss", *setup.held_out)
+    names = ("grad_norm_sq", "loss", *setup.extra_metrics)
     values = (row[1], row[2], *row[len(METRIC_COLUMNS) :])
     return ", ".join(f"{k}={v}" for k, v in zip(names, values, strict=True))
 
@@ -630,8 +685,8 @@ def _start(setup: RunSetup, runtime: Runtime) -> Progress:
     """Initialise the method and log round 0."""
     t0 = time.perf_counter()
     state, traffic = runtime.init(setup.bound, setup.x0, record=True)
-    prog = Progress.start(state, traffic, time.perf_counter() - t0, setup.bound.cfg.n)
-    row = runtime.row(prog)
+    prog = Progress.start(state, traffic, time.perf_counter() - t0, setup.bound.cfg.n, setup.clock)
+    row = setup.row(runtime, prog)
     gns = row[1]
     if not _finite(row):
         raise ValueError(
@@ -661,10 +716,10 @@ def _advance(
     elapsed = time.perf_counter() - t0 + runtime.prepaid_s()
     if not finite or traffic is None:
         return _diverged_nonfinite(setup, runtime, prog, r)
-    nxt = prog.after(new_state, traffic, elapsed)
+    nxt = prog.after(new_state, traffic, elapsed, setup.clock)
     if not logged:
         return nxt
-    row = runtime.row(nxt)
+    row = setup.row(runtime, nxt)
     if not _finite(row):
         out = _diverged_nonfinite(setup, runtime, prog, r)
         extra = f" ({_describe(row, setup)} at round {r})"
@@ -697,7 +752,7 @@ def _verdict(
 def _diverged_nonfinite(setup: RunSetup, runtime: Runtime, prog: Progress, r: int) -> Progress:
     """Stop at round ``r`` whose values are not finite; log the last finite round if unlogged."""
     if prog.state.round > prog.last_logged:
-        row = runtime.row(prog)
+        row = setup.row(runtime, prog)
         if _finite(row):
             prog = prog.with_row(row)
     cfg = setup.bound.cfg
@@ -729,7 +784,8 @@ def _resume(
             "choose another checkpoint path"
         )
     fields = {f.name for f in dataclasses.fields(Progress)}
-    missing = sorted(k for k in fields if k not in data and k not in ("status", "message"))
+    optional = ("status", "message", "time_model_s")
+    missing = sorted(k for k in fields if k not in data and k not in optional)
     if missing:
         raise ValueError(
             f"the checkpoint {str(path)!r} was written by another version of shrinkgrad (it "

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 
 from ..methods.base import State
+from ..network.clock import network_of
+from ..network.topology import Network
 
 __all__ = [
     "Callback",
@@ -207,7 +209,10 @@ class RunOptions:
     ``divergence``: the :class:`Divergence` rule; ``dtype`` (None: the problem's), ``device``
     (None: the problem's), ``wire_dtype`` (bit counting); ``checkpoint`` (a file, or the prefix
     of the ranks' files in a distributed run) and ``checkpoint_every``; ``progress``: a progress
-    bar on stderr; ``callback(round, state)`` after every logged row (True stops the run).
+    bar on stderr; ``callback(round, state)`` after every logged row (True stops the run);
+    ``network`` (a :class:`~shrinkgrad.network.Network` or its spec, e.g.
+    ``"star[up=10mbit,down=100mbit,latency=20ms]"``): model each round's wall-clock time on it,
+    the table's ``time_model_s`` column (:mod:`shrinkgrad.network.clock`; simulator only).
     """
 
     rounds: int = 100
@@ -221,6 +226,7 @@ class RunOptions:
     checkpoint_every: int = 1000
     progress: bool = False
     callback: Callback | None = None
+    network: Network | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -255,6 +261,7 @@ class RunOptions:
             raise ValueError(f"progress must be True or False, got {self.progress!r}")
         if self.callback is not None and not callable(self.callback):
             raise ValueError(f"callback must be callable or None, got {self.callback!r}")
+        put(self, "network", network_of(self.network))
 
     def replace(self, **changes: Any) -> RunOptions:
         """A copy with some fields changed (validated again)."""
@@ -275,6 +282,7 @@ class RunOptions:
         checkpoint_every: int | None = None,
         progress: bool = False,
         callback: Callback | None = None,
+        network: Network | str | None = None,
     ) -> RunOptions:
         """The options of ``simulate``'s keywords (``divergence_factor`` as in
         :meth:`Divergence.of`, ``checkpoint_every=None`` as 1000)."""
@@ -290,6 +298,7 @@ class RunOptions:
             checkpoint_every=1000 if checkpoint_every is None else checkpoint_every,
             progress=progress,
             callback=callback,
+            network=network,  # type: ignore[arg-type]  # a spec is built in __post_init__
         )
 
 

@@ -18,6 +18,7 @@ import torch
 from ..compressors import Compressor
 from ..methods.base import Method
 from ..methods.stepsize import StepSize
+from ..network.topology import Network
 from ..problems import Problem
 from .engine import (
     COLUMNS,
@@ -52,6 +53,7 @@ def simulate(
     checkpoint_every: int | None = None,
     progress: bool = False,
     callback: Callback | None = None,
+    network: Network | str | None = None,
     options: RunOptions | None = None,
 ) -> SimResult:
     """Run ``method`` with ``compressor`` on ``problem`` for ``rounds`` rounds.
@@ -95,8 +97,16 @@ def simulate(
     callback:
         ``callback(round, state)`` after every logged row; return True to stop (status
         ``stopped``).
+    network:
+        a network (:mod:`shrinkgrad.network`) or its spec, e.g.
+        ``"star[up=10mbit,down=100mbit,latency=20ms]"``: the table gains a ``time_model_s``
+        column after ``time_s``, the modelled wall-clock time of the run on that network —
+        per round, the compute time (the spec's ``compute``, else the round's measured time / n)
+        and the time of the round's messages (their honest bits), the slowest active client
+        setting the round (docs/network.md, "The simulator's clock"). Without it the column is
+        absent.
     options:
-        all of the above (``rounds`` ... ``callback``) as one
+        all of the above (``rounds`` ... ``network``) as one
         :class:`~shrinkgrad.sim.options.RunOptions`, instead of the keywords (giving both is an
         error).
     """

@@ -51,6 +51,7 @@ MODULES: list[str] = [
     "k18_delays",
     "k18_async",
     "deep_ef",
+    "time_to_accuracy",
 ]
 
 
