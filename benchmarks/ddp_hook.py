@@ -114,9 +114,11 @@ def memcpy_baseline() -> dict[str, float]:
 def sparse_floor(name: str, ratio: float | None) -> dict[str, float] | None:
     """The compressor's sparse form of every compressed gradient of the model alone (the part of
     a step no hook can avoid), cache-cold; None for compressors without one."""
-    from shrinkgrad.compressors import make_compressor
+    from shrinkgrad.compressors import COMPRESSORS, make_compressor
     from shrinkgrad.rng import Keys
 
+    if "k" not in {p.name for p in COMPRESSORS.entry(name.split("[")[0]).keyword}:
+        return None  # no sparsity parameter: not a sparsifier (qsgd, natural, ...)
     grads = [torch.randn(p.numel()).to(DTYPE[0]) for p in _model().parameters()]
     grads = [g for g in grads if g.numel() >= 1024]  # the hook's min_numel
     comps = []
@@ -140,6 +142,7 @@ def _steps(ddp: DDP, n: int, times: list[float] | None = None) -> list[float]:
     """Run ``n`` training steps; returns their wall times (or the hook times collected in
     ``times``, one sum per step, when given)."""
     X = torch.randn(BATCH, WIDTHS[0], generator=torch.Generator().manual_seed(1))
+    X = X.to(next(ddp.parameters()).dtype)  # a 16-bit model takes 16-bit inputs
     y = torch.randint(0, WIDTHS[-1], (BATCH,), generator=torch.Generator().manual_seed(2))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     out = []
