@@ -183,11 +183,20 @@ def _rank(
             else:
                 real_gather(out, t)
         replay.append(time.perf_counter() - t0)
+    # the link's latency for the network model: a 1-float all-reduce is 2(p−1) latency steps
+    tiny = torch.zeros(1)
+    small = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        real_reduce(tiny)
+        small.append(time.perf_counter() - t0)
     return {
         "times": times,
         "sent": sent,
         "params": n_params,
         "comm_s": statistics.median(replay) if replay else 0.0,
+        "ops": [(op, n, torch.empty(0, dtype=dt_).element_size()) for op, n, dt_ in ops],
+        "alpha_s": statistics.median(small) / max(1, 2 * (world_ - 1)),
     }
 
 
@@ -270,6 +279,8 @@ def worker(
                     "comm_s": max(r["comm_s"] for r in per_rank),
                     "bytes": statistics.median(per_rank[0]["sent"]),
                     "params": per_rank[0]["params"],
+                    "ops": per_rank[0]["ops"],
+                    "alpha_s": statistics.median(r["alpha_s"] for r in per_rank),
                 }
             except WorkerError as e:
                 entry = {"label": label, "error": _why(e, time.monotonic() - t0)}
@@ -418,8 +429,36 @@ def _run_link(link: str, rate: str | None, args: argparse.Namespace) -> dict[str
                 subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+def _model_txt(e: dict[str, Any], mbit_s: float) -> str:
+    if "ops" not in e or not e["ops"]:
+        return "— | —"
+    m = modelled_comm(e, mbit_s)
+    ratio = f"{m / e['comm_s']:.2f}" if e["comm_s"] > 0 else "—"
+    return f"{m * 1e3:.1f} ms | {ratio}"
+
+
 def _fmt_bytes(b: float) -> str:
     return f"{b / 1e6:.2f} MB" if b >= 1e5 else f"{b / 1e3:.1f} kB"
+
+
+def modelled_comm(e: dict[str, Any], mbit_s: float) -> float:
+    """The network model's communication time of a step's collectives (``shrinkgrad.network``:
+    ring all-reduce and all-gather on ``WORLD`` ranks) with the link's *measured* bandwidth and
+    latency (issue 16's calibration).
+
+    The emulated link is one token bucket on the namespace's loopback that every rank's traffic
+    passes through, and in a ring step all ``WORLD`` ranks send at once: each rank's share is
+    B / WORLD (B: the measured throughput of one TCP connection alone). A ring all-reduce of S
+    bytes then takes 2(p−1)/p · 8S/(B/p) = 2(p−1)·8S/B, all the bytes every rank sends over B.
+    On real hardware (a link per rank) the per-link bandwidth is B itself."""
+    from shrinkgrad.network.collectives import ring_allgather, ring_allreduce
+
+    bw, alpha = mbit_s * 1e6 / WORLD, e["alpha_s"]
+    total = 0.0
+    for op, n, size in e["ops"]:
+        cost = ring_allreduce if op == "allreduce" else ring_allgather
+        total += cost(n * size, WORLD, bw, alpha).total_s
+    return total
 
 
 def report(res: dict[str, Any]) -> str:
@@ -432,15 +471,15 @@ def report(res: dict[str, Any]) -> str:
         f"{dense['params'] / 1e6:.2f} M parameters, {WORLD} ranks)",
         "",
         "| configuration | step | step without comm. | comm. (replayed) | bytes/step/rank "
-        "| step speed-up | comm. speed-up |",
-        "|---|---|---|---|---|---|---|",
+        "| step speed-up | comm. speed-up | modelled comm. | model / replayed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, label, kind, _ in CONFIGS:
         e = cfg.get(key)
         if e is None:
             continue
         if "error" in e:
-            lines.append(f"| {label} | {e['error']} | | | | | |")
+            lines.append(f"| {label} | {e['error']} | | | | | | | |")
             continue
         skip = cfg.get(key + "_skip", {}).get("step_s") if kind == "shrinkgrad" else compute
         skip_txt = f"{skip * 1e3:.0f} ms" if skip is not None else "—"
@@ -449,7 +488,8 @@ def report(res: dict[str, Any]) -> str:
         lines.append(
             f"| {label} | {e['step_s'] * 1e3:.0f} ms | {skip_txt} | {e['comm_s'] * 1e3:.1f} ms "
             f"| {_fmt_bytes(e['bytes'])} | {dense['step_s'] / e['step_s']:.2f}× "
-            f"| {dense['comm_s'] / max(e['comm_s'], 1e-6):.1f}× |"
+            f"| {dense['comm_s'] / max(e['comm_s'], 1e-6):.1f}× "
+            f"| {_model_txt(e, res['mbit_s'])} |"
         )
     return "\n".join(lines)
 
