@@ -108,7 +108,12 @@ def test_built_objects_pass_through() -> None:
 # completeness: every module of the component packages is imported, every component registered
 # --------------------------------------------------------------------------------------------
 #: in the order imports flow (design.md): a package never imports the modules of a later one
-COMPONENT_PACKAGES = ("shrinkgrad.compressors", "shrinkgrad.problems", "shrinkgrad.methods")
+COMPONENT_PACKAGES = (
+    "shrinkgrad.compressors",
+    "shrinkgrad.problems",
+    "shrinkgrad.methods",
+    "shrinkgrad.network",
+)
 
 #: public concrete component classes that are deliberately not in a registry, and why
 NOT_REGISTERED = {

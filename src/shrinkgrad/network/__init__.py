@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from .clock import ModelClock, network_of
 from .collectives import Cost, point_to_point, ring_allgather, ring_allreduce
+from .estimate import Estimate, measure_rounds  # network.estimate stays the module
 from .topology import NETWORKS, Links, Network, Ring, RoundCost, Star, make_network
 from .traffic import Collective, PSMessages, hook_collectives, ps_messages, summable
 from .units import parse_bandwidth, parse_duration
@@ -36,6 +37,7 @@ __all__ = [
     "Collective",
     "Cost",
     "Distribution",
+    "Estimate",
     "Links",
     "ModelClock",
     "Network",
@@ -46,6 +48,7 @@ __all__ = [
     "Star",
     "hook_collectives",
     "make_network",
+    "measure_rounds",
     "network_of",
     "parse_bandwidth",
     "parse_duration",
