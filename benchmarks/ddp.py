@@ -451,14 +451,10 @@ def modelled_comm(e: dict[str, Any], mbit_s: float) -> float:
     B / WORLD (B: the measured throughput of one TCP connection alone). A ring all-reduce of S
     bytes then takes 2(p−1)/p · 8S/(B/p) = 2(p−1)·8S/B, all the bytes every rank sends over B.
     On real hardware (a link per rank) the per-link bandwidth is B itself."""
-    from shrinkgrad.network.collectives import ring_allgather, ring_allreduce
+    from shrinkgrad.network import Collective, make_network
 
-    bw, alpha = mbit_s * 1e6 / WORLD, e["alpha_s"]
-    total = 0.0
-    for op, n, size in e["ops"]:
-        cost = ring_allreduce if op == "allreduce" else ring_allgather
-        total += cost(n * size, WORLD, bw, alpha).total_s
-    return total
+    ring = make_network("ring", bandwidth=mbit_s * 1e6 / WORLD, latency=e["alpha_s"])
+    return sum(ring.collective(Collective(op, n * size), WORLD).total_s for op, n, size in e["ops"])
 
 
 def report(res: dict[str, Any]) -> str:
