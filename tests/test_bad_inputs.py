@@ -172,6 +172,10 @@ CASES: dict[str, Cli | Api] = {
         r"a\.svm, line 1: .*index 0",
         svm("a.svm", "1 0:1\n-1 2:1\n"),
     ),
+    "theory of a network (L unknown)": Cli(
+        "theory --problem mlp[dataset=australian_scale,hidden=2,n_clients=2]",
+        r"L is not known for this problem; pass a number or estimate it",
+    ),
     # ---- config files --------------------------------------------------------------------------
     "config: typo'd key": Cli(
         RUN,

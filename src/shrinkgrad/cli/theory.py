@@ -51,7 +51,11 @@ def theory_report(
         "the constants and step sizes alone need only O(nnz) memory: compute them with the Python "
         "API (shrinkgrad.problems.rare_features, shrinkgrad.theory)",
     )
-    L_i = problem.L_i.double()
+    from ..methods.base import Constants
+
+    # a problem without known constants (a neural network) refuses in the methods' one message
+    _, L_i = Constants.of(problem).smoothness()
+    L_i = L_i.double()
     const: dict[str, Any] = {
         "problem": getattr(problem, "spec", "") or problem.name,
         "dataset": problem.dataset,
