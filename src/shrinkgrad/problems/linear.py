@@ -196,7 +196,9 @@ class LinearModelProblem(Problem):
         if storage == "sparse":
             csr = sp.csr_matrix(A64, dtype=np_dtype)
             self._indptr = csr.indptr.astype(np.int64)
-            self._indices = csr.indices.astype(np.int64)
+            # the kernels read the column indices in the narrowest unsigned type that holds
+            # d − 1 (uint8 for a9a's 123 features): the gradient pass is bound by their traffic
+            self._indices = csr.indices.astype(_index_dtype(self.d))
             self._data = csr.data.astype(np_dtype)
             self._A: sp.csr_matrix | np.ndarray = csr
             # binary features (every stored value 1.0): the kernels skip reading the values
@@ -209,6 +211,7 @@ class LinearModelProblem(Problem):
         self._w = self._w64.astype(np_dtype)
         self._inv_m = 1.0 / sizes.astype(np.float64)
         self._no_e = np.empty(0, dtype=np_dtype)
+        self._no_loss = np.empty(0, dtype=np.float64)
         self._torch: dict[str, torch.Tensor] | None = None
         self.backend: Literal["numba", "torch"] = "numba" if self.device.type == "cpu" else "torch"
         self._eig_method = eig_method
@@ -386,7 +389,7 @@ class LinearModelProblem(Problem):
             if self.storage == "sparse":
                 row = np.repeat(np.arange(self.n_samples, dtype=np.int64), np.diff(self._indptr))
                 t["row"] = torch.from_numpy(row).to(dev)
-                t["col"] = torch.from_numpy(self._indices).to(dev)
+                t["col"] = torch.from_numpy(self._indices.astype(np.int64)).to(dev)
                 t["val"] = torch.from_numpy(self._data).to(dev, dt)
             else:
                 t["A"] = torch.from_numpy(np.asarray(self._A)).to(dev, dt)
@@ -428,39 +431,40 @@ class LinearModelProblem(Problem):
             K.scatter_dense(self._A, rows, client, r, G)
         return z, G
 
-    def _point_numba(
-        self, x: torch.Tensor, losses: bool
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(G, z, e) of every client at one point x, the regularizer's gradient included, in one
-        kernel call (:func:`~shrinkgrad.problems._kernels.point_pass_csr`: the values of the
-        row-list kernels bit for bit); with ``threads`` > 1 the clients are spread over numba
-        threads (same values). ``e`` = exp(−t) of the logistic loss when ``losses`` (else None).
+    def _point_numba(self, x: torch.Tensor, losses: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """(G, f_i) of every client at one point x, the regularizer's gradient included (its
+        value not), in one kernel call (:func:`~shrinkgrad.problems._kernels.point_pass_csr`:
+        the values of the row-list kernels and of :func:`client_losses` bit for bit); with
+        ``threads`` > 1 the clients are spread over numba threads (same values). The losses
+        (float64, regularizer excluded) only when ``losses``, else None.
         """
         xn = self._numpy(x)
         reg = self._numpy(self._reg_grad(x))
         logistic = self.loss_kind == "logistic"
         dt = self._A.dtype
-        e = np.empty(self.n_samples, dtype=dt) if losses and logistic else None
-        e_arg = self._no_e if e is None else e
-        z = np.empty(self.n_samples, dtype=dt)
-        r = np.empty(self.n_samples, dtype=dt)
+        N = self.n_samples
+        e = np.empty(N, dtype=dt) if losses and logistic else self._no_e
+        out = np.empty(self.n, dtype=np.float64) if losses else self._no_loss
+        buf = np.empty(N, dtype=np.float64) if losses else self._no_loss
+        z = np.empty(N, dtype=dt)
+        r = np.empty(N, dtype=dt)
         G = np.empty((self.n, self.d), dtype=dt)
         parallel = self.threads > 1
         if parallel:
             import numba
 
             numba.set_num_threads(min(self.threads, getattr(numba.config, "NUMBA_NUM_THREADS", 1)))
-        y, w = self._y, self._w
+        y, w, inv_m = self._y, self._w, self._inv_m
         if self.storage == "sparse":
             kernel = K.point_pass_csr_threads if parallel else K.point_pass_csr
             kernel(
                 self._indptr, self._indices, self._data, self._ones, self.offsets, xn, y, w,
-                logistic, reg, z, r, e_arg, G,
+                logistic, reg, z, r, e, G, inv_m, buf, out,
             )  # fmt: skip
         else:
             kernel = K.point_pass_dense_threads if parallel else K.point_pass_dense
-            kernel(self._A, self.offsets, xn, y, w, logistic, reg, z, r, e_arg, G)
-        return G, z, e
+            kernel(self._A, self.offsets, xn, y, w, logistic, reg, z, r, e, G, inv_m, buf, out)
+        return G, (out if losses else None)
 
     def _losses_numba(self, z: np.ndarray, e: np.ndarray | None) -> torch.Tensor:
         """f_i(x) from the margins z (and exp(−t) of the logistic loss), regularizer excluded."""
@@ -537,8 +541,9 @@ class LinearModelProblem(Problem):
         """
         x = self._point(x)
         if self.backend == "numba":
-            G, z, e = self._point_numba(x, True)
-            grads, losses = torch.from_numpy(G), self._losses_numba(z, e)
+            G, f_i = self._point_numba(x, True)
+            assert f_i is not None
+            grads, losses = torch.from_numpy(G), torch.from_numpy(f_i).to(self.dtype)
         else:
             grads, z = self._grads_torch(x.expand(self.n, self.d), None, None, keep_z=True)
             grads, losses = grads.add_(self._reg_grad(x)), self._losses_torch(z)
@@ -815,6 +820,14 @@ def _with_intercept(A: sp.spmatrix | np.ndarray) -> sp.csr_matrix | np.ndarray:
     if sp.issparse(A):
         return sp.hstack([sp.csr_matrix(A, dtype=np.float64), ones], format="csr")
     return np.hstack([np.asarray(A, dtype=np.float64), ones])
+
+
+def _index_dtype(d: int) -> type[np.unsignedinteger[Any]]:
+    """The narrowest unsigned integer type that holds the column indices 0 … d − 1."""
+    for t in (np.uint8, np.uint16, np.uint32):
+        if d - 1 <= np.iinfo(t).max:
+            return t
+    return np.uint64
 
 
 def _check_threads(threads: Any) -> int:
