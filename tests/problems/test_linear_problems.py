@@ -336,3 +336,39 @@ def test_intercept_and_threads_by_name() -> None:
         logistic_regression("a1a", n_clients=3, threads=0)
     with pytest.raises(ValueError, match="intercept must be True or False"):
         logistic_regression("a1a", n_clients=3, intercept="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("d", "kind"), [(1, np.uint8), (256, np.uint8), (257, np.uint16)])
+def test_column_indices_are_stored_in_the_narrowest_type(d: int, kind: type) -> None:
+    """d − 1 must fit: 256 features still fit uint8, 257 need uint16."""
+    from shrinkgrad.problems.linear import _index_dtype
+
+    assert _index_dtype(d) is kind
+    assert _index_dtype(2**16 + 1) is np.uint32
+
+
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_narrow_index_pass_equals_the_int64_pass_and_the_separate_losses(
+    loss: str, dtype: str
+) -> None:
+    """The one-point kernel on the stored uint8 indices gives the bits of the same kernel on
+    int64 indices, and its fused losses those of client_losses (the separate margins pass)."""
+    from shrinkgrad.problems import _kernels as PK
+
+    p = _build(loss, "nonconvex", 0.1, "sparse", dtype=dtype)
+    assert p._indices.dtype == np.uint8  # a1a: d = 123
+    x = 0.3 * torch.randn(p.d, dtype=p.dtype, generator=torch.Generator().manual_seed(4))
+    G, losses = p.client_grads_and_losses(x)
+    N, dt = p.n_samples, p._A.dtype
+    G64 = np.empty((p.n, p.d), dtype=dt)
+    e = np.empty(N, dtype=dt)
+    no = np.empty(0, dtype=np.float64)
+    PK.point_pass_csr(
+        p._indptr, p._indices.astype(np.int64), p._data, p._ones, p.offsets, x.numpy(), p._y,
+        p._w, loss == "logistic", p._reg_grad(x).numpy(), np.empty(N, dtype=dt),
+        np.empty(N, dtype=dt), e, G64, p._inv_m, no, no,
+    )  # fmt: skip
+    assert torch.equal(G, torch.from_numpy(G64))
+    assert torch.equal(losses, p.client_losses(x))
+    assert torch.equal(G, p.client_grads(x))

@@ -1033,6 +1033,34 @@ def top1_rows(  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def shifted_top1_rows(  # pragma: no cover - compiled
+    x2: np.ndarray, h2: np.ndarray, buf: np.ndarray, bu: np.ndarray, c2: np.ndarray, g2: np.ndarray
+) -> int:
+    """The shifted Top-1 of every row in one pass (``TopK.shifted``): c = Top-1(x − h) into
+    ``c2`` and h + c into ``g2``, with the values of ``torch.sub``, :func:`top1_rows` and
+    ``torch.add`` bit for bit (each is an exact IEEE operation per entry). ``buf`` (d,) is a
+    scratch row and ``bu`` its bit patterns (the same memory). NON_FINITE when a row of x − h
+    holds inf or nan. On the simulator's (1000, 123) float64 batches one pass over x, h and the
+    outputs replaces three, and two fresh (n, d) temporaries."""
+    n, d = x2.shape
+    for r in range(n):
+        xr = x2[r]
+        hr = h2[r]
+        for q in range(d):
+            buf[q] = xr[q] - hr[q]
+        j = _top1_row(bu)
+        if j < 0:
+            return NON_FINITE
+        cr = c2[r]
+        _zero_row(cr)
+        cr[j] = buf[j]
+        gr = g2[r]
+        for q in range(d):
+            gr[q] = hr[q] + cr[q]
+    return OK
+
+
+@njit(cache=True, nogil=True)
 def topk_rows(  # pragma: no cover - compiled
     x2: np.ndarray, k: int, idx: np.ndarray, out: np.ndarray
 ) -> int:

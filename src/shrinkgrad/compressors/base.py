@@ -311,6 +311,27 @@ class Compressor(abc.ABC):
             client = np.arange(int(np.prod(rows)), dtype=np.int64).reshape(rows) if rows else 0
         return self(x, Keys.derive(seed, round=round, client=client))
 
+    # -- shifted form ---------------------------------------------------------------------------
+    def shifted(
+        self, x: torch.Tensor, h: torch.Tensor, keys: Keys | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(c, h + c)`` with c = C(x − h, keys): the message and the value of the shifted
+        compressor C_h(x) = h + C(x − h) (Shulgin & Richtárik, "Shifted compression framework:
+        generalizations and improvements", UAI 2022). EF21's client update
+        g_i ← g_i + C(∇f_i − g_i) is C_{g_i}(∇f_i) (:func:`shrinkgrad.methods.rules.ef21_update`).
+
+        This default computes ``x − h``, ``C(·, keys)`` and ``h + c``; a compressor may fuse
+        the three into one pass (Top-1 on CPU) when it gives the same bits. Non-finite x − h is
+        the ValueError of ``C`` itself.
+        """
+        if not isinstance(h, torch.Tensor) or h.shape != x.shape or h.dtype != x.dtype:
+            raise ValueError(
+                f"{self.name}.shifted: the shift h must match x (shape {tuple(x.shape)}, "
+                f"{x.dtype}), got {type(h).__name__} {tuple(getattr(h, 'shape', ()))}"
+            )
+        c = self(x - h, keys)
+        return c, h + c
+
     # -- sparse form ----------------------------------------------------------------------------
     def sparse(
         self, x: torch.Tensor, keys: Keys | None = None

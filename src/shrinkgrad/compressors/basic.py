@@ -188,6 +188,35 @@ class TopK(Sparsifier):
         idx = self._indices(x)
         return idx, take(x, idx)
 
+    def shifted(
+        self, x: torch.Tensor, h: torch.Tensor, keys: Keys | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`Compressor.shifted`; for k = 1 on CPU one pass over x and h
+        (:func:`~shrinkgrad.compressors._kernels.shifted_top1_rows`, the same bits)."""
+        fast = (
+            self.k == 1
+            and _use_numba(x)
+            and x.dtype in (torch.float32, torch.float64)
+            and isinstance(h, torch.Tensor)
+            and h.shape == x.shape
+            and h.dtype == x.dtype
+            and h.device == x.device
+            and x.ndim >= 1
+            and x.shape[-1] > 0
+        )
+        if not fast:
+            return super().shifted(x, h, keys)
+        x2, h2 = _rows(x), _rows(h)
+        d = x2.shape[1]
+        utype = np.uint32 if x2.dtype == np.float32 else np.uint64
+        buf = np.empty(d, dtype=x2.dtype)
+        c = torch.empty(x.shape, dtype=x.dtype)
+        g = torch.empty(x.shape, dtype=x.dtype)
+        c2, g2 = c.view(-1, d).numpy(), g.view(-1, d).numpy()
+        if K.shifted_top1_rows(x2, h2, buf, buf.view(utype), c2, g2) != K.OK:
+            raise non_finite_error(self.name)
+        return c, g
+
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         if _use_numba(x):
             res, o2, copy = _out_rows(x, out)

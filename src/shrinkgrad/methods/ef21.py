@@ -177,7 +177,12 @@ class EF21(Method[EF21Server, EF21Clients]):
 
     @property
     def partial(self) -> bool:
-        return bool((self.p < 1).any())
+        """Some client takes part with probability < 1 (asked every round: kept per p)."""
+        memo = self.__dict__.get("_partial_of")
+        if memo is None or memo[0] is not self.p:
+            memo = (self.p, bool((self.p < 1).any()))
+            self.__dict__["_partial_of"] = memo
+        return bool(memo[1])
 
     @property
     def identity_is_gd(self) -> bool:

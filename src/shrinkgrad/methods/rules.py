@@ -97,7 +97,19 @@ def ef21_update(
     ``target`` = ∇f_i(x^{t+1}) / (n w_i). The client sends c; the server adds Σ_i w_i c_i to g.
     With ``inplace=True`` the new g is ``g`` itself, updated in place; ``scratch`` (g's shape
     and dtype) receives target − g instead of a new tensor.
+
+    g + C(target − g) is the shifted compressor C_g(target) (Shulgin & Richtárik, UAI 2022):
+    when ``compress`` offers its shifted form (``compress.shifted(target, g)``, the simulator's
+    :meth:`~shrinkgrad.methods.base.StatefulCompress.shifted`), the functional form asks it,
+    so that a compressor with a fused pass (Top-1 on CPU) computes the three operations in one,
+    with the same bits.
     """
+    shifted = getattr(compress, "shifted", None)
+    if shifted is not None and not inplace:
+        both = shifted(target, g)
+        if both is not None:
+            c_new: torch.Tensor = both[0]
+            return c_new, both[1]
     diff = target - g if scratch is None else torch.sub(target, g, out=scratch)
     c = compress(diff)
     return c, add_message(g, c, inplace=inplace)
