@@ -360,14 +360,11 @@ def test_narrow_index_pass_equals_the_int64_pass_and_the_separate_losses(
     assert p._indices.dtype == np.uint8  # a1a: d = 123
     x = 0.3 * torch.randn(p.d, dtype=p.dtype, generator=torch.Generator().manual_seed(4))
     G, losses = p.client_grads_and_losses(x)
-    N, dt = p.n_samples, p._A.dtype
-    G64 = np.empty((p.n, p.d), dtype=dt)
-    e = np.empty(N, dtype=dt)
-    no = np.empty(0, dtype=np.float64)
+    G64 = np.empty((p.n, p.d), dtype=p._A.dtype)
     PK.point_pass_csr(
         p._indptr, p._indices.astype(np.int64), p._data, p._ones, p.offsets, x.numpy(), p._y,
-        p._w, loss == "logistic", p._reg_grad(x).numpy(), np.empty(N, dtype=dt),
-        np.empty(N, dtype=dt), e, G64, p._inv_m, no, no,
+        p._w, loss == "logistic", p._reg_grad(x).numpy(), G64, p._inv_m,
+        np.empty(0, dtype=np.float64), p._block_rows,
     )  # fmt: skip
     assert torch.equal(G, torch.from_numpy(G64))
     assert torch.equal(losses, p.client_losses(x))

@@ -36,6 +36,7 @@ import numba
 import numpy as np
 
 __all__ = [
+    "block_rows",
     "client_losses",
     "dphi_weighted",
     "neg_margin_exp",
@@ -177,112 +178,151 @@ def client_losses(logistic, z, y, e, offsets, inv_m, buf, out):  # type: ignore[
         out[c] = acc * inv_m[c]
 
 
+#: clients per block of the one-point pass: each block (one prange iteration) allocates the
+#: scratch of its samples once, and computes their losses in one vectorised call
+PASS_BLOCK = 64
+
+
 def _point_pass_csr(  # type: ignore[no-untyped-def]  # pragma: no cover
-    indptr, indices, data, ones, offsets, x, y, w, logistic, reg, z, r, e, G, inv_m, buf, loss
+    indptr, indices, data, ones, offsets, x, y, w, logistic, reg, G, inv_m, loss, block_rows
 ):
-    """The gradient pass at one point x for every client (``prange`` over clients).
+    """The gradient pass at one point x for every client (``prange`` over blocks of clients).
 
     Per client c (rows offsets[c]:offsets[c+1]): z_k = ⟨a_k, x⟩ as :func:`rowdot_csr`,
-    r_k = φ'(z_k)·w_k as :func:`dphi_weighted` (storing exp(−t_k) in ``e`` when it has length
-    N), G[c] = Σ_k r_k a_k as :func:`scatter_csr` into a zeroed row, then G[c] += reg (the
-    regularizer's gradient, as ``G.add_(reg)``) and, when ``loss`` has length n, the client's
-    mean loss as :func:`client_losses` (``buf``: a float64 scratch of length N) while its
-    margins are in cache: the values of those kernels bit for bit, for any number of threads.
-    G need not be zeroed by the caller. ``indices`` may be of any integer type (the problem
-    stores the narrowest that holds d − 1: uint8 for a9a's 123 features, an eighth of the index
-    traffic of int64).
+    r_k = φ'(z_k)·w_k as :func:`dphi_weighted`, G[c] = Σ_k r_k a_k as :func:`scatter_csr` into
+    a zeroed row, then G[c] += reg (the regularizer's gradient, as ``G.add_(reg)``) and, when
+    ``loss`` has length n, the clients' mean losses as :func:`client_losses`, while their
+    margins and exp(−t) are in cache: the values of those kernels bit for bit, for any number
+    of threads. z, r and exp(−t) live in a scratch of ``block_rows`` (the most samples of a
+    block of :data:`PASS_BLOCK` clients) per block, not in arrays of all N samples, and w
+    (1/m_c, the same for all of a client's samples) is read once per client: the pass reads the
+    data, x and y and writes G and the losses, nothing else. G need not be zeroed by the
+    caller. ``indices`` may be of any integer type (the problem stores the narrowest that holds
+    d − 1: uint8 for a9a's 123 features).
     """
-    one = z.dtype.type(1.0)
-    two = z.dtype.type(2.0)
-    keep = e.shape[0] > 0
-    want = loss.shape[0] > 0
-    d = G.shape[1]
-    for c in numba.prange(offsets.shape[0] - 1):
-        lo, hi = offsets[c], offsets[c + 1]
-        for j in range(lo, hi):
-            s = 0.0
-            if ones:
-                for p in range(indptr[j], indptr[j + 1]):
-                    s += x[np.uint64(indices[p])]
-            else:
-                for p in range(indptr[j], indptr[j + 1]):
-                    s += data[p] * x[np.uint64(indices[p])]
-            z[j] = s
-        if logistic:
-            for j in range(lo, hi):
-                ny = -y[j]
-                ej = math.exp(-(ny * z[j]))
-                r[j] = (ny * (one / (one + ej))) * w[j]
-                if keep:
-                    e[j] = ej
-        else:
-            for j in range(lo, hi):
-                r[j] = (two * (z[j] - y[j])) * w[j]
-        g = G[c]
-        for q in range(d):
-            g[q] = 0.0
-        for j in range(lo, hi):
-            rk = r[j]
-            if rk == 0.0:
-                continue
-            if ones:
-                for p in range(indptr[j], indptr[j + 1]):
-                    g[np.uint64(indices[p])] += rk
-            else:
-                for p in range(indptr[j], indptr[j + 1]):
-                    g[np.uint64(indices[p])] += rk * data[p]
-        for q in range(d):
-            g[q] = g[q] + reg[q]
-        if want:
-            loss[c] = _client_loss(logistic, z, y, e, lo, hi, inv_m[c], buf)
+    n = offsets.shape[0] - 1
+    dt = G.dtype
+    for b in numba.prange((n + PASS_BLOCK - 1) // PASS_BLOCK):
+        c0, c1 = b * PASS_BLOCK, min(n, (b + 1) * PASS_BLOCK)
+        base = offsets[c0]
+        z = np.empty(block_rows, dtype=dt)
+        r = np.empty(block_rows, dtype=dt)
+        e = np.empty(block_rows, dtype=dt)
+        for c in range(c0, c1):
+            _client_csr(
+                indptr, indices, data, ones, offsets[c], offsets[c + 1], base, x, y, w,
+                logistic, reg, G[c], z, r, e,
+            )  # fmt: skip
+        if loss.shape[0] > 0:
+            _block_losses(logistic, z, y, e, offsets, c0, c1, inv_m, loss)
 
 
 @_jit
-def _client_loss(logistic, z, y, e, lo, hi, inv_m, buf):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """(1/m) Σ_{k ∈ [lo, hi)} φ(z_k; y_k), one client of :func:`client_losses` (same bits)."""
-    _sample_losses(logistic, z[lo:hi], y[lo:hi], e[lo:hi], buf[lo:hi])
-    acc = 0.0
-    for k in range(lo, hi):
-        acc += buf[k]
-    return acc * inv_m
+def _client_csr(indptr, indices, data, ones, lo, hi, base, x, y, w, logistic, reg, g, z, r, e):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """One client of :func:`_point_pass_csr`: z, r, e of its rows j at j − base, its row g."""
+    one = z.dtype.type(1.0)
+    two = z.dtype.type(2.0)
+    for j in range(lo, hi):
+        s = 0.0
+        if ones:
+            for p in range(indptr[j], indptr[j + 1]):
+                s += x[np.uint64(indices[p])]
+        else:
+            for p in range(indptr[j], indptr[j + 1]):
+                s += data[p] * x[np.uint64(indices[p])]
+        z[j - base] = s
+    wc = w[lo]
+    if logistic:
+        for j in range(lo, hi):
+            ny = -y[j]
+            ej = math.exp(-(ny * z[j - base]))
+            r[j - base] = (ny * (one / (one + ej))) * wc
+            e[j - base] = ej
+    else:
+        for j in range(lo, hi):
+            r[j - base] = (two * (z[j - base] - y[j])) * wc
+    for q in range(g.shape[0]):
+        g[q] = 0.0
+    for j in range(lo, hi):
+        rk = r[j - base]
+        if rk == 0.0:
+            continue
+        if ones:
+            for p in range(indptr[j], indptr[j + 1]):
+                g[np.uint64(indices[p])] += rk
+        else:
+            for p in range(indptr[j], indptr[j + 1]):
+                g[np.uint64(indices[p])] += rk * data[p]
+    for q in range(g.shape[0]):
+        g[q] = g[q] + reg[q]
+
+
+@_jit
+def _block_losses(logistic, z, y, e, offsets, c0, c1, inv_m, loss):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """loss[c] = (1/m_c) Σ φ(z_k; y_k) for the clients c0 … c1 − 1, whose rows (from
+    offsets[c0]) have their z and e at 0, 1, … — as :func:`client_losses` (same bits): one
+    vectorised :func:`_sample_losses` over the block, then each client's sum in row order."""
+    base, m = offsets[c0], offsets[c1] - offsets[c0]
+    buf = np.empty(m, dtype=np.float64)
+    _sample_losses(logistic, z[:m], y[base : base + m], e[:m], buf)
+    for c in range(c0, c1):
+        acc = 0.0
+        for k in range(offsets[c] - base, offsets[c + 1] - base):
+            acc += buf[k]
+        loss[c] = acc * inv_m[c]
 
 
 def _point_pass_dense(  # type: ignore[no-untyped-def]  # pragma: no cover
-    A, offsets, x, y, w, logistic, reg, z, r, e, G, inv_m, buf, loss
+    A, offsets, x, y, w, logistic, reg, G, inv_m, loss, block_rows
 ):
     """:func:`_point_pass_csr` for dense data (:func:`rowdot_dense`, :func:`scatter_dense`)."""
-    one = z.dtype.type(1.0)
-    two = z.dtype.type(2.0)
-    keep = e.shape[0] > 0
-    want = loss.shape[0] > 0
+    n = offsets.shape[0] - 1
+    dt = G.dtype
     d = A.shape[1]
-    for c in numba.prange(offsets.shape[0] - 1):
-        lo, hi = offsets[c], offsets[c + 1]
-        for j in range(lo, hi):
-            s = 0.0
-            for q in range(d):
-                s += A[j, q] * x[q]
-            z[j] = s
-        if logistic:
+    for b in numba.prange((n + PASS_BLOCK - 1) // PASS_BLOCK):
+        c0, c1 = b * PASS_BLOCK, min(n, (b + 1) * PASS_BLOCK)
+        base = offsets[c0]
+        z = np.empty(block_rows, dtype=dt)
+        r = np.empty(block_rows, dtype=dt)
+        e = np.empty(block_rows, dtype=dt)
+        one = z.dtype.type(1.0)
+        two = z.dtype.type(2.0)
+        for c in range(c0, c1):
+            lo, hi = offsets[c], offsets[c + 1]
             for j in range(lo, hi):
-                ny = -y[j]
-                ej = math.exp(-(ny * z[j]))
-                r[j] = (ny * (one / (one + ej))) * w[j]
-                if keep:
-                    e[j] = ej
-        else:
-            for j in range(lo, hi):
-                r[j] = (two * (z[j] - y[j])) * w[j]
-        for q in range(d):
-            G[c, q] = 0.0
-        for j in range(lo, hi):
-            rk = r[j]
+                s = 0.0
+                for q in range(d):
+                    s += A[j, q] * x[q]
+                z[j - base] = s
+            wc = w[lo]
+            if logistic:
+                for j in range(lo, hi):
+                    ny = -y[j]
+                    ej = math.exp(-(ny * z[j - base]))
+                    r[j - base] = (ny * (one / (one + ej))) * wc
+                    e[j - base] = ej
+            else:
+                for j in range(lo, hi):
+                    r[j - base] = (two * (z[j - base] - y[j])) * wc
             for q in range(d):
-                G[c, q] += rk * A[j, q]
-        for q in range(d):
-            G[c, q] = G[c, q] + reg[q]
-        if want:
-            loss[c] = _client_loss(logistic, z, y, e, lo, hi, inv_m[c], buf)
+                G[c, q] = 0.0
+            for j in range(lo, hi):
+                rk = r[j - base]
+                for q in range(d):
+                    G[c, q] += rk * A[j, q]
+            for q in range(d):
+                G[c, q] = G[c, q] + reg[q]
+        if loss.shape[0] > 0:
+            _block_losses(logistic, z, y, e, offsets, c0, c1, inv_m, loss)
+
+
+def block_rows(offsets: np.ndarray) -> int:
+    """The most samples of a block of :data:`PASS_BLOCK` consecutive clients (the one-point
+    pass's scratch size)."""
+    ends = offsets[PASS_BLOCK::PASS_BLOCK]
+    ends = np.append(ends, offsets[-1]) if ends.size == 0 or ends[-1] != offsets[-1] else ends
+    starts = offsets[:-1:PASS_BLOCK][: ends.size]
+    return int(np.max(ends - starts))
 
 
 #: the one-point pass, serial (``prange`` is ``range``) and over numba threads

@@ -210,6 +210,7 @@ class LinearModelProblem(Problem):
         self._y = self._y64.astype(np_dtype)
         self._w = self._w64.astype(np_dtype)
         self._inv_m = 1.0 / sizes.astype(np.float64)
+        self._block_rows = K.block_rows(self.offsets)
         self._no_e = np.empty(0, dtype=np_dtype)
         self._no_loss = np.empty(0, dtype=np.float64)
         self._torch: dict[str, torch.Tensor] | None = None
@@ -441,29 +442,23 @@ class LinearModelProblem(Problem):
         xn = self._numpy(x)
         reg = self._numpy(self._reg_grad(x))
         logistic = self.loss_kind == "logistic"
-        dt = self._A.dtype
-        N = self.n_samples
-        e = np.empty(N, dtype=dt) if losses and logistic else self._no_e
         out = np.empty(self.n, dtype=np.float64) if losses else self._no_loss
-        buf = np.empty(N, dtype=np.float64) if losses else self._no_loss
-        z = np.empty(N, dtype=dt)
-        r = np.empty(N, dtype=dt)
-        G = np.empty((self.n, self.d), dtype=dt)
+        G = np.empty((self.n, self.d), dtype=self._A.dtype)
         parallel = self.threads > 1
         if parallel:
             import numba
 
             numba.set_num_threads(min(self.threads, getattr(numba.config, "NUMBA_NUM_THREADS", 1)))
-        y, w, inv_m = self._y, self._w, self._inv_m
+        y, w, inv_m, rows = self._y, self._w, self._inv_m, self._block_rows
         if self.storage == "sparse":
             kernel = K.point_pass_csr_threads if parallel else K.point_pass_csr
             kernel(
                 self._indptr, self._indices, self._data, self._ones, self.offsets, xn, y, w,
-                logistic, reg, z, r, e, G, inv_m, buf, out,
+                logistic, reg, G, inv_m, out, rows,
             )  # fmt: skip
         else:
             kernel = K.point_pass_dense_threads if parallel else K.point_pass_dense
-            kernel(self._A, self.offsets, xn, y, w, logistic, reg, z, r, e, G, inv_m, buf, out)
+            kernel(self._A, self.offsets, xn, y, w, logistic, reg, G, inv_m, out, rows)
         return G, (out if losses else None)
 
     def _losses_numba(self, z: np.ndarray, e: np.ndarray | None) -> torch.Tensor:
