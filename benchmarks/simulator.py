@@ -28,7 +28,8 @@ regression (λ = 0.1, [EF21] §5), contiguous split, float64, x⁰ = 0, EF21's t
 Measurements alternate (sim, sim unlogged, loop, sim, ...) for ``--repeat`` repetitions so that
 all see the same machine load; the table gives the median and the range (min–max) of each, and
 of the per-repetition ratios. ``--threads 1 2`` runs it with the problem's gradient pass on one
-and on two numba threads (``logistic_regression(..., threads=2)``; results bit for bit equal).
+and on two numba threads (``logistic_regression(..., threads=2)``; results bit for bit equal;
+torch's own operations on one thread in both).
 
 **Which methods log for free** (also printed): the logging overhead per method at n = 1000.
 Methods whose clients all evaluate ∇f_i at the new iterate (EF21, EF21-W) or at the current one
@@ -47,9 +48,15 @@ rounds) and peak resident memory; the table prints how both grow with n against 
 
 from __future__ import annotations
 
+import os
+
+# numba's and torch's OpenMP workers sleep instead of spinning between parallel regions: with
+# 2 threads on a shared 2-core machine a spinning worker made a logged round 3-4x slower (9.1
+# against 2.6 ms); set before numba or torch start their thread pools
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -133,7 +140,10 @@ def measure(n: int, rounds: int, loop_rounds: int, repeat: int, threads: int) ->
     from shrinkgrad import simulate
     from shrinkgrad.problems import logistic_regression
 
-    torch.set_num_threads(threads)
+    # the sparse pass on ``threads`` numba threads; torch's (n, d) operations stay on one
+    # thread (they are ~1 MB each: a second OpenMP team spinning next to numba's on a 2-core
+    # machine made a logged round several times slower)
+    torch.set_num_threads(1)
     problem = logistic_regression("a9a", n_clients=n, lam=LAM, threads=threads)
     args: tuple[Any, ...] = (problem, "ef21", "top_k[k=1]", "theory")
     warm = simulate(*args, rounds=3, log_every=1)  # numba compilation, caches
