@@ -214,7 +214,7 @@ class SequentialGrads:
 
     def _scratch(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """A buffer of ``shape`` kept for the next call (one per shape, dtype and device, per
-        thread). The weight gradients of all clients grow with n (63 MiB at n = 1000 on a9a),
+        thread). The weight gradients of all clients grow with n (61 MiB at n = 1000 on a9a),
         and a fresh allocation that large is page-faulted on every call
         (docs/platform-notes.md); a kept one is 64-byte aligned as a fresh one is, so the
         products round the same."""
