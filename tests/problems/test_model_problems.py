@@ -235,6 +235,9 @@ def test_linear_stack_path_equals_the_generic_path(kind: str) -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
     close(fast.client_grads(x), slow.client_grads(x))
+    strided = torch.stack([x, torch.zeros_like(x)], dim=1)[:, 0]  # a non-contiguous x
+    assert not strided.is_contiguous()
+    assert torch.equal(fast.client_grads(strided), fast.client_grads(x))
     close(fast.client_grads_at(P), slow.client_grads_at(P))
     close(fast.client_losses(x), slow.client_losses(x))
     for a, b in zip(fast.client_grads_and_losses(x), slow.client_grads_and_losses(x), strict=True):
