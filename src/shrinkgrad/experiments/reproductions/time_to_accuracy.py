@@ -97,7 +97,7 @@ def _runs(table: pd.DataFrame) -> list[Run]:
     return out
 
 
-def tune(runs: list[Run], metric: str = "loss") -> dict[str, tuple[float, list[float]]]:
+def tune(runs: list[Run]) -> dict[str, tuple[float, list[float]]]:
     """arm → (its tuned step, its grid): the lowest median final training loss over the seeds
     (and networks: the iterates do not depend on the network), ties to the smaller step."""
     out: dict[str, tuple[float, list[float]]] = {}
@@ -260,6 +260,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
             "on every problem: the predicted winner is the simulated one on every network, and "
             "B* orders GD and the low-bandwidth winner as the simulated times do",
             all(pred_ok),
+            {p: {"crossover_bit_s": v["crossover_bit_s"]} for p, v in values.items()},
         ),
     ]
     if grid_parts:
@@ -269,6 +270,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
                 "; ".join(grid_parts),
                 "no tuned step at an end of its grid",
                 all(grid_ok),
+                {p: v["tuned"] for p, v in values.items()},
             )
         )
     else:
