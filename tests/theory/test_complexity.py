@@ -90,8 +90,14 @@ def test_dcgd_rounds_refuse_what_the_bound_cannot_give() -> None:
     lowest = min(20 * 1.01**t / t for t in range(1, 400))
     assert 0.54 < lowest < 0.542
     assert T.rounds_dcgd(0.1, 1.0, 0.542, **kw) == _dcgd_rounds_by_scan(0.1, 1.0, 0.542, 0.01)
-    with pytest.raises(ValueError, match=r"^no number of rounds guarantees .* smaller step size"):
+    with pytest.raises(ValueError, match=r"^no number of rounds guarantees .*") as e:
         T.rounds_dcgd(0.1, 1.0, 0.54, **kw)
+    # the step it suggests does reach ε
+    suggested = float(str(e.value).split("use a step size <= ")[1].split()[0])
+    assert 0 < suggested < 0.1
+    assert T.rounds_dcgd(suggested, 1.0, 0.54, **kw) == _dcgd_rounds_by_scan(
+        suggested, 1.0, 0.54, 1.0 * suggested**2 * 4.0 * 2.0 / 8
+    )
     with pytest.raises(ValueError, match=r"exceeds 1/L = 1: the DCGD rate needs γ ≤ 1/L"):
         T.rounds_dcgd(1.5, 1.0, 1.0, **kw)
     with pytest.raises(ValueError, match="n \\(number of clients\\) must be an integer"):
