@@ -170,7 +170,7 @@ class SequentialGrads:
         self, x: torch.Tensor, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
         """(n,): f_i."""
-        return self._losses(self._forward(x, X)[-1], y, w)
+        return self._losses(self._forward(x.contiguous(), X)[-1], y, w)
 
     def grads(
         self,
@@ -185,6 +185,7 @@ class SequentialGrads:
         """(n, d): row i is ∇f_i (and f_i in a last column with ``with_loss``), written into
         ``out`` when given (any (n, d[+1]) tensor whose rows have unit column stride)."""
         n, m = w.shape
+        x = x.contiguous()  # the products round by their operands' layout: the same for every x
         acts = self._forward(x, X)
         h = acts[-1]
         flat_y = y.reshape(n * m, *y.shape[2:])
