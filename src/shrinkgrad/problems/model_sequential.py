@@ -197,8 +197,9 @@ class SequentialGrads:
             L = self.layers[k]
             if L.act is not None:
                 L.act.backward_(delta, acts[k + 1])
-            # into fresh contiguous buffers, then copied: a kernel's rounding may depend on the
-            # alignment of its output, which for a row of ``res`` depends on the row's index
+            # into a contiguous buffer (kept, :meth:`_scratch`), then copied: a kernel's rounding
+            # may depend on the alignment of its output, which for a row of ``res`` depends on
+            # the row's index
             size = L.n_out * L.n_in
             dW = torch.bmm(
                 delta.transpose(1, 2), acts[k], out=self._scratch((n, L.n_out, L.n_in), h)
