@@ -1849,3 +1849,20 @@ def run(kernel: Callable[..., None], x2: np.ndarray, *args: object) -> int:
     if (status == NON_FINITE).any():
         return NON_FINITE
     return OVERFLOW if (status == OVERFLOW).any() else OK
+
+
+# --------------------------------------------------------------------------------------------
+# sparse vectors: replace one sparse vector by another inside a dense one
+# --------------------------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def sparse_replace(  # pragma: no cover - compiled
+    out: np.ndarray, old: np.ndarray, idx: np.ndarray, vals: np.ndarray
+) -> None:
+    """out[old] = 0, then out[idx] += vals (repeated indices add up, in order): a dense vector
+    that held a sparse one at ``old`` holds the new one afterwards, in O(k) (the DDP hook's
+    sparse directions). The same values as ``index_fill_`` followed by ``index_add_``."""
+    z = out.dtype.type(0)
+    for t in range(old.size):
+        out[old[t]] = z
+    for t in range(idx.size):
+        out[idx[t]] += vals[t]
