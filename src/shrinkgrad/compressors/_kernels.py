@@ -880,6 +880,60 @@ def _diff_chunk(  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _flag_diff_block(  # pragma: no cover - compiled
+    a: np.ndarray, b: np.ndarray, tau: Any, flags: np.ndarray
+) -> None:
+    """flags[i] = not (|a_i − b_i| < τ): |a_i − b_i| ≥ τ, or a − b is NaN — the pattern test
+    of :func:`_flag_block` on the difference, which is never stored (τ: the float of the
+    threshold pattern; four interleaved streams of each operand, as there)."""
+    q = a.size // 4
+    for i in range(q):
+        flags[i] = np.uint8(not (abs(a[i] - b[i]) < tau))
+        flags[q + i] = np.uint8(not (abs(a[q + i] - b[q + i]) < tau))
+        flags[2 * q + i] = np.uint8(not (abs(a[2 * q + i] - b[2 * q + i]) < tau))
+        flags[3 * q + i] = np.uint8(not (abs(a[3 * q + i] - b[3 * q + i]) < tau))
+    for i in range(4 * q, a.size):
+        flags[i] = np.uint8(not (abs(a[i] - b[i]) < tau))
+
+
+@njit(cache=True, inline="always")
+def _candidates_diff_chunk(  # pragma: no cover - compiled
+    a: np.ndarray,
+    b: np.ndarray,
+    tau: Any,
+    flags: np.ndarray,
+    so: np.ndarray,
+    sr: np.ndarray,
+    one: np.ndarray,
+    one_u: np.ndarray,
+) -> tuple[int, bool]:
+    """:func:`_candidates_chunk` of a − b (no rounding) in one read of a and b: the flags
+    come from the difference in registers, and only the candidates' differences are computed
+    again (``one``/``one_u``: a 1-entry float buffer and its pattern view)."""
+    _, emask = _abs_mask(one_u)
+    m = a.size
+    slots = so.size
+    f64 = flags.view(np.uint64)
+    _flag_diff_block(a, b, tau, flags[:m])
+    flags[m : (m + 7) & ~7] = 0
+    cnt = 0
+    bad = False
+    for q in range((m + 7) >> 3):
+        word = f64[q]
+        while word:
+            i = (q << 3) + (np.int64(trailing_zeros(word)) >> 3)  # type: ignore[call-arg]
+            one[0] = a[i] - b[i]
+            v = one_u[0]
+            bad |= (v & emask) == emask
+            if cnt < slots:
+                so[cnt] = i
+                sr[cnt] = v
+            cnt += 1
+            word &= word - np.uint64(1)
+    return cnt, bad
+
+
+@njit(cache=True)
 def topk_thresholds_diff(  # pragma: no cover - compiled
     a2: np.ndarray, b2: np.ndarray, rnd: int, rank: int, tau: np.ndarray, tb: np.ndarray
 ) -> None:
@@ -925,19 +979,22 @@ def topk_candidates_diff(  # pragma: no cover - compiled
     flags = np.zeros(CHUNK + 8, dtype=np.uint8)
     scratch = np.empty(CHUNK, dtype=a2.dtype)
     su = scratch.view(tb.dtype)
+    taus = np.empty(tb.size, dtype=a2.dtype)
+    taus.view(tb.dtype)[:] = tb  # the thresholds as floats (patterns of non-negative floats)
     for w in range(w0, w1):
         r = w // nch
         c = w % nch
         j0 = c * CHUNK
         m = min(d, j0 + CHUNK) - j0
-        xs = _diff_chunk(a2[r, j0 : j0 + m], b2[r, j0 : j0 + m], scratch, su, rnd)
-        cnt, bad = _candidates_chunk(
-            xs,
-            tb[r],
-            flags,
-            cand[r, c * slots : (c + 1) * slots],
-            craw[r, c * slots : (c + 1) * slots],
-        )
+        so = cand[r, c * slots : (c + 1) * slots]
+        sr = craw[r, c * slots : (c + 1) * slots]
+        if rnd == ROUND_NONE:
+            a = a2[r, j0 : j0 + m]
+            b = b2[r, j0 : j0 + m]
+            cnt, bad = _candidates_diff_chunk(a, b, taus[r], flags, so, sr, scratch, su)
+        else:
+            xs = _diff_chunk(a2[r, j0 : j0 + m], b2[r, j0 : j0 + m], scratch, su, rnd)
+            cnt, bad = _candidates_chunk(xs, tb[r], flags, so, sr)
         counts[r, c] = cnt
         status[w] = NON_FINITE if bad else OK
 
