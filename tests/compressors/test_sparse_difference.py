@@ -117,3 +117,18 @@ def test_the_fused_path_applies_to_float_rows_on_cpu_only() -> None:
     assert basic._diff_rounding(a, b, torch.float16) is None
     assert basic._diff_rounding(a, b.double(), None) is None
     assert basic._diff_rounding(a.view(2, 2, -1), b.view(2, 2, -1), None) is None
+
+
+@pytest.mark.parametrize("threshold_bits", [0x3F80, 0x3F81])  # last bfloat16 bit even, odd
+def test_bfloat16_midpoints_at_the_threshold_round_to_even(threshold_bits: int) -> None:
+    # the fused flag pass compares |a − b| with the midpoint below the bfloat16 threshold:
+    # exact midpoints there must go the way torch rounds them (ties to even)
+    a, b = _pair()
+    a, b = 0.25 * a, torch.zeros_like(b)
+    mid = torch.tensor([(threshold_bits << 16) - 0x8000], dtype=torch.int32).view(torch.float32)
+    above = torch.tensor([(threshold_bits << 16) + 0x8000], dtype=torch.int32).view(torch.float32)
+    a[1::97] = mid  # ≈ 1350 entries exactly at the midpoint below the threshold
+    a[2::97] = above  # and at the midpoint above it
+    a[3::199] = 8.0
+    for k in (K_ // 2, K_, 2 * K_):
+        _check(a, b, k=k, dtype=torch.bfloat16)

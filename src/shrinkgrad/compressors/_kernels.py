@@ -906,10 +906,13 @@ def _candidates_diff_chunk(  # pragma: no cover - compiled
     sr: np.ndarray,
     one: np.ndarray,
     one_u: np.ndarray,
+    rnd: int,
 ) -> tuple[int, bool]:
-    """:func:`_candidates_chunk` of a − b (no rounding) in one read of a and b: the flags
-    come from the difference in registers, and only the candidates' differences are computed
-    again (``one``/``one_u``: a 1-entry float buffer and its pattern view)."""
+    """:func:`_candidates_chunk` of a − b in one read of a and b: the flags come from the
+    difference in registers (``tau``: a float threshold on |a − b|, for ROUND_BF16 the
+    smallest magnitude that rounds to the bfloat16 threshold or above), and only the
+    candidates' differences are computed again and rounded (``one``/``one_u``: a 1-entry float
+    buffer and its pattern view)."""
     _, emask = _abs_mask(one_u)
     m = a.size
     slots = so.size
@@ -923,6 +926,8 @@ def _candidates_diff_chunk(  # pragma: no cover - compiled
         while word:
             i = (q << 3) + (np.int64(trailing_zeros(word)) >> 3)  # type: ignore[call-arg]
             one[0] = a[i] - b[i]
+            if rnd == ROUND_BF16:
+                _round_bf16_block(one_u)
             v = one_u[0]
             bad |= (v & emask) == emask
             if cnt < slots:
@@ -979,8 +984,21 @@ def topk_candidates_diff(  # pragma: no cover - compiled
     flags = np.zeros(CHUNK + 8, dtype=np.uint8)
     scratch = np.empty(CHUNK, dtype=a2.dtype)
     su = scratch.view(tb.dtype)
+    one = scratch[:1]
+    one_u = su[:1]
     taus = np.empty(tb.size, dtype=a2.dtype)
-    taus.view(tb.dtype)[:] = tb  # the thresholds as floats (patterns of non-negative floats)
+    tu = taus.view(tb.dtype)
+    tu[:] = tb  # the thresholds as floats (patterns of non-negative floats)
+    if rnd == ROUND_BF16:
+        # |⌊v⌉₁₆| ≥ T (T a bfloat16 pattern: low 16 bits zero) ⟺ |v| ≥ the midpoint below T,
+        # included when T's last bfloat16 bit is even (ties to even), else the next float;
+        # a threshold that is no bfloat16 (the clipped 0) takes the two-pass path (τ = 0)
+        for r in range(tb.size):
+            t = tb[r]
+            if (t & 0xFFFF) != 0:
+                taus[r] = 0.0
+            else:
+                tu[r] = t - 0x8000 + ((t >> 16) & 1)
     for w in range(w0, w1):
         r = w // nch
         c = w % nch
@@ -988,10 +1006,10 @@ def topk_candidates_diff(  # pragma: no cover - compiled
         m = min(d, j0 + CHUNK) - j0
         so = cand[r, c * slots : (c + 1) * slots]
         sr = craw[r, c * slots : (c + 1) * slots]
-        if rnd == ROUND_NONE:
+        if rnd == ROUND_NONE or taus[r] > 0:
             a = a2[r, j0 : j0 + m]
             b = b2[r, j0 : j0 + m]
-            cnt, bad = _candidates_diff_chunk(a, b, taus[r], flags, so, sr, scratch, su)
+            cnt, bad = _candidates_diff_chunk(a, b, taus[r], flags, so, sr, one, one_u, rnd)
         else:
             xs = _diff_chunk(a2[r, j0 : j0 + m], b2[r, j0 : j0 + m], scratch, su, rnd)
             cnt, bad = _candidates_chunk(xs, tb[r], flags, so, sr)
