@@ -378,6 +378,14 @@ class Config:
             self._raise_if_diverged(x, round)
             raise
 
+    def compress_difference(
+        self, a: torch.Tensor, b: torch.Tensor, ids: torch.Tensor, round: int
+    ) -> torch.Tensor | None:
+        """:meth:`compress` of a − b where a runtime can compute it without forming a − b (the
+        DDP hook: Top-k selected from the difference chunk by chunk, bit for bit the same), or
+        None: then the caller forms a − b and calls :meth:`compress`. Here: None."""
+        return None
+
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
         """A tensor of ``like``'s shape, dtype and device to write an intermediate result into.
 
@@ -531,11 +539,12 @@ class StatefulCompress:
     def shifted(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(C(x − h), h + C(x − h))`` by the compressor's shifted form (one fused pass where
         it has one: :meth:`~shrinkgrad.compressors.Compressor.shifted`), or None for a stateful
-        compressor (the caller then applies C itself). Non-finite x − h raises
-        :class:`NonFiniteError`, as :meth:`Config.compress` does."""
+        compressor or a runtime whose Config applies C its own way (the DDP hook's wire): the
+        caller then applies C itself. Non-finite x − h raises :class:`NonFiniteError`, as
+        :meth:`Config.compress` does."""
         cfg = self.cfg
         C = cfg.compressor
-        if C.stateful:
+        if C.stateful or type(cfg).compress is not Config.compress:
             return None
         keys = None if C.deterministic else cfg.keys("compressor", self.ids, self.round)
         try:
@@ -543,6 +552,13 @@ class StatefulCompress:
         except ValueError:
             cfg._raise_if_diverged(x - h, self.round)
             raise
+
+    def difference(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+        """C(a − b) without forming a − b where the runtime can (:meth:`Config.compress_difference`,
+        stateless compressors only); None: call it on a − b."""
+        if self.cfg.compressor.stateful:
+            return None
+        return self.cfg.compress_difference(a, b, self.ids, self.round)
 
 
 # --------------------------------------------------------------------------------------------

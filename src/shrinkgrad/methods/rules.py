@@ -102,7 +102,9 @@ def ef21_update(
     when ``compress`` offers its shifted form (``compress.shifted(target, g)``, the simulator's
     :meth:`~shrinkgrad.methods.base.StatefulCompress.shifted`), the functional form asks it,
     so that a compressor with a fused pass (Top-1 on CPU) computes the three operations in one,
-    with the same bits.
+    with the same bits. Otherwise a ``compress`` with a ``difference(a, b)`` attribute (the
+    DDP hook's) is asked for C(target − g): it may select from the difference without forming
+    it (None: it cannot, and target − g is formed).
     """
     shifted = getattr(compress, "shifted", None)
     if shifted is not None and not inplace:
@@ -110,8 +112,11 @@ def ef21_update(
         if both is not None:
             c_new: torch.Tensor = both[0]
             return c_new, both[1]
-    diff = target - g if scratch is None else torch.sub(target, g, out=scratch)
-    c = compress(diff)
+    fused = getattr(compress, "difference", None)
+    c = fused(target, g) if fused is not None else None
+    if c is None:
+        diff = target - g if scratch is None else torch.sub(target, g, out=scratch)
+        c = compress(diff)
     return c, add_message(g, c, inplace=inplace)
 
 
