@@ -370,6 +370,7 @@ def task(steps: int, seeds: int, only: list[str] | None = None) -> dict[str, Any
 
     preload()
     configs = [c for c in TASK_CONFIGS if not only or c[0] in only or c[0] == "fp16"]
+    configs.sort(key=lambda c: c[0] != "fp16")  # fp16 first: the others are judged against it
     curves: dict[str, list[list[tuple[float, float]]]] = {c[0]: [] for c in configs}
     final_train: dict[str, list[float]] = {c[0]: [] for c in configs}
     for seed in range(seeds):
@@ -382,9 +383,16 @@ def task(steps: int, seeds: int, only: list[str] | None = None) -> dict[str, Any
             start = hist[0]["time_s"]  # the clock starts at step 10 (module docstring)
             curves[key].append([(h["time_s"] - start, h["test_loss"]) for h in hist])
             final_train[key].append(res[0]["final_train_loss"])
+            curve = curves[key][-1]
+            reached = ""
+            if curves["fp16"] and len(curves["fp16"]) == seed + 1:
+                t_ref, l_ref = curves["fp16"][seed][-1]
+                r = _reach(curve, l_ref)
+                reached = f"; fp16's final test loss at {'—' if r is None else f'{r / t_ref:.3f}'}"
+                reached += f" of T_fp16 = {t_ref:.1f} s"
             print(
-                f"[task] seed {seed} {key}: {n} steps in {hist[-1]['time_s']:.1f} s, test loss "
-                f"{hist[-1]['test_loss']:.4f}",
+                f"[task] seed {seed} {key}: {n} steps in {curve[-1][0]:.1f} s, test loss "
+                f"{curve[-1][1]:.4f}{reached}",
                 file=sys.stderr,
                 flush=True,
             )
