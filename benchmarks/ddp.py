@@ -146,6 +146,7 @@ def _rank(
             process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2
         )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        warmup = max(warmup, 2)  # its first two iterations are plain all-reduces: not timed
     elif kind == "shrinkgrad":
         state = CompressionState(
             opts["c"], ratio=opts["ratio"], method=opts["method"], skip_communication=skip
