@@ -350,9 +350,23 @@ TASK_CONFIGS: tuple[tuple[str, str, list[str], int], ...] = (
         ],
         2,
     ),
+    (
+        "psgd_ef",
+        "shrinkgrad power_sgd r=4 (shared) + EF",
+        [
+            "--hook",
+            "shrinkgrad",
+            "--compressor",
+            "power_sgd[rank=4,shared=true]",
+            "--method",
+            "ef",
+            "--no-client-momentum",
+        ],
+        2,
+    ),
 )
 #: the shrinkgrad configurations of the task target
-TASK_OURS = ("topk_sgdm", "psgd_ef21")
+TASK_OURS = ("topk_sgdm", "psgd_ef21", "psgd_ef")
 
 
 def task(steps: int, seeds: int, only: list[str] | None = None) -> dict[str, Any]:
