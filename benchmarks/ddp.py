@@ -577,12 +577,12 @@ def modelled_comm(e: dict[str, Any], mbit_s: float) -> float:
 
     The emulated link is one token bucket on the namespace's loopback that every rank's traffic
     passes through, and in a ring step all ``WORLD`` ranks send at once: each rank's share is
-    B / WORLD (B: the measured throughput of one TCP connection alone). A ring all-reduce of S
-    bytes then takes 2(p−1)/p · 8S/(B/p) = 2(p−1)·8S/B, all the bytes every rank sends over B.
-    On real hardware (a link per rank) the per-link bandwidth is B itself."""
+    B / WORLD (B: the measured throughput of one TCP connection alone): the ring's ``shared``
+    parameter. A ring all-reduce of S bytes then takes 2(p−1)/p · 8S/(B/p) = 2(p−1)·8S/B, all
+    the bytes every rank sends over B. On real hardware (a link per rank) ``shared`` is 1."""
     from shrinkgrad.network import Collective, make_network
 
-    ring = make_network("ring", bandwidth=mbit_s * 1e6 / WORLD, latency=e["alpha_s"])
+    ring = make_network("ring", bandwidth=mbit_s * 1e6, shared=WORLD, latency=e["alpha_s"])
     return sum(ring.collective(Collective(op, n * size), WORLD).total_s for op, n, size in e["ops"])
 
 

@@ -35,6 +35,40 @@ def test_theory_rounds_are_the_ef21_bound(problem) -> None:  # type: ignore[no-u
     assert e.time_s == pytest.approx((e.rounds + 1) * 1e-3, rel=1e-12)
 
 
+def test_dcgd_rounds_are_the_unbiased_rate(problem) -> None:  # type: ignore[no-untyped-def]
+    from shrinkgrad.theory import rounds_dcgd
+
+    L, L_max, n = float(problem.L), float(problem.L_i.max()), problem.n
+    omega = problem.d / 2 - 1  # rand-k: ω = d/k − 1
+    gap = float(problem.loss(problem.x0()))  # f(x⁰) − 0: every f_i ≥ 0
+    eps = 0.05
+    # at the theory step 1/(L + 2ωL_max/n) the bound's floor ≈ 2e·δ⁰·Lγ·ωL_max/n is above ε:
+    theory = 1 / (L + 2 * omega * L_max / n)
+    assert 2 * math.e * gap * L * theory * omega * L_max / n > eps
+    with pytest.raises(ValueError, match=r"^no number of rounds guarantees .*use a step size <="):
+        estimate(problem, "dcgd", "rand_k[k=2]", "star[up=1mbit]", eps=eps, measure=1)
+    # a step below ε/(2e·δ⁰·L·ωL_max/n) gets there
+    gamma = 0.5 * eps / (2 * math.e * gap * L * omega * L_max / n)
+    net = "star[up=inf,compute=1ms]"
+    e = estimate(problem, "dcgd", "rand_k[k=2]", net, eps=eps, stepsize=gamma, measure=2)
+    a = L * gamma**2 * omega * L_max / n
+    # the smallest T with 2(1 + a)^T δ⁰/(γT) ≤ ε, by a plain scan
+    T = 1
+    while 2 * (1 + a) ** T * gap / (gamma * T) > eps:
+        T += 1
+    assert e.rounds == T == rounds_dcgd(gamma, gap, eps, L=L, L_max=L_max, omega=omega, n=n)
+    no_growth = math.ceil(2 * gap / (gamma * eps))
+    assert no_growth < T  # the growth factor (1 + a)^T counts
+    assert e.rounds_source.startswith("Khaled & Richtárik 2023 Thm 2")
+    # DCGD's initialisation sends nothing (no client state), so it costs nothing
+    assert e.init.total_s == 0 and e.time_s == pytest.approx(e.rounds * 1e-3, rel=1e-12)
+    # above 1/L the lemma does not hold: refused, pointing to --rounds
+    with pytest.raises(ValueError, match=r"exceeds 1/L = .*needs γ ≤ 1/L.*--rounds N"):
+        estimate(problem, "dcgd", "rand_k[k=2]", "star[up=1mbit]", stepsize=1.5 / L, measure=1)
+    with pytest.raises(ValueError, match=r"contractive compressor top_k.*no rounds-to-ε rate"):
+        estimate(problem, "dcgd[biased=true]", "top_k[k=2]", "star[up=1mbit]", stepsize=0.01)
+
+
 def test_zero_compute_time_is_bytes_over_bandwidth_plus_latency(problem) -> None:  # type: ignore[no-untyped-def]
     net = "star[up=1mbit,down=10mbit,latency=10ms,compute=0s]"
     e = estimate(problem, "ef21", "top_k[k=1]", net, rounds=1000, measure=3)
@@ -62,8 +96,16 @@ def test_partial_participation_costs_the_slowest_sampled_client(problem) -> None
 
 
 def test_mistakes(problem) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match=r"no rounds-to-ε theorem for 'dcgd'.*--rounds N"):
-        estimate(problem, "dcgd", "rand_k[k=2]", "star[up=1mbit]", measure=1)
+    with pytest.raises(
+        ValueError,
+        match=r"^no rounds-to-ε theorem for 'ef' in shrinkgrad.theory \(there is one for gd, "
+        r"ef21, ef21_w, ef21_pp, ef21_w_pp, dcgd\); give the number of rounds \(--rounds N",
+    ):
+        estimate(problem, "ef", "top_k[k=2]", "star[up=1mbit]", measure=1)
+    # with the rounds given, any method is estimated
+    net = "star[up=inf,compute=1ms]"
+    e = estimate(problem, "ef", "top_k[k=2]", net, rounds=7, stepsize=0.1, measure=1)
+    assert e.rounds == 7 and e.rounds_source == "given"
     with pytest.raises(ValueError, match=r"exceeds the theory step .*--rounds N"):
         estimate(problem, "ef21", "top_k[k=1]", "star[up=1mbit]", stepsize="theory*2", measure=1)
     with pytest.raises(ValueError, match=r"^eps must be a number > 0"):
@@ -106,6 +148,11 @@ def test_cli_prints_the_breakdown_and_json(capsys: pytest.CaptureFixture[str]) -
         (["--network", "star[up=10mbat]"], "error: star parameter 'up': cannot read '10mbat'"),
         (["--network", "strr[up=1mbit]"], "error: unknown network 'strr'"),
         (["--network", "star[up=1mbit]", "--compute", "soon"], "error: --compute: cannot read"),
+        (
+            ["--network", "star[up=1mbit]", "--method", "diana"],
+            "error: no rounds-to-ε theorem for 'diana' in shrinkgrad.theory (there is one for gd, "
+            "ef21, ef21_w, ef21_pp, ef21_w_pp, dcgd); give the number of rounds (--rounds N",
+        ),
         (
             ["--network", "star[up=[1mbit,2mbit]]"],
             "error: star parameter 'up': a list of 2 values for 5 clients; give one value per "

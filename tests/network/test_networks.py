@@ -57,6 +57,29 @@ def test_ring_network_uses_the_slowest_link() -> None:
     close(net.collective(Collective("allgather", 3000), 3), 2 * 24000 / 1e8, 2e-3)
 
 
+def test_a_shared_link_gives_each_rank_its_share() -> None:
+    # 4 ranks behind one 1 Gbit/s bucket (benchmarks/ddp.py's tc emulation): each gets 250 Mbit/s.
+    # All-reduce of S = 1 MB: 2·3/4 · 8e6/2.5e8 = 48 ms = 2(p−1)·8S/B, every byte all ranks send
+    # over B; latency is not shared: 2·3·50 µs
+    net = make_network("ring[bandwidth=1gbit,latency=50us,shared=4]")
+    close(net.collective(Collective("allreduce", 1e6), 4), 0.048, 300e-6)
+    assert net.collective(Collective("allreduce", 1e6), 4).transfer_s == pytest.approx(
+        2 * 3 * 8e6 / 1e9, rel=1e-15
+    )
+    # all-gather of 1000 B per rank: 3 · 8000/2.5e8 = 96 µs, 3 latencies
+    close(net.collective(Collective("allgather", 1000), 4), 96e-6, 150e-6)
+    assert np.array_equal(net.links(4).up, np.full(4, 2.5e8))
+    # the same numbers as writing the share by hand, and shared=1 (the default) is a link per rank
+    by_hand = make_network("ring[bandwidth=250mbit,latency=50us]")
+    for kind in ("allreduce", "allgather"):
+        c = Collective(kind, 12345)  # type: ignore[arg-type]
+        assert net.collective(c, 4) == by_hand.collective(c, 4)
+    assert make_network("ring[bandwidth=1gbit,shared=1]").links(2).up.tolist() == [1e9, 1e9]
+    assert make_network("ring[bandwidth=1gbit]").shared == 1
+    # a server round on the ring uses the share too: all-gather of 1000 B among 4 active ranks
+    close(net.round([1000.0] * 4), 96e-6, 150e-6)
+
+
 def test_star_collectives_go_through_the_server() -> None:
     net = make_network("star[up=8mbit,down=[8mbit,8mbit,4mbit],latency=0]")
     # all-gather of 1000 B: every rank uploads 8000 bits (1 ms); the server then sends each rank
@@ -244,6 +267,10 @@ def test_registries_list_the_components() -> None:
         ("star[latency=1ms]", r"^network 'star' needs parameter 'up'"),
         ("star[up=1mbit,bw=2]", r"^network 'star' has no parameter 'bw'; allowed: up \(a band"),
         ("stra[up=1mbit]", r"^unknown network 'stra'; known: ring, star \(did you mean 'star'"),
+        ("ring[bandwidth=1gbit,shared=0]", r"^ring parameter 'shared' must be an integer >= 1"),
+        ("ring[bandwidth=1gbit,shared=-2]", r"^ring parameter 'shared' must be an integer >= 1"),
+        ("ring[bandwidth=1gbit,shared=2.5]", r"parameter 'shared' must be an integer, got 2.5"),
+        ("ring[bandwidth=1gbit,shared=all]", r"parameter 'shared' must be an integer"),
     ],
 )
 def test_config_mistakes_are_one_line_errors(spec: str, pattern: str) -> None:

@@ -129,3 +129,25 @@ def test_bad_axes_are_clear_errors() -> None:
         plot_results(t, "rounds", "method")
     with pytest.raises(ValueError, match="quantiles"):
         aggregate(t, quantiles=(0.6, 0.9))
+
+
+def test_logx_gives_a_log_x_axis_even_when_the_curves_start_at_zero() -> None:
+    # time_model / bits start at 0 (round 0: nothing sent yet), which a log axis cannot show:
+    # logx must still give a log axis (it used to stay linear), leaving out the x = 0 points
+    t = tiny_table()
+    assert (t["bits_up"] == 0).any()
+    fig, _ = plot_results(t, "bits", "grad_norm_sq", logx=True)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 2 and all(ax.get_xscale() == "log" for ax in axes)
+    med = t.groupby(["problem_label", "method", "round"])["grad_norm_sq"].median()
+    for ax in axes:
+        panel = ax.get_title().splitlines()[0]
+        for line in ax.get_lines():
+            method = str(line.get_label()).split(" · ")[0]
+            np.testing.assert_array_equal(line.get_xdata(), 100.0 * np.arange(1, 5))
+            np.testing.assert_array_equal(line.get_ydata(), med.loc[(panel, method)].to_numpy()[1:])
+    fig, _ = plot_results(t, "bits", "grad_norm_sq")
+    assert all(ax.get_xscale() == "linear" for ax in fig.axes if ax.get_visible())
+    t0 = t.assign(bits_up=0.0)
+    with pytest.raises(ValueError, match=r"^cannot draw x='bits' on a log axis: it has no value"):
+        plot_results(t0, "bits", "grad_norm_sq", logx=True)

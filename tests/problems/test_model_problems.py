@@ -180,6 +180,132 @@ def test_restricted_problem_is_exact_and_chunked_layouts_too() -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# the fast path of Linear/activation stacks equals the generic vmap path
+# --------------------------------------------------------------------------------------------
+class Opaque(torch.nn.Module):
+    """The same network behind a module the fast path does not recognise: the generic path."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.inner(x)
+        return out
+
+
+def _stack(kind: str) -> tuple[torch.nn.Sequential, str]:
+    """Linear/activation stacks on australian_scale (14 features), with the loss they use."""
+    L, nn = torch.nn.Linear, torch.nn
+    stacks = {
+        "relu, cross-entropy": (nn.Sequential(L(14, 6), nn.ReLU(), L(6, 2)), "cross_entropy"),
+        "tanh-sigmoid, deep, logistic": (
+            nn.Sequential(L(14, 5), nn.Tanh(), L(5, 4, bias=False), nn.Sigmoid(), L(4, 1)),
+            "logistic",
+        ),
+        "dropout, identity, output activation, mse": (
+            nn.Sequential(L(14, 3), nn.Dropout(0.5), nn.ReLU(), nn.Identity(), L(3, 1), nn.Tanh()),
+            "mse",
+        ),
+        "one bias-free layer": (nn.Sequential(L(14, 1, bias=False)), "logistic"),
+    }
+    net, loss = stacks[kind]
+    return keyed_init_(net, 4), loss
+
+
+STACKS = [
+    "relu, cross-entropy",
+    "tanh-sigmoid, deep, logistic",
+    "dropout, identity, output activation, mse",
+    "one bias-free layer",
+]
+
+
+@pytest.mark.parametrize("kind", STACKS)
+def test_linear_stack_path_equals_the_generic_path(kind: str) -> None:
+    net, loss = _stack(kind)
+    kw: dict[str, object] = {"split": "dirichlet[alpha=0.5,seed=2]", "n_clients": 7, "loss": loss}
+    fast = model_problem(net, "australian_scale", **kw)  # type: ignore[arg-type]
+    slow = model_problem(Opaque(net), "australian_scale", **kw)  # type: ignore[arg-type]
+    assert fast.evaluation == "linear_stack" and slow.evaluation == "vmap"
+    assert len(set(fast.client_sizes.tolist())) > 1 and len(fast._groups) > 1
+    x, P = _points(fast, 6)[0], _points(fast, 7)
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> None:
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+    close(fast.client_grads(x), slow.client_grads(x))
+    strided = torch.stack([x, torch.zeros_like(x)], dim=1)[:, 0]  # a non-contiguous x
+    assert not strided.is_contiguous()
+    assert torch.equal(fast.client_grads(strided), fast.client_grads(x))
+    close(fast.client_grads_at(P), slow.client_grads_at(P))
+    close(fast.client_losses(x), slow.client_losses(x))
+    for a, b in zip(fast.client_grads_and_losses(x), slow.client_grads_and_losses(x), strict=True):
+        close(a, b)
+    keys = Keys.derive(1, round=3, client=torch.arange(fast.n), stream="minibatch")
+    close(fast.client_stoch_grads(x, 3, keys), slow.client_stoch_grads(x, 3, keys))
+    close(fast.client_stoch_grads(P, 2, keys), slow.client_stoch_grads(P, 2, keys))
+    # against plain autograd, one client at a time (float64, 1e-10)
+    X, y = dataset_arrays("australian_scale")
+    yy = y if loss == "cross_entropy" else y.double() * 2 - 1  # the labels ±1 as targets
+    _, want = per_client_loop(fast, net, X, yy, list(P))
+    torch.testing.assert_close(fast.client_grads_at(P), want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("batch_size", [None, 100, 250])
+def test_linear_stack_path_chunked_and_restricted_is_exact(batch_size: int | None) -> None:
+    """Chunks write into the result in place; a restricted problem's calls keep the full
+    layout, so its rows are the full problem's to the bit, on both paths."""
+    net, _ = _stack("relu, cross-entropy")
+    for split in ("contiguous", "dirichlet[alpha=0.5,seed=2]"):
+        p = model_problem(net, "australian_scale", n_clients=7, split=split, batch_size=batch_size)
+        assert p.evaluation == "linear_stack"
+        q = model_problem(
+            Opaque(net), "australian_scale", n_clients=7, split=split, batch_size=batch_size
+        )
+        x = p.x0()
+        G = p.client_grads(x)
+        torch.testing.assert_close(G, q.client_grads(x), rtol=0, atol=1e-12)
+        torch.testing.assert_close(G, p.restrict(torch.arange(7)).client_grads(x), rtol=0, atol=0)
+        ids = torch.tensor([5, 0, 3])
+        sub = p.restrict(ids)
+        assert torch.equal(sub.client_grads(x), G[ids])
+        assert torch.equal(
+            sub.client_grads_at(x.expand(3, p.d)), p.client_grads_at(x.expand(7, p.d))[ids]
+        )
+
+
+def test_only_plain_linear_stacks_take_the_fast_path() -> None:
+    L, nn = torch.nn.Linear, torch.nn
+    shared = L(14, 14)
+
+    class Subclass(nn.Sequential):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = super().forward(x) * 2
+            return out
+
+    generic = {
+        "a layer used twice": nn.Sequential(shared, nn.ReLU(), shared, L(14, 2)),
+        "an activation first": nn.Sequential(nn.ReLU(), L(14, 2)),
+        "two activations in a row": nn.Sequential(L(14, 4), nn.ReLU(), nn.Tanh(), L(4, 2)),
+        "another layer": nn.Sequential(L(14, 4), nn.GELU(), L(4, 2)),
+        "a normalisation": nn.Sequential(L(14, 4), nn.BatchNorm1d(4), L(4, 2)),
+        "a Sequential subclass": Subclass(L(14, 4), nn.ReLU(), L(4, 2)),
+    }
+    for why, net in generic.items():
+        p = model_problem(net, "australian_scale", n_clients=3, test=0)
+        assert p.evaluation == "vmap", why
+        X, y = dataset_arrays("australian_scale")
+        _, want = per_client_loop(p, net, X, y, [p.x0()] * 3)
+        torch.testing.assert_close(p.client_grads(p.x0()), want, rtol=0, atol=1e-10)
+    cnn = make_problem("cnn[channels=2,n_clients=2]")
+    assert isinstance(cnn, ModelProblem) and cnn.evaluation == "vmap"
+    mlp = make_problem("mlp[dataset=australian_scale,hidden=3,depth=2,activation=tanh,n_clients=2]")
+    assert isinstance(mlp, ModelProblem) and mlp.evaluation == "linear_stack"
+    assert mlp.to(dtype=torch.float32).evaluation == "linear_stack"
+
+
+# --------------------------------------------------------------------------------------------
 # minibatches
 # --------------------------------------------------------------------------------------------
 def test_minibatches_draw_the_linear_problems_rows() -> None:

@@ -58,3 +58,47 @@ def test_predicted_rounds_are_enough_for_ef21_with_top1() -> None:
         j = np.argmax(np.abs(diff), axis=1)
         g_i[np.arange(p.n), j] += diff[np.arange(p.n), j]
     assert best <= eps
+
+
+def _dcgd_rounds_by_scan(gamma: float, gap: float, eps: float, a: float) -> int:
+    """The smallest T with 2(1 + a)^T δ⁰/(γT) ≤ ε, by a plain scan (independent of the search)."""
+    T = 1
+    while 2 * (1 + a) ** T * gap / (gamma * T) > eps:
+        T += 1
+    return T
+
+
+def test_dcgd_rounds_closed_form_on_a_hand_case() -> None:
+    # γ = 0.1, L = 1, L_max = 2, ω = 4, n = 8: a = Lγ²ωL_max/n = 0.01; δ⁰ = 1, ε = 1:
+    # 2·1.01^T/(0.1·T) ≤ 1 first at T = 26 (T = 25: 20·1.01²⁵ = 25.65 > 25; T = 26: 25.9 ≤ 26)
+    kw = {"L": 1.0, "L_max": 2.0, "omega": 4.0, "n": 8}
+    assert T.rounds_dcgd(0.1, 1.0, 1.0, **kw) == 26
+    assert 20 * 1.01**25 > 25 and 20 * 1.01**26 <= 26
+    for eps in (0.9, 0.7, 0.55):
+        assert T.rounds_dcgd(0.1, 1.0, eps, **kw) == _dcgd_rounds_by_scan(0.1, 1.0, eps, 0.01)
+    # ω = 0 is GD: ⌈2δ⁰/(γε)⌉, the EF21 (α = 1) count
+    gamma, gap, eps = 0.01, 2.0, 1e-3
+    zero = {"L": 50.0, "L_max": 70.0, "omega": 0.0, "n": 3}
+    assert T.rounds_dcgd(gamma, gap, eps, **zero) == math.ceil(2 * gap / (gamma * eps))
+    assert T.rounds_dcgd(gamma, gap, eps, **zero) == T.rounds_ef21(gamma, gap, eps)
+    assert T.rounds_dcgd(0.1, 0.0, 1.0, **kw) == 0  # already at f_low
+
+
+def test_dcgd_rounds_refuse_what_the_bound_cannot_give() -> None:
+    kw = {"L": 1.0, "L_max": 2.0, "omega": 4.0, "n": 8}
+    # the bound's smallest value, at T = 1/log(1.01) ≈ 100.5: 20·1.01^T/T ≈ 0.5413
+    lowest = min(20 * 1.01**t / t for t in range(1, 400))
+    assert 0.54 < lowest < 0.542
+    assert T.rounds_dcgd(0.1, 1.0, 0.542, **kw) == _dcgd_rounds_by_scan(0.1, 1.0, 0.542, 0.01)
+    with pytest.raises(ValueError, match=r"^no number of rounds guarantees .*") as e:
+        T.rounds_dcgd(0.1, 1.0, 0.54, **kw)
+    # the step it suggests does reach ε
+    suggested = float(str(e.value).split("use a step size <= ")[1].split()[0])
+    assert 0 < suggested < 0.1
+    assert T.rounds_dcgd(suggested, 1.0, 0.54, **kw) == _dcgd_rounds_by_scan(
+        suggested, 1.0, 0.54, 1.0 * suggested**2 * 4.0 * 2.0 / 8
+    )
+    with pytest.raises(ValueError, match=r"exceeds 1/L = 1: the DCGD rate needs γ ≤ 1/L"):
+        T.rounds_dcgd(1.5, 1.0, 1.0, **kw)
+    with pytest.raises(ValueError, match="n \\(number of clients\\) must be an integer"):
+        T.rounds_dcgd(0.1, 1.0, 1.0, L=1.0, L_max=2.0, omega=4.0, n=0)

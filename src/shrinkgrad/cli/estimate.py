@@ -6,8 +6,10 @@ Example::
         --method ef21 --compressor "top_k[k=1]" \\
         --network "star[up=10mbit,down=100mbit,latency=20ms]" --network "ring[bandwidth=1gbit]"
 
-prints the theory's rounds to min‖∇f‖² ≤ ε ([EF21] Thm 1 and its relatives), the traffic of a
-round, and for each network the cost of a round (compute, transfer, latency; the slowest client
+prints the theory's rounds to min‖∇f‖² ≤ ε (``shrinkgrad.network.estimate.ROUNDS_THEOREMS``:
+gd, ef21, ef21_w, ef21_pp, ef21_w_pp by [EF21] Thm 1 and its relatives; dcgd with an unbiased
+compressor by Khaled & Richtárik 2023 Thm 2; any other method needs ``--rounds N``), the traffic
+of a round, and for each network the cost of a round (compute, transfer, latency; the slowest client
 on a star) and the predicted time to ε. ``--network`` is repeatable: the method is simulated
 once. ``--json`` prints the same as a JSON list. The model: docs/network.md.
 """
@@ -51,7 +53,12 @@ __all__ = ["estimate_cmd"]
     help="compute time per client per round, e.g. 50ms [default: the network's compute=, "
     "else measured]",
 )
-@click.option("--rounds", type=click.IntRange(min=0), default=None, help="use this many rounds")
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=0),
+    default=None,
+    help="use this many rounds (needed for methods without a rounds-to-ε theorem)",
+)
 @click.option(
     "--measure",
     type=click.IntRange(min=1),
@@ -82,8 +89,11 @@ def estimate_cmd(
     if compute is not None:
         parse_duration(compute, "--compute")
     from ..methods import make_method
-    from ..network.estimate import estimate, measure_rounds
+    from ..network.estimate import estimate, measure_rounds, rounds_theorem
     from ..problems import make_problem
+
+    if rounds is None:
+        rounds_theorem(method)  # a method no theorem covers: refuse before building anything
 
     prob = make_problem(problem)
     for net in nets:  # per-client lists of the wrong length, before any simulation

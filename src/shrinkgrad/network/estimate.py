@@ -3,9 +3,18 @@
 For a problem, a method with its compressor and step size, and a network:
 
 1. **rounds** T to min_{t<T} E‖∇f(x^t)‖² ≤ ε from the theorem that covers the method
-   (:data:`ROUNDS_THEOREMS`): T = ⌈2Φ⁰/(γε)⌉, Φ⁰ = f(x⁰) − f^inf + (γ/(2θ(α))) G⁰ ([EF21] Thm 1,
-   [EFR] Thms 2–3; :func:`shrinkgrad.theory.rounds_ef21`), G⁰ = Σ_i w_i‖g_i⁰ − ∇f_i(x⁰)/(n w_i)‖²
-   measured at the initialisation (0 for ``init="full"``); or T given by the caller;
+   (:data:`ROUNDS_THEOREMS`, a registry: method name → citation and count):
+
+   * GD, EF21, EF21-W, EF21-PP, EF21-W-PP: T = ⌈2Φ⁰/(γε)⌉, Φ⁰ = f(x⁰) − f^inf + (γ/(2θ(α))) G⁰
+     ([EF21] Thm 1, [EFR] Thms 2–3, [BW] Thm 7; :func:`shrinkgrad.theory.rounds_ef21`),
+     G⁰ = Σ_i w_i‖g_i⁰ − ∇f_i(x⁰)/(n w_i)‖² measured at the initialisation (0 for
+     ``init="full"``), at a step not above the method's rule;
+   * DCGD with an unbiased ω-compressor ([K18]): the smallest T with
+     2(1 + Lγ²ωL_max/n)^T δ⁰/(γT) ≤ ε, δ⁰ = f(x⁰) − 0, for γ ≤ 1/L (Khaled & Richtárik, *Better
+     theory for SGD in the nonconvex world*, TMLR 2023, Thm 2 with A = ωL_max/n, B = 1, C = 0;
+     :func:`shrinkgrad.theory.rounds_dcgd`);
+
+   any other method is refused in one line naming these (or T is given by the caller);
 2. **traffic** of a round: the method's own messages, from a few simulated rounds (what each
    client sends and receives: :class:`shrinkgrad.methods.Traffic`, the compressor's honest
    ``bits``), so partial participation and random message sizes are in it;
@@ -24,24 +33,122 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..registry import parse_spec
 from .topology import Network, RoundCost, make_network
 from .traffic import summable
 
-__all__ = ["ROUNDS_THEOREMS", "Estimate", "MeasuredRounds", "estimate", "measure_rounds"]
+__all__ = [
+    "ROUNDS_THEOREMS",
+    "Estimate",
+    "MeasuredRounds",
+    "RoundsTheorem",
+    "estimate",
+    "measure_rounds",
+    "rounds_theorem",
+]
+
+#: ``rounds(bound, problem, eps, G0) -> T``: a theorem's rounds to min_{t<T} E‖∇f(x^t)‖² ≤ ε
+RoundsFn = Callable[[Any, Any, float, float], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundsTheorem:
+    """A theorem that bounds a method's rounds to ε: its citation and its count."""
+
+    source: str
+    rounds: RoundsFn
+
+
+def _gap_to_inf(problem: Any) -> float:
+    """f(x⁰) − f^inf, with f^inf the problem's certified lower bound on f."""
+    f_low = getattr(problem, "f_star", None)
+    if f_low is None:
+        f_low = getattr(problem, "f_lower", None)
+    if f_low is None:
+        raise ValueError(
+            f"{problem.name}: no certified lower bound on f (f_star or f_lower), so f(x⁰) − f^inf "
+            "is unknown; give the number of rounds (--rounds N, rounds=N)"
+        )
+    return max(0.0, float(problem.loss(problem.x0())) - float(f_low))
+
+
+def _ef21_rounds(bound: Any, problem: Any, eps: float, G0: float) -> int:
+    """T = ⌈2Φ⁰/(γε)⌉, Φ⁰ = f(x⁰) − f^inf + γG⁰/(2θ(α)) ([EF21] Thm 1 and its relatives), at a
+    step not above the method's own rule."""
+    from ..theory import rounds_ef21
+
+    gamma_max, rule = bound.method.theory_stepsize(bound.cfg)
+    if bound.cfg.stepsize > gamma_max * (1 + 1e-12):
+        raise ValueError(
+            f"the step size γ = {bound.cfg.stepsize:.4g} exceeds the theory step "
+            f"{gamma_max:.4g} ({rule}): the theorem does not bound its rounds; use a step "
+            "<= theory, or give the number of rounds (--rounds N, rounds=N)"
+        )
+    return rounds_ef21(bound.cfg.stepsize, _gap_to_inf(problem), eps, alpha=bound.cfg.alpha, G0=G0)
+
+
+def _dcgd_rounds(bound: Any, problem: Any, eps: float, G0: float) -> int:
+    """DCGD with an unbiased ω-compressor: the smallest T with 2(1 + Lγ²ωL_max/n)^T δ⁰/(γT) ≤ ε,
+    δ⁰ = f(x⁰) − 0 (every f_i ≥ 0), for γ ≤ 1/L (:func:`shrinkgrad.theory.rounds_dcgd`;
+    Khaled & Richtárik, TMLR 2023, Thm 2 with A = ωL_max/n, B = 1, C = 0)."""
+    from ..theory import rounds_dcgd
+
+    cfg = bound.cfg
+    if cfg.omega is None:
+        raise ValueError(
+            f"{bound.method.name} with the contractive compressor {cfg.compressor.name} has no "
+            "rounds-to-ε rate (DCGD's needs an unbiased compressor); give the number of rounds "
+            "(--rounds N, rounds=N), or use ef21"
+        )
+    L, L_i = cfg.constants.smoothness()
+    gamma = float(cfg.stepsize)
+    if gamma * float(L) > 1 + 1e-12:
+        raise ValueError(
+            f"the step size γ = {gamma:.4g} exceeds 1/L = {1 / float(L):.4g}: the DCGD rate "
+            "needs γ ≤ 1/L; use a smaller step, or give the number of rounds (--rounds N, rounds=N)"
+        )
+    gap = max(0.0, float(problem.loss(problem.x0())))  # f_low = 0: the losses are ≥ 0
+    return rounds_dcgd(
+        gamma,
+        gap,
+        eps,
+        L=float(L),
+        L_max=float(L_i.max()),
+        omega=float(cfg.omega),
+        n=int(cfg.constants.n),
+    )
+
 
 #: registered method name → the theorem bounding its rounds to min‖∇f‖² ≤ ε (deterministic
 #: gradients; the SGD variants also need the noise floor's σ², not known here)
-ROUNDS_THEOREMS: dict[str, str] = {
-    "gd": "[EF21] Thm 1 with α = 1 (GD)",
-    "ef21": "[EF21] Thm 1",
-    "ef21_w": "[EFR] Thm 2",
-    "ef21_pp": "[BW] Thm 7 (EF21-PP)",
-    "ef21_w_pp": "[EFR] §3.2 (EF21-W-PP)",
+ROUNDS_THEOREMS: dict[str, RoundsTheorem] = {
+    "gd": RoundsTheorem("[EF21] Thm 1 with α = 1 (GD)", _ef21_rounds),
+    "ef21": RoundsTheorem("[EF21] Thm 1", _ef21_rounds),
+    "ef21_w": RoundsTheorem("[EFR] Thm 2", _ef21_rounds),
+    "ef21_pp": RoundsTheorem("[BW] Thm 7 (EF21-PP)", _ef21_rounds),
+    "ef21_w_pp": RoundsTheorem("[EFR] §3.2 (EF21-W-PP)", _ef21_rounds),
+    "dcgd": RoundsTheorem(
+        "Khaled & Richtárik 2023 Thm 2 (DCGD [K18], unbiased ω: A = ωL_max/n)", _dcgd_rounds
+    ),
 }
+
+
+def rounds_theorem(method: Any) -> RoundsTheorem:
+    """The theorem covering ``method`` (a method or its spec), or a one-line ValueError naming
+    the methods that have one."""
+    from ..methods import make_method
+
+    name = parse_spec(make_method(method).name).name
+    found = ROUNDS_THEOREMS.get(name)
+    if found is None:
+        raise ValueError(
+            f"no rounds-to-ε theorem for {name!r} in shrinkgrad.theory (there is one for "
+            f"{', '.join(ROUNDS_THEOREMS)}); give the number of rounds (--rounds N, rounds=N)"
+        )
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,34 +261,8 @@ def measure_rounds(bound: Any, problem: Any, rounds: int = 10) -> MeasuredRounds
 
 def theory_rounds(bound: Any, problem: Any, eps: float, G0: float) -> tuple[int, str]:
     """T to min‖∇f‖² ≤ ε of the theorem covering ``bound``'s method, and the theorem's name."""
-    from ..theory import rounds_ef21
-
-    name = parse_spec(bound.method.name).name
-    source = ROUNDS_THEOREMS.get(name)
-    if source is None:
-        raise ValueError(
-            f"no rounds-to-ε theorem for {name!r} in shrinkgrad.theory (there is one for "
-            f"{', '.join(ROUNDS_THEOREMS)}); give the number of rounds (--rounds N, rounds=N)"
-        )
-    x0 = problem.x0()
-    f_low = getattr(problem, "f_star", None)
-    if f_low is None:
-        f_low = getattr(problem, "f_lower", None)
-    if f_low is None:
-        raise ValueError(
-            f"{problem.name}: no certified lower bound on f (f_star or f_lower), so f(x⁰) − f^inf "
-            "is unknown; give the number of rounds (--rounds N, rounds=N)"
-        )
-    gap = max(0.0, float(problem.loss(x0)) - float(f_low))
-    gamma_max, rule = bound.method.theory_stepsize(bound.cfg)
-    if bound.cfg.stepsize > gamma_max * (1 + 1e-12):
-        raise ValueError(
-            f"the step size γ = {bound.cfg.stepsize:.4g} exceeds the theory step "
-            f"{gamma_max:.4g} ({rule}): {source} does not bound its rounds; use a step "
-            "<= theory, or give the number of rounds (--rounds N, rounds=N)"
-        )
-    T = rounds_ef21(bound.cfg.stepsize, gap, eps, alpha=bound.cfg.alpha, G0=G0)
-    return T, source
+    theorem = rounds_theorem(bound.method)
+    return theorem.rounds(bound, problem, eps, G0), theorem.source
 
 
 def _mean(costs: Sequence[RoundCost]) -> RoundCost:
@@ -220,6 +301,8 @@ def estimate(
 
     prob = make_problem(problem)
     meth = make_method(method)
+    if rounds is None:
+        rounds_theorem(meth)  # refuse a method without a theorem before binding or simulating
     bound = meth.bind(prob, compressor, stepsize, seed)
     net = make_network(network)
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):

@@ -368,14 +368,30 @@ class Star(Network):
 @NETWORKS.register("ring")
 class Ring(Network):
     """Ranks in a ring (DDP on gloo or NCCL): ring all-reduce 2(p−1)/p·8S/B + 2(p−1)α, ring
-    all-gather (p−1)·8b/B + (p−1)α, with the slowest link's B and α."""
+    all-gather (p−1)·8b/B + (p−1)α, with the slowest link's B and α.
+
+    ``shared`` is the number of ranks that share one link (one token bucket, one NIC, one
+    switch port): in a ring step every rank sends at once, so each gets B/shared and every
+    formula above uses that per-rank bandwidth. ``ring[bandwidth=1gbit,shared=4]`` is four
+    ranks behind one 1 Gbit/s link — exactly how ``benchmarks/ddp.py`` emulates a link with
+    ``tc`` (one bucket on the namespace's loopback that all ranks pass through;
+    docs/distributed.md §4.1a) — and equals ``ring[bandwidth=250mbit]``. The default 1 is a
+    link per rank (a cluster).
+    """
 
     def __init__(
         self,
         bandwidth: BandwidthValue,
         latency: DurationValue = 0.0,
         compute: DurationValue | None = None,
+        shared: int = 1,
     ) -> None:
+        if isinstance(shared, bool) or not isinstance(shared, int) or shared < 1:
+            raise ValueError(
+                f"ring parameter 'shared' must be an integer >= 1 (the number of ranks that "
+                f"share one link), got {shared!r}"
+            )
+        self.shared = shared
         self.bandwidth = self._param(bandwidth, parse_bandwidth, "bandwidth")
         self.latency = self._param(latency, parse_duration, "latency")
         self.compute = self._compute(compute)
@@ -384,7 +400,8 @@ class Ring(Network):
         )
 
     def links(self, n: int) -> Links:
-        b = self.bandwidth.values(n)
+        """Every rank's share of its link: B/shared (see the class docstring)."""
+        b = self.bandwidth.values(n) / self.shared
         return Links(b, b, self.latency.values(n))
 
     def collective(self, c: Collective, p: int) -> Cost:

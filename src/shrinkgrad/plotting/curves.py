@@ -257,6 +257,8 @@ def plot_results(
     per method × compressor × step size (median over seeds) with a shaded quantile band, one
     legend for the figure. ``logy`` defaults to the metric's scale (log for ‖∇f‖² and losses,
     linear for accuracy); a log axis spans at most ``max_decades`` below its highest value.
+    ``logx`` draws x on a log scale, leaving out the points with x ≤ 0 (e.g. round 0 of a
+    ``time_model`` or ``bits`` axis, before anything was sent).
     Returns the matplotlib Figure and the paths written (none when ``out`` is None). Raises
     ValueError for unknown axes, facets or formats, or an empty table, and OSError when a file
     cannot be written.
@@ -265,6 +267,14 @@ def plot_results(
 
     agg = aggregate(table, x, y, facet=facet, quantiles=quantiles)
     xcol = _column(x, X_AXES, table, "x")
+    if logx:
+        # a log axis cannot show x ≤ 0 (round 0, the time before anything was sent): drop
+        # those points rather than the log scale
+        agg = agg[agg["x"] > 0]
+        if agg.empty:
+            raise ValueError(
+                f"cannot draw x={x!r} on a log axis: it has no value > 0; drop logx (--logx)"
+            )
     ycol = _column(y, Y_AXES, table, "y")
     log_y = axis_of(ycol).log if logy is None else bool(logy)
     panel_col = _facet(table, facet)
@@ -325,7 +335,7 @@ def plot_results(
             ax.set_ylim(*limits)
             if log_y:
                 readable_log_ticks(ax.yaxis, *limits)
-        if logx and (sub["x"] > 0).all():
+        if logx:
             ax.set_xscale("log")
         if xcol.startswith("bits"):
             from matplotlib.ticker import EngFormatter

@@ -20,6 +20,13 @@ client: ``client_grads_at``), ``vmap(jvp(grad(f_i)))`` the clients' Hessian-vect
 There is no Python loop over clients; ``batch_size`` only bounds the rows of one batched call
 (then the clients are evaluated in a few chunks).
 
+A plain ``Sequential`` of ``Linear`` layers and elementwise activations (the registered ``mlp``)
+takes a faster route to the same gradients (:mod:`~shrinkgrad.problems.model_sequential`):
+back-propagation by hand, one matrix product per layer over all rows and one ``bmm`` per layer
+for the clients' weight gradients, written straight into the (n, d) result
+(:attr:`ModelProblem.evaluation` says which route a problem takes; Hessian-vector products
+always use ``vmap``).
+
 The model is copied, cast to ``dtype``/``device`` and evaluated in ``eval()`` mode, so f is a
 deterministic function of x (dropout off; normalisation layers use their running statistics,
 which stay fixed). L and L_i are unknown (``None``; design.md principle 14): numeric step sizes
@@ -47,6 +54,7 @@ from .datasets import Dataset
 from .linear import as_device, as_dtype
 from .model_data import ClientBatch, ClientGroup, PreparedData, TestArg, prepare_data
 from .model_losses import ModelLoss, make_loss
+from .model_sequential import SequentialGrads
 from .splits import Split
 
 __all__ = ["ModelProblem", "model_problem"]
@@ -56,9 +64,15 @@ class _Functional:
     """f_i(x) = Σ_j w_j ℓ(h(x; X_j), y_j) of one client, as a pure function of the flat x, and
     its vmapped transforms (built once, shared by a problem's restrictions and copies)."""
 
-    def __init__(self, module: torch.nn.Module, loss: ModelLoss) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        loss: ModelLoss,
+        sample_shape: Sequence[int] | None = None,
+    ) -> None:
         self.module = module
         self.loss = loss
+        self.sample_shape = None if sample_shape is None else tuple(sample_shape)
         named = list(module.named_parameters())
         self.names = [k for k, _ in named]
         self.shapes = [p.shape for _, p in named]
@@ -66,13 +80,25 @@ class _Functional:
         self.buffers = {k: b for k, b in module.named_buffers()}
         self.d = sum(self.sizes)
         fx = self.client_loss
-        self.losses_shared = vmap(fx, in_dims=(None, 0, 0, 0))
-        self.grads_shared = vmap(grad(fx), in_dims=(None, 0, 0, 0))
-        self.grads_each = vmap(grad(fx), in_dims=(0, 0, 0, 0))
+        self.losses_shared: Callable[..., torch.Tensor] = vmap(fx, in_dims=(None, 0, 0, 0))
+        self.grads_shared: Callable[..., torch.Tensor] = vmap(grad(fx), in_dims=(None, 0, 0, 0))
+        self.grads_each: Callable[..., torch.Tensor] = vmap(grad(fx), in_dims=(0, 0, 0, 0))
         self.grads_and_losses = vmap(grad_and_value(fx), in_dims=(None, 0, 0, 0))
+        self.grads_and_losses_flat: Callable[..., torch.Tensor] = self._grads_and_losses_flat
         self.hvps = vmap(self._hvp, in_dims=(None, 0, 0, 0, 0))
+        #: the hand-written path of a Linear/activation stack (None: the vmap path above)
+        self.fast = SequentialGrads.of(module, loss, self.sample_shape)
+        if self.fast is not None:  # one implementation per oracle: the fast one replaces vmap
+            self.losses_shared = self.fast.losses
+            self.grads_shared = self.grads_each = self.fast.grads
+            self.grads_and_losses_flat = self.fast.grads_and_losses
 
-    def grads_and_losses_flat(
+    def width(self, extra: int = 0) -> int | None:
+        """The columns of a gradient oracle's output when it writes into a preallocated (n, ·)
+        result (the fast path), else None (the generic path returns its own)."""
+        return None if self.fast is None else self.d + extra
+
+    def _grads_and_losses_flat(
         self, x: torch.Tensor, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
         """(m, d + 1): each client's gradient and, in the last column, its loss."""
@@ -125,7 +151,7 @@ class ModelProblem(Problem):
     ``client_hvps`` / ``hvp`` (Hessian-vector products), ``held_out(x)`` (``test_loss`` and, for
     the classification losses, ``test_accuracy`` on the rows kept back), ``parts`` (each client's
     rows of ``data``), ``input_shape`` (of one sample), ``module`` (the evaluated copy of the
-    model), ``loss_kind``, ``n_test``, ``to()``.
+    model), ``loss_kind``, ``evaluation``, ``n_test``, ``to()``.
     """
 
     fresh_grads = True  # every oracle returns the new output of a batched evaluation
@@ -166,6 +192,14 @@ class ModelProblem(Problem):
     def module(self) -> torch.nn.Module:
         """The evaluated copy of the model (eval mode, the problem's dtype and device)."""
         return self._fn.module
+
+    @property
+    def evaluation(self) -> str:
+        """How the gradient oracles evaluate: ``"linear_stack"`` (a Sequential of Linear layers
+        and activations, back-propagated by hand with per-layer batched products,
+        :mod:`~shrinkgrad.problems.model_sequential`) or ``"vmap"`` (any module, ``vmap(grad)``).
+        Both compute the same gradients (tested to 1e-12 in float64)."""
+        return "vmap" if self._fn.fast is None else "linear_stack"
 
     @property
     def loss_kind(self) -> str:
@@ -244,21 +278,28 @@ class ModelProblem(Problem):
         x: torch.Tensor,
         batches: list[ClientBatch] | None = None,
         *extra: torch.Tensor,
+        width: int | None = None,
     ) -> torch.Tensor:
         """Rows i of ``fn(x_i, *extra_i, X_i, y_i, w_i)`` over the groups' batched calls.
 
         ``x`` is (d,) (shared) or (n, d) (a point per client); ``batches`` replace the groups'
-        samples (minibatches), ``extra`` are further (n, …) per-client arguments.
+        samples (minibatches), ``extra`` are further (n, …) per-client arguments. With ``width``
+        (``fn`` then takes ``out=``) the (n, width) result is allocated once and every call of a
+        group of consecutive clients writes its rows into it directly; other results are placed
+        by one indexed copy.
         """
         per_client = x.ndim == 2
         data = [g.batch for g in self._groups] if batches is None else batches
-        results: list[tuple[torch.Tensor, torch.Tensor]] = []
+        final = None
+        if width is not None:
+            final = torch.empty((self.n, width), dtype=self.dtype, device=self.device)
+        pieces: list[tuple[torch.Tensor, torch.Tensor]] = []  # (clients, their rows) to place
         for group, batch in zip(self._groups, data, strict=True):
             rows = group.members.to(self.device)
             mine = ((x[rows],) if per_client else ()) + tuple(e[rows] for e in extra)
             tensors = (*mine, batch.X, batch.y, batch.w)
             calls = self._calls(group, batch.m_pad)
-            outs = []
+            first = _first_if_consecutive(group.members)
             for own, slots, size in calls:
                 if slots is None and len(calls) == 1:
                     args = list(tensors)
@@ -268,28 +309,24 @@ class ModelProblem(Problem):
                     args = [t[own].clone() for t in tensors]
                 else:
                     args = [_place(t, own, slots, size) for t in tensors]
-                res = fn(*args) if per_client else fn(x, *args)
-                outs.append((own, res if slots is None else res[slots]))
-            if len(outs) == 1 and outs[0][1].shape[0] == batch.n:
-                results.append((group.members, outs[0][1]))
-            else:
-                part = torch.empty(
-                    (batch.n, *outs[0][1].shape[1:]), dtype=outs[0][1].dtype, device=self.device
-                )
-                for own, res in outs:
-                    part[own] = res
-                results.append((group.members, part))
-        if (
-            len(results) == 1
-            and results[0][0].numel() == self.n
-            and bool((results[0][0] == torch.arange(self.n)).all())
-        ):
-            return results[0][1]
-        first = results[0][1]
-        out = torch.empty((self.n, *first.shape[1:]), dtype=first.dtype, device=self.device)
-        for members, res in results:
-            out[members.to(self.device)] = res
-        return out
+                call = tuple(args) if per_client else (x, *args)
+                if final is not None and slots is None and first is not None:
+                    assert isinstance(own, slice)
+                    fn(*call, out=final[first + own.start : first + own.stop])
+                    continue
+                res = fn(*call)
+                pieces.append((group.members[own], res if slots is None else res[slots]))
+        if final is None:
+            whole = len(pieces) == 1 and pieces[0][0].numel() == self.n
+            if whole and _first_if_consecutive(pieces[0][0]) == 0:
+                return pieces[0][1]  # one call for all clients in order: its own result
+            first_res = pieces[0][1]
+            final = torch.empty(
+                (self.n, *first_res.shape[1:]), dtype=first_res.dtype, device=self.device
+            )
+        for members, res in pieces:
+            final[members.to(self.device)] = res
+        return final
 
     # -- oracles ----------------------------------------------------------------------------------
     def client_losses(self, x: torch.Tensor) -> torch.Tensor:
@@ -303,17 +340,17 @@ class ModelProblem(Problem):
 
     def client_grads(self, x: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(x), one batched ``vmap(grad)`` evaluation."""
-        return self._batched(self._fn.grads_shared, self._point(x))
+        return self._batched(self._fn.grads_shared, self._point(x), width=self._fn.width())
 
     def client_grads_and_losses(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(client_grads(x), client_losses(x)) from one pass (the forward of the gradient)."""
         x = self._point(x)
-        both = self._batched(self._fn.grads_and_losses_flat, x)
+        both = self._batched(self._fn.grads_and_losses_flat, x, width=self._fn.width(1))
         return both[:, : self.d].contiguous(), both[:, self.d].contiguous()
 
     def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(X[i]) (a point per client: stale gradients, the PS)."""
-        return self._batched(self._fn.grads_each, self._points(X))
+        return self._batched(self._fn.grads_each, self._points(X), width=self._fn.width())
 
     def client_stoch_grads(
         self, X: torch.Tensor, batch_sizes: torch.Tensor | int, keys: Keys
@@ -333,7 +370,7 @@ class ModelProblem(Problem):
         keys = keys.expand((self.n,)).to(self.device)
         batches = [self._minibatch(g.batch, b[g.members], keys[g.members]) for g in self._groups]
         fn = self._fn.grads_shared if shared else self._fn.grads_each
-        return self._batched(fn, x, batches)
+        return self._batched(fn, x, batches, width=self._fn.width())
 
     def _minibatch(self, data: ClientBatch, b: torch.Tensor, keys: Keys) -> ClientBatch:
         """A group's minibatches: client i's b_i rows with the smallest keyed uniforms."""
@@ -442,12 +479,18 @@ class ModelProblem(Problem):
         dev = self.device if device is None else as_device(device)
         out = copy.copy(self)
         module = copy.deepcopy(self.module).to(device=dev, dtype=dt)
-        out._fn = _Functional(module, self._fn.loss)
+        out._fn = _Functional(module, self._fn.loss, self._fn.sample_shape)
         out._groups = [dataclasses.replace(g, batch=g.batch.to(dt, dev)) for g in self._groups]
         out._test = None if self._test is None else self._test.to(dt, dev)
         out._x0 = self._x0.to(device=dev, dtype=dt)
         out.dtype, out.device = dt, dev
         return out
+
+
+def _first_if_consecutive(members: torch.Tensor) -> int | None:
+    """The first of ``members`` (increasing) when they are consecutive integers, else None."""
+    first, last = int(members[0]), int(members[-1])
+    return first if last - first + 1 == members.numel() else None
 
 
 def _place(
@@ -533,7 +576,7 @@ def model_problem(
     module = copy.deepcopy(model).to(device=dev, dtype=dt).eval()
     for p in module.parameters():
         p.requires_grad_(False)
-    fn = _Functional(module, lf)
+    fn = _Functional(module, lf, tuple(prepared.groups[0].batch.X.shape[2:]))
     x0 = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
     _check_forward(fn, x0, prepared.groups, input_shape)
     return ModelProblem(

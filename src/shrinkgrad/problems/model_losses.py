@@ -39,7 +39,10 @@ class ModelLoss:
     ``correct(out, y)`` to (m,) booleans, or is None when accuracy is meaningless (regression);
     ``targets(y, n_classes, dtype, where)`` converts labels (``n_classes`` is the dataset's class
     count, or None for user data) or raises a ValueError saying what is wrong;
-    ``check_output(out_shape, y_shape)`` returns why an output shape does not fit, or None.
+    ``check_output(out_shape, y_shape)`` returns why an output shape does not fit, or None;
+    ``output_grad(out, y)`` is ∂ℓ/∂h row-wise, the (m, C) derivative with respect to a 2-D
+    output (the start of the hand-written backward pass of
+    :mod:`~shrinkgrad.problems.model_sequential`; None: models use the generic ``vmap`` path).
     """
 
     name: str
@@ -48,6 +51,7 @@ class ModelLoss:
     correct: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
     targets: Callable[[np.ndarray, int | None, torch.dtype, str], torch.Tensor]
     check_output: Callable[[tuple[int, ...], tuple[int, ...]], str | None]
+    output_grad: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def held_out_columns(self) -> tuple[str, ...]:
@@ -58,6 +62,13 @@ class ModelLoss:
 # -- cross-entropy ------------------------------------------------------------------------------
 def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out, y, reduction="none")
+
+
+def _ce_grad(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """∂ℓ/∂h = softmax(h) − e_y."""
+    g = torch.softmax(out, dim=-1)
+    g.scatter_add_(-1, y[:, None], torch.full_like(g[:, :1], -1.0))
+    return g
 
 
 def _ce_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -96,6 +107,11 @@ def _logistic(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.softplus(-y * _margin(out))
 
 
+def _logistic_grad(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """∂ℓ/∂h = −y σ(−y h)."""
+    return (-y * torch.sigmoid(-y * _margin(out))).reshape(out.shape)
+
+
 def _logistic_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (_margin(out) > 0) == (y > 0)
 
@@ -131,6 +147,11 @@ def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (r * r).reshape(r.shape[0], -1).sum(dim=1)
 
 
+def _mse_grad(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """∂ℓ/∂h = 2 (h − y)."""
+    return (2.0 * (out.reshape(y.shape) - y)).reshape(out.shape)
+
+
 def _real_targets(
     y: np.ndarray, n_classes: int | None, dtype: torch.dtype, where: str
 ) -> torch.Tensor:
@@ -158,7 +179,13 @@ def _examples(y: np.ndarray) -> str:
 #: the losses of model problems, by name
 LOSSES: dict[str, ModelLoss] = {
     "cross_entropy": ModelLoss(
-        "cross_entropy", "−h_y + log Σ_c exp h_c", _ce, _ce_correct, _ce_targets, _ce_output
+        "cross_entropy",
+        "−h_y + log Σ_c exp h_c",
+        _ce,
+        _ce_correct,
+        _ce_targets,
+        _ce_output,
+        _ce_grad,
     ),
     "logistic": ModelLoss(
         "logistic",
@@ -167,8 +194,9 @@ LOSSES: dict[str, ModelLoss] = {
         _logistic_correct,
         _pm1_targets,
         _logistic_output,
+        _logistic_grad,
     ),
-    "mse": ModelLoss("mse", "‖h − y‖²", _mse, None, _real_targets, _mse_output),
+    "mse": ModelLoss("mse", "‖h − y‖²", _mse, None, _real_targets, _mse_output, _mse_grad),
 }
 
 

@@ -7,12 +7,13 @@ source and validates its input. Formulas marked (?) in methods.md are all in
 * :mod:`~shrinkgrad.theory.constants`: L_AM, L_QM, L_max, L_var, EF21-W weights, θ(α), β(α), ξ(α);
 * :mod:`~shrinkgrad.theory.stepsizes`: EF21 (original, reloaded/EF21-W, PL, PP, SGD, SGDM), EF21+,
   rare features, delayed gradients, single-node unbiased compression, DCGD, DIANA;
-* :mod:`~shrinkgrad.theory.complexity`: predicted rounds and bits to reach ‖∇f‖² ≤ ε.
+* :mod:`~shrinkgrad.theory.complexity`: predicted rounds and bits to reach ‖∇f‖² ≤ ε (EF21 and
+  its variants, EF21 under PL, DCGD with unbiased compressors).
 """
 
 from __future__ import annotations
 
-from .complexity import bits_to_accuracy, lyapunov0, rounds_ef21, rounds_ef21_pl
+from .complexity import bits_to_accuracy, lyapunov0, rounds_dcgd, rounds_ef21, rounds_ef21_pl
 from .constants import L_AM, L_QM, L_max, L_var, beta, ef21w_weights, theta, xi
 from .stepsizes import (
     dcgd_neighborhood,
@@ -55,6 +56,7 @@ __all__ = [
     "ef21w_weights",
     "lyapunov0",
     "pp_constants",
+    "rounds_dcgd",
     "rounds_ef21",
     "rounds_ef21_pl",
     "stepsize_dcgd",
