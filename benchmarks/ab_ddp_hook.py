@@ -44,7 +44,7 @@ def export(ref: str, into: Path) -> Path:
 def run_once(src: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(src))
     cmd = [sys.executable, str(BENCH), "--steps", str(args.steps), "--json", str(out)]
-    cmd += ["--world", str(args.world), "--clock", args.clock]
+    cmd += ["--world", str(args.world), "--clock", args.clock, "--dtype", args.dtype]
     if args.only:
         cmd += ["--only", *args.only]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -66,6 +66,7 @@ def main() -> None:
         default="cpu",
         help="cpu (default): the process's CPU time, robust to other load; wall: elapsed time",
     )
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old_src = export(args.old, Path(tmp))

@@ -223,6 +223,41 @@ def bench_sparse(d: int, repeat: int, only: str | None, cold: bool) -> None:
             f"{name:42s} {t_sparse * 1e3:9.2f} {t_dense * 1e3:9.2f} {t_copy * 1e3:9.2f} "
             f"{t_copy / t_sparse:9.3f}"
         )
+    if not only or "top_k" in only:
+        bench_difference(pool, k, keys, repeat, copy)
+
+
+def bench_difference(
+    pool: Pool, k: int, keys: Keys, repeat: int, copy: Callable[[], object]
+) -> None:
+    """EF21's C(x − h): Top-k's ``sparse_difference(x, h)`` (selected from the difference chunk
+    by chunk, never formed) against forming x − h (``torch.sub`` into a buffer) and then
+    ``C.sparse``; the "dense ms" column holds the latter. x: the pool's vector, h: half the
+    next one (a fixed vector with ``--hot``)."""
+    c = make_compressor(f"top_k[k={k}]")
+    fixed = 0.5 * torch.randn(pool.xs[0].numel(), generator=torch.Generator().manual_seed(1))
+
+    def pair() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, buf = pool.next()
+        h = pool.xs[(pool.i + 1) % len(pool.xs)] if len(pool.xs) > 1 else fixed
+        return x, h, buf
+
+    def fused() -> object:
+        x, h, _ = pair()
+        return c.sparse_difference(x, h, keys)
+
+    def formed() -> object:
+        x, h, buf = pair()
+        return c.sparse(torch.sub(x, h, out=buf), keys)
+
+    t_copy = best_of(copy, repeat)
+    t_fused = best_of(fused, repeat)
+    t_formed = best_of(formed, repeat)
+    name = f"top_k[k={k}] of x − h (sub + sparse: dense ms)"
+    print(
+        f"{name:42s} {t_fused * 1e3:9.2f} {t_formed * 1e3:9.2f} {t_copy * 1e3:9.2f} "
+        f"{t_copy / t_fused:9.3f}"
+    )
 
 
 def contraction() -> None:

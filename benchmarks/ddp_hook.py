@@ -23,8 +23,13 @@ dtype) between two buffers, after writing a 64 MB buffer that evicts them from t
 median and minimum over 15 repetitions, on the same clock as the hook. Printed next to each
 configuration: hook time / memcpy (median / median), and for the sparse compressors the
 *floor*: the compressor's sparse form (``C.sparse``: top-k's selection, rand-k's index draw
-and gather) of every compressed gradient alone, without any method arithmetic or hook
-bookkeeping, in the same units. A hook cannot be cheaper than its compressor's own pass.
+and gather; for EF21 ``C.sparse_difference`` of g − h, the fused selection its client step
+runs) of every compressed gradient alone, without any method arithmetic or hook bookkeeping,
+in the same units. A hook cannot be cheaper than its compressor's own pass. Two more
+baselines of the same run: a cold read of two float32 vectors of the gradient's size
+(``torch.dot``: the traffic of EF21's client step, which reads ∇f_i and g_i once each) and, for
+16-bit models, the casts of the gradient to float32 and back (the two conversion passes of
+``state_dtype="float32"``: a 16-bit hook costs at least the float32 one plus these).
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
@@ -111,9 +116,35 @@ def memcpy_baseline() -> dict[str, float]:
     return _cold(lambda: dst.copy_(src))
 
 
-def sparse_floor(name: str, ratio: float | None) -> dict[str, float] | None:
+def cast_baseline() -> dict[str, float] | None:
+    """16-bit models: a cache-cold upcast of the gradient to float32 and the downcast back (the
+    two conversion passes of ``state_dtype="float32"``); None for float32/float64 models."""
+    if DTYPE[0] not in (torch.bfloat16, torch.float16):
+        return None
+    n = sum(p.numel() for p in _model().parameters())
+    half = torch.randn(n).to(DTYPE[0])
+    wide = torch.empty(n)
+
+    def run() -> None:
+        wide.copy_(half)
+        half.copy_(wide)
+
+    return _cold(run)
+
+
+def read2_baseline() -> dict[str, float]:
+    """A cache-cold read of two float32 vectors of the gradient's size (``torch.dot``): the
+    traffic that EF21's client step cannot avoid (it reads ∇f_i and g_i once each)."""
+    n = sum(p.numel() for p in _model().parameters())
+    a, b = torch.randn(n), torch.randn(n)
+    return _cold(lambda: torch.dot(a, b))
+
+
+def sparse_floor(name: str, ratio: float | None, method: str = "dcgd") -> dict[str, float] | None:
     """The compressor's sparse form of every compressed gradient of the model alone (the part of
-    a step no hook can avoid), cache-cold; None for compressors without one."""
+    a step no hook can avoid), cache-cold; None for compressors without one. For EF21 (and
+    EF21-SGDM) the sparse form of the difference g − h (``C.sparse_difference``: Top-k
+    selects from it chunk by chunk) that its client step compresses."""
     from shrinkgrad.compressors import COMPRESSORS, make_compressor
     from shrinkgrad.rng import Keys
 
@@ -129,8 +160,15 @@ def sparse_floor(name: str, ratio: float | None) -> dict[str, float] | None:
             return None
         comps.append(C)
     keys = Keys.derive(0, round=1, client=0)
+    wide = [g.float() if g.dtype in (torch.bfloat16, torch.float16) else g for g in grads]
+    memory = [torch.randn_like(g) * 0.5 for g in wide]
+    fused = method == "ef21" and all(hasattr(C, "sparse_difference") for C in comps)
 
     def run() -> None:
+        if fused:  # what the hook computes: float32 arithmetic, values rounded to the wire's
+            for C, g, h, x in zip(comps, wide, memory, grads, strict=True):
+                C.sparse_difference(g, h, None if C.deterministic else keys, dtype=x.dtype)
+            return
         for C, g in zip(comps, grads, strict=True):
             C.sparse(g, None if C.deterministic else keys)
 
@@ -205,22 +243,33 @@ def main() -> None:
         base = _steps(DDP(_model(), bucket_cap_mb=25), 3 + args.steps)[3:]
         step = statistics.median(base)
         copy = memcpy_baseline()
+        read2, cast = read2_baseline(), cast_baseline()
         print(
             f"shrinkgrad DDP hook, {sum(p.numel() for p in _model().parameters()) / 1e6:.2f} M "
             f"parameters ({args.dtype}), fake {args.world}-rank payload set, 1 thread, "
             f"{args.clock} clock; baselines: a step without hook, median {step * 1e3:.0f} ms; a "
             f"cache-cold memcpy of the gradient, median {copy['median'] * 1e3:.1f} ms, min "
-            f"{copy['min'] * 1e3:.1f} ms"
+            f"{copy['min'] * 1e3:.1f} ms; a cold read of two float32 gradient-sized vectors "
+            f"(EF21's client traffic), median {read2['median'] * 1e3:.1f} ms "
+            f"({read2['median'] / copy['median']:.2f}x memcpy)"
+            + (
+                ""
+                if cast is None
+                else f"; the casts to float32 and back, median {cast['median'] * 1e3:.1f} ms "
+                f"({cast['median'] / copy['median']:.2f}x memcpy)"
+            )
         )
         print(
             f"{'configuration':44s} {'hook ms/step':>13s} {'min':>7s} {'x step':>7s} "
             f"{'x memcpy':>9s} {'floor x memcpy':>15s}"
         )
-        numbers: dict[str, Any] = {"baseline_step": step, "memcpy": copy}
+        numbers: dict[str, Any] = {"baseline_step": step, "memcpy": copy, "read2": read2}
+        if cast is not None:
+            numbers["cast"] = cast
         for key in args.only:
             r = numbers[key] = measure(key, args.world, args.steps, args.profile)
             name, ratio, method, momentum = CONFIGS[key]
-            floor = sparse_floor(name, ratio)
+            floor = sparse_floor(name, ratio, method)
             if floor is not None:
                 r["floor"] = floor
             label = f"{name}" + (f" {ratio:g}" if ratio else "") + f" + {method}"

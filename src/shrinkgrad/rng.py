@@ -189,6 +189,11 @@ class Keys:
     def fold(self, tag: int | str) -> Keys:
         """Independent sub-keys, e.g. for the second stage of a composed compressor."""
         t = stream_id(tag) if isinstance(tag, str) else (int(tag) & MASK32)
+        if self.lo.ndim == 0 and self.lo.device.type == "cpu":  # one key: Python ints (µs)
+            return Keys(
+                torch.tensor(mix32_int(int(self.lo) ^ mix32_int(t ^ _INIT_LO))),
+                torch.tensor(mix32_int(int(self.hi) ^ mix32_int(t ^ _INIT_HI))),
+            )
         lo = mix32_torch(self.lo ^ mix32_int(t ^ _INIT_LO))
         hi = mix32_torch(self.hi ^ mix32_int(t ^ _INIT_HI))
         return Keys(lo, hi)
@@ -255,13 +260,16 @@ class KeyStream:
             raise ValueError("client ids must be in [0, 2**32)")
         c = c.astype(np.uint32)
         sid = stream_id(stream)
-        lo = np.asarray(_INIT_LO, dtype=np.uint32)
-        hi = np.asarray(_INIT_HI, dtype=np.uint32)
+        lo_i, hi_i = _INIT_LO, _INIT_HI  # the scalar part of the chain, in Python ints
         for w in (s_lo, s_hi, sid):
-            lo = mix32_numpy(lo ^ np.uint32(w))
-            hi = mix32_numpy(hi ^ np.uint32(w))
-        self._lo = mix32_numpy(lo ^ c)
-        self._hi = mix32_numpy(hi ^ c)
+            lo_i = mix32_int(lo_i ^ w)
+            hi_i = mix32_int(hi_i ^ w)
+        if c.ndim == 0:
+            self._lo = np.asarray(mix32_int(lo_i ^ int(c)), dtype=np.uint32)
+            self._hi = np.asarray(mix32_int(hi_i ^ int(c)), dtype=np.uint32)
+        else:
+            self._lo = mix32_numpy(np.uint32(lo_i) ^ c)
+            self._hi = mix32_numpy(np.uint32(hi_i) ^ c)
         self.seed = int(seed)
         self.stream = stream
         self.shape = c.shape
@@ -270,6 +278,11 @@ class KeyStream:
     def at(self, round: int) -> Keys:
         """Keys of every client of this stream at ``round``."""
         r_lo, r_hi = _split64(round, "round")
+        if self._lo.ndim == 0:  # one client: Python ints (µs instead of numpy's 0-d overhead)
+            lo_i = mix32_int(mix32_int(int(self._lo) ^ r_lo) ^ r_hi)
+            hi_i = mix32_int(mix32_int(int(self._hi) ^ r_lo) ^ r_hi)
+            keys = Keys(torch.tensor(lo_i), torch.tensor(hi_i))
+            return keys if self.device.type == "cpu" else keys.to(self.device)
         lo = mix32_numpy(mix32_numpy(self._lo ^ np.uint32(r_lo)) ^ np.uint32(r_hi))
         hi = mix32_numpy(mix32_numpy(self._hi ^ np.uint32(r_lo)) ^ np.uint32(r_hi))
         return Keys.from_numpy(np.asarray(lo), np.asarray(hi), self.device)

@@ -294,6 +294,50 @@ def test_sparse_form_equals_the_dense_form(spec: str, dtype: torch.dtype) -> Non
             c.sparse(x, keys)
 
 
+@pytest.mark.parametrize("spec", [s for s in ALL if make_compressor(s).sparse_message])
+@pytest.mark.parametrize("dtype", [*DTYPES, None])
+def test_sparse_difference_is_the_sparse_form_of_the_difference(
+    spec: str, dtype: torch.dtype | None
+) -> None:
+    """C.sparse_difference(a, b, keys, dtype=t) is C.sparse((a − b).to(t), keys) bit for bit
+    (t = None: a − b itself; float32 a, b rounded to bfloat16 and float16 for ``None``)."""
+    c = make_compressor(spec)
+    wdtype = dtype or torch.float32
+    a, b = _x((D,), wdtype, seed=8), _x((D,), wdtype, seed=9)
+    b[::3] = a[::3]  # exact zeros of the difference
+    keys = _keys(None, seed=4)
+    for rounding in [None] if dtype else HALF:
+        want = c.sparse((a - b).to(rounding or wdtype), keys)
+        got = c.sparse_difference(a, b, keys, dtype=rounding)
+        assert torch.equal(got[0], want[0])
+        assert got[1].dtype == want[1].dtype and torch.equal(_bits(got[1]), _bits(want[1]))
+
+
+@pytest.mark.parametrize("spec", [s for s in ALL if make_compressor(s).encodes_pairs])
+@pytest.mark.parametrize("dtype", DTYPES + HALF)
+def test_encode_pairs_is_encode(spec: str, dtype: torch.dtype) -> None:
+    """encode_pairs(*sparse(x, keys), d) is encode(x, keys) byte for byte (16-bit values for
+    16-bit inputs), also into a preallocated ``out``; a wrong number of pairs is refused."""
+    c = make_compressor(spec)
+    x = _x((D,), dtype, seed=3)
+    keys = _keys(None, seed=2)
+    idx, vals = c.sparse(x, keys)
+    want = c.encode(x, keys)
+    assert torch.equal(c.encode_pairs(idx, vals, D), want)
+    out = torch.full((want.numel() + 3,), 255, dtype=torch.uint8)
+    assert torch.equal(c.encode_pairs(idx, vals, D, out=out), want)
+    with pytest.raises(ValueError, match="pairs"):
+        c.encode_pairs(idx[:-1], vals[:-1], D)
+
+
+def test_fixed_size_sparsifiers_encode_pairs() -> None:
+    # every fixed-size sparsifier (its message: k pairs) encodes from its sparse form
+    for spec in ALL:
+        c = make_compressor(spec)
+        if isinstance(c, base.Sparsifier):
+            assert c.encodes_pairs, spec
+
+
 @pytest.mark.parametrize("spec", [s for s in ALL if not make_compressor(s).sparse_message])
 def test_dense_messages_have_no_sparse_form(spec: str) -> None:
     with pytest.raises(TypeError, match="no sparse form"):

@@ -62,10 +62,12 @@ __all__ = [
     "sparse_rows",
     "top1_rows",
     "topk_candidates",
+    "topk_candidates_diff",
     "topk_plan",
     "topk_rows",
     "topk_select",
     "topk_thresholds",
+    "topk_thresholds_diff",
     "topk_write",
 ]
 
@@ -764,6 +766,40 @@ def _flag_block(xu: np.ndarray, tb: np.uint64, flags: np.ndarray) -> None:  # pr
         flags[i] = np.uint8((xu[i] & mask) >= tb)
 
 
+@njit(cache=True, inline="always")
+def _candidates_chunk(  # pragma: no cover - compiled
+    xs: np.ndarray,
+    tbr: Any,
+    flags: np.ndarray,
+    so: np.ndarray,
+    sr: np.ndarray,
+) -> tuple[int, bool]:
+    """The entries of the chunk ``xs`` (bit patterns) with |x_j| ≥ τ (pattern ``tbr``) into
+    the slots ``so`` (offsets) / ``sr`` (patterns), counting beyond them; (count, whether one
+    is inf or nan). A vectorized loop flags the chunk, a scan finds the set flags 8 at a time
+    (trailing-zero count of a 64-bit word)."""
+    _, emask = _abs_mask(xs)
+    m = xs.size
+    slots = so.size
+    f64 = flags.view(np.uint64)
+    _flag_block(xs, tbr, flags[:m])
+    flags[m : (m + 7) & ~7] = 0
+    cnt = 0
+    bad = False
+    for q in range((m + 7) >> 3):
+        word = f64[q]
+        while word:
+            i = (q << 3) + (np.int64(trailing_zeros(word)) >> 3)  # type: ignore[call-arg]
+            v = xs[i]
+            bad |= (v & emask) == emask
+            if cnt < slots:
+                so[cnt] = i
+                sr[cnt] = v
+            cnt += 1
+            word &= word - np.uint64(1)
+    return cnt, bad
+
+
 @njit(cache=True, nogil=True)
 def topk_candidates(  # pragma: no cover - compiled
     xu: np.ndarray,
@@ -780,36 +816,203 @@ def topk_candidates(  # pragma: no cover - compiled
     (pattern without sign ≥ tb[r]) into the chunk's slots — the offset in the chunk
     (``cand``, uint16) and the pattern (``craw``) — counting beyond the slots; NON_FINITE when
     one is inf or nan (tb[r] is at most the pattern of inf, so they are all candidates and
-    only the candidates need checking). One read of x: a vectorized loop flags the chunk, a
-    scan finds the set flags 8 at a time (trailing-zero count of a 64-bit word)."""
+    only the candidates need checking). One read of x (:func:`_candidates_chunk`)."""
     d = xu.shape[1]
     nch = counts.shape[1]
-    _, emask = _abs_mask(xu)
     flags = np.zeros(CHUNK + 8, dtype=np.uint8)
-    f64 = flags.view(np.uint64)
     for w in range(w0, w1):
         r = w // nch
         c = w % nch
         j0 = c * CHUNK
         m = min(d, j0 + CHUNK) - j0
-        xs = xu[r, j0 : j0 + m]
-        _flag_block(xs, tb[r], flags[:m])
-        flags[m : (m + 7) & ~7] = 0
+        cnt, bad = _candidates_chunk(
+            xu[r, j0 : j0 + m],
+            tb[r],
+            flags,
+            cand[r, c * slots : (c + 1) * slots],
+            craw[r, c * slots : (c + 1) * slots],
+        )
+        counts[r, c] = cnt
+        status[w] = NON_FINITE if bad else OK
+
+
+# --------------------------------------------------------------------------------------------
+# Top-k of a difference a − b (EF21's C(∇f_i − g_i)) without forming it: every chunk of the
+# difference is computed into a cache-resident scratch and selected from there
+# --------------------------------------------------------------------------------------------
+#: rounding of the difference before the selection: none, or to bfloat16 (round to nearest
+#: even on the float32 patterns, exactly torch's ``.to(torch.bfloat16)``)
+ROUND_NONE = 0
+ROUND_BF16 = 1
+
+
+@njit(cache=True)
+def _round_bf16_block(u: np.ndarray) -> None:  # pragma: no cover - compiled
+    """float32 patterns ``u`` rounded in place to the nearest bfloat16 (ties to even), NaN to
+    bfloat16's quiet NaN 0x7FC0 — the conversion of c10::BFloat16, back in float32 patterns."""
+    for i in range(u.size):
+        v = u[i]
+        r = (v + np.uint32(0x7FFF) + ((v >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        nan = (v & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        u[i] = np.uint32(0x7FC00000) if nan else r
+
+
+@njit(cache=True)
+def _sub_block(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """out = a − b (IEEE, element by element: torch.sub's values)."""
+    for i in range(out.size):
+        out[i] = a[i] - b[i]
+
+
+@njit(cache=True, inline="always")
+def _diff_chunk(  # pragma: no cover - compiled
+    a: np.ndarray, b: np.ndarray, scratch: np.ndarray, su: np.ndarray, rnd: int
+) -> np.ndarray:
+    """The bit patterns of a − b (rounded to bfloat16 for ``rnd`` = ROUND_BF16, float32
+    only) in ``scratch`` (a float vector of at least a.size entries; ``su``: its view as
+    unsigned patterns); returns the patterns."""
+    m = a.size
+    _sub_block(a, b, scratch[:m])
+    u = su[:m]
+    if rnd == ROUND_BF16:
+        _round_bf16_block(u)
+    return u
+
+
+@njit(cache=True)
+def _flag_diff_block(  # pragma: no cover - compiled
+    a: np.ndarray, b: np.ndarray, tau: Any, flags: np.ndarray
+) -> None:
+    """flags[i] = not (|a_i − b_i| < τ): |a_i − b_i| ≥ τ, or a − b is NaN — the pattern test
+    of :func:`_flag_block` on the difference, which is never stored (τ: the float of the
+    threshold pattern; four interleaved streams of each operand, as there)."""
+    q = a.size // 4
+    for i in range(q):
+        flags[i] = np.uint8(not (abs(a[i] - b[i]) < tau))
+        flags[q + i] = np.uint8(not (abs(a[q + i] - b[q + i]) < tau))
+        flags[2 * q + i] = np.uint8(not (abs(a[2 * q + i] - b[2 * q + i]) < tau))
+        flags[3 * q + i] = np.uint8(not (abs(a[3 * q + i] - b[3 * q + i]) < tau))
+    for i in range(4 * q, a.size):
+        flags[i] = np.uint8(not (abs(a[i] - b[i]) < tau))
+
+
+@njit(cache=True, inline="always")
+def _candidates_diff_chunk(  # pragma: no cover - compiled
+    a: np.ndarray,
+    b: np.ndarray,
+    tau: Any,
+    flags: np.ndarray,
+    so: np.ndarray,
+    sr: np.ndarray,
+    one: np.ndarray,
+    one_u: np.ndarray,
+    rnd: int,
+) -> tuple[int, bool]:
+    """:func:`_candidates_chunk` of a − b in one read of a and b: the flags come from the
+    difference in registers (``tau``: a float threshold on |a − b|, for ROUND_BF16 the
+    smallest magnitude that rounds to the bfloat16 threshold or above), and only the
+    candidates' differences are computed again and rounded (``one``/``one_u``: a 1-entry float
+    buffer and its pattern view)."""
+    _, emask = _abs_mask(one_u)
+    m = a.size
+    slots = so.size
+    f64 = flags.view(np.uint64)
+    _flag_diff_block(a, b, tau, flags[:m])
+    flags[m : (m + 7) & ~7] = 0
+    cnt = 0
+    bad = False
+    for q in range((m + 7) >> 3):
+        word = f64[q]
+        while word:
+            i = (q << 3) + (np.int64(trailing_zeros(word)) >> 3)  # type: ignore[call-arg]
+            one[0] = a[i] - b[i]
+            if rnd == ROUND_BF16:
+                _round_bf16_block(one_u)
+            v = one_u[0]
+            bad |= (v & emask) == emask
+            if cnt < slots:
+                so[cnt] = i
+                sr[cnt] = v
+            cnt += 1
+            word &= word - np.uint64(1)
+    return cnt, bad
+
+
+@njit(cache=True)
+def topk_thresholds_diff(  # pragma: no cover - compiled
+    a2: np.ndarray, b2: np.ndarray, rnd: int, rank: int, tau: np.ndarray, tb: np.ndarray
+) -> None:
+    """:func:`topk_thresholds` of the rows of a − b (rounded as ``rnd`` says), from the same
+    sample positions (``tb``: any array of the patterns' unsigned type)."""
+    n, d = a2.shape
+    m = TOPK_SAMPLE
+    sa = np.empty(m, dtype=a2.dtype)
+    sb = np.empty(m, dtype=a2.dtype)
+    sample = np.empty(m, dtype=a2.dtype)
+    su = sample.view(tb.dtype)
+    for r in range(n):
+        for i in range(m):
+            t = i * _PHI
+            j = min(d - 1, int((t - math.floor(t)) * d))
+            sa[i] = a2[r, j]
+            sb[i] = b2[r, j]
+        _diff_chunk(sa, sb, sample, su, rnd)
+        for i in range(m):
+            sample[i] = abs(sample[i])
+        tau[r] = _kth_smallest(sample, m - rank)
+
+
+@njit(cache=True, nogil=True)
+def topk_candidates_diff(  # pragma: no cover - compiled
+    a2: np.ndarray,
+    b2: np.ndarray,
+    rnd: int,
+    tb: np.ndarray,
+    slots: int,
+    cand: np.ndarray,
+    craw: np.ndarray,
+    counts: np.ndarray,
+    w0: int,
+    w1: int,
+    status: np.ndarray,
+) -> None:
+    """:func:`topk_candidates` of the rows of a − b (rounded as ``rnd`` says): each chunk of
+    the difference is computed into a scratch that stays in cache, so the pass reads a and b
+    once and writes nothing of size d."""
+    d = a2.shape[1]
+    nch = counts.shape[1]
+    flags = np.zeros(CHUNK + 8, dtype=np.uint8)
+    scratch = np.empty(CHUNK, dtype=a2.dtype)
+    su = scratch.view(tb.dtype)
+    one = scratch[:1]
+    one_u = su[:1]
+    taus = np.empty(tb.size, dtype=a2.dtype)
+    tu = taus.view(tb.dtype)
+    tu[:] = tb  # the thresholds as floats (patterns of non-negative floats)
+    if rnd == ROUND_BF16:
+        # |⌊v⌉₁₆| ≥ T (T a bfloat16 pattern: low 16 bits zero) ⟺ |v| ≥ the midpoint below T,
+        # included when T's last bfloat16 bit is even (ties to even), else the next float;
+        # a threshold that is no bfloat16 (the clipped 0) takes the two-pass path (τ = 0)
+        for r in range(tb.size):
+            t = tb[r]
+            if (t & 0xFFFF) != 0:
+                taus[r] = 0.0
+            else:
+                tu[r] = t - 0x8000 + ((t >> 16) & 1)
+    for w in range(w0, w1):
+        r = w // nch
+        c = w % nch
+        j0 = c * CHUNK
+        m = min(d, j0 + CHUNK) - j0
         so = cand[r, c * slots : (c + 1) * slots]
         sr = craw[r, c * slots : (c + 1) * slots]
-        cnt = 0
-        bad = False
-        for q in range((m + 7) >> 3):
-            word = f64[q]
-            while word:
-                i = (q << 3) + (np.int64(trailing_zeros(word)) >> 3)  # type: ignore[call-arg]
-                v = xs[i]
-                bad |= (v & emask) == emask
-                if cnt < slots:
-                    so[cnt] = i
-                    sr[cnt] = v
-                cnt += 1
-                word &= word - np.uint64(1)
+        if rnd == ROUND_NONE or taus[r] > 0:
+            a = a2[r, j0 : j0 + m]
+            b = b2[r, j0 : j0 + m]
+            cnt, bad = _candidates_diff_chunk(a, b, taus[r], flags, so, sr, one, one_u, rnd)
+        else:
+            xs = _diff_chunk(a2[r, j0 : j0 + m], b2[r, j0 : j0 + m], scratch, su, rnd)
+            cnt, bad = _candidates_chunk(xs, tb[r], flags, so, sr)
         counts[r, c] = cnt
         status[w] = NON_FINITE if bad else OK
 
@@ -832,10 +1035,14 @@ def topk_select(  # pragma: no cover - compiled
     idx: np.ndarray,
     vals: np.ndarray,
     starts: np.ndarray,
+    b2: np.ndarray,
+    rnd: int,
 ) -> int:
     """Exact Top-k of every row among its candidates (:func:`topk_candidates`): ``idx[r]``
     (ascending) and the kept patterns ``vals[r]``; ``starts[r, c]`` is the first of them in
-    chunk c. ``x2``/``xu``: the rows as floats and as bit patterns.
+    chunk c. ``x2``/``xu``: the rows as floats and as bit patterns. With a non-empty ``b2``
+    the rows are those of x2 − b2 (rounded as ``rnd`` says; :func:`topk_candidates_diff`),
+    recomputed chunk by chunk where the rows are read again.
 
     The k-th largest magnitude κ: a histogram of the candidates' patterns by their top 16 bits
     (sign cleared) gives its bucket, a quickselect within that bucket its value. Then one scan
@@ -851,6 +1058,9 @@ def topk_select(  # pragma: no cover - compiled
     shift = ut(8 * xu.itemsize - 1 - _TOPK_BUCKET_BITS)
     hist = np.empty(1 << _TOPK_BUCKET_BITS, dtype=np.int64)
     est = np.empty(nch, dtype=np.int64)
+    diff = b2.shape[0] > 0
+    scratch = np.empty(CHUNK if diff else 0, dtype=x2.dtype)
+    su = scratch.view(xu.dtype)
     for r in range(n):
         row = xu[r]
         total = 0
@@ -860,7 +1070,16 @@ def topk_select(  # pragma: no cover - compiled
             if counts[r, c] > slots:
                 ext_n += counts[r, c]
         if total < k:
-            if not _topk_row(x2[r], k, idx[r]):
+            xr = x2[r]
+            if diff:  # the whole difference, once (a misleading sample: rare)
+                xr = np.empty(d, dtype=x2.dtype)
+                for c in range(nch):
+                    j0 = c * CHUNK
+                    j1 = min(d, j0 + CHUNK)
+                    _diff_chunk(x2[r, j0:j1], b2[r, j0:j1], scratch, su, rnd)
+                    xr[j0:j1] = scratch[: j1 - j0]
+                row = xr.view(xu.dtype)
+            if not _topk_row(xr, k, idx[r]):
                 return NON_FINITE
             c = 0
             starts[r, 0] = 0
@@ -881,8 +1100,13 @@ def topk_select(  # pragma: no cover - compiled
             est[c] = p
             if counts[r, c] > slots:
                 j0 = c * CHUNK
-                for i in range(min(d, j0 + CHUNK) - j0):
-                    v = row[j0 + i]
+                j1 = min(d, j0 + CHUNK)
+                if diff:
+                    rc = _diff_chunk(x2[r, j0:j1], b2[r, j0:j1], scratch, su, rnd)
+                else:
+                    rc = row[j0:j1]
+                for i in range(j1 - j0):
+                    v = rc[i]
                     if (v & mask) >= tb[r]:
                         eo[p] = i
                         er[p] = v
@@ -1700,3 +1924,20 @@ def run(kernel: Callable[..., None], x2: np.ndarray, *args: object) -> int:
     if (status == NON_FINITE).any():
         return NON_FINITE
     return OVERFLOW if (status == OVERFLOW).any() else OK
+
+
+# --------------------------------------------------------------------------------------------
+# sparse vectors: replace one sparse vector by another inside a dense one
+# --------------------------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def sparse_replace(  # pragma: no cover - compiled
+    out: np.ndarray, old: np.ndarray, idx: np.ndarray, vals: np.ndarray
+) -> None:
+    """out[old] = 0, then out[idx] += vals (repeated indices add up, in order): a dense vector
+    that held a sparse one at ``old`` holds the new one afterwards, in O(k) (the DDP hook's
+    sparse directions). The same values as ``index_fill_`` followed by ``index_add_``."""
+    z = out.dtype.type(0)
+    for t in range(old.size):
+        out[old[t]] = z
+    for t in range(idx.size):
+        out[idx[t]] += vals[t]

@@ -125,6 +125,25 @@ def pack_bits(  # pragma: no cover - compiled
         out[o] = np.uint8(acc & _U255)
 
 
+@njit(cache=True)
+def _unpack_within4(  # pragma: no cover - compiled
+    payload: np.ndarray, o: int, nb: int, width: int, codes: np.ndarray
+) -> None:
+    """Fields of ``width`` ≤ 25 bits from bit ``nb`` of byte ``o`` on, each read from the four
+    bytes starting at its first byte (all of which exist)."""
+    mask = np.uint32((1 << width) - 1)
+    for j in range(codes.size):
+        bit = nb + j * width
+        q = o + (bit >> 3)
+        word = (
+            np.uint32(payload[q])
+            | (np.uint32(payload[q + 1]) << np.uint32(8))
+            | (np.uint32(payload[q + 2]) << np.uint32(16))
+            | (np.uint32(payload[q + 3]) << np.uint32(24))
+        )
+        codes[j] = (word >> np.uint32(bit & 7)) & mask
+
+
 @njit(cache=True, nogil=True)
 def unpack_bits(  # pragma: no cover - compiled
     payload: np.ndarray, bitpos: int, width: int, codes: np.ndarray
@@ -160,6 +179,16 @@ def unpack_bits(  # pragma: no cover - compiled
         i = (n // 8) * 8
         if i == n:
             return
+    elif width <= 25:
+        # every field lies within the 4 bytes from its first one: independent loads, no
+        # carried accumulator (the fields whose 4 bytes all exist; the rest below)
+        i = max(0, min(n, ((payload.size - 4 - o) * 8 - nb) // width + 1))
+        _unpack_within4(payload, o, nb, width, codes[:i])
+        if i == n:
+            return
+        bit = nb + i * width
+        o += bit >> 3
+        nb = bit & 7
     acc = np.uint64(payload[o]) >> np.uint64(nb)
     avail = 8 - nb
     o += 1

@@ -336,6 +336,23 @@ class Compressor(abc.ABC):
         """The sparse form of validated input (default: the fixed-size selection)."""
         return self._select(x, keys)
 
+    def sparse_difference(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        keys: Keys | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sparse(x, keys)`` of x = a − b, rounded to ``dtype`` when given (a 16-bit wire:
+        the values then come in that dtype), bit for bit, for callers that do not need
+        x itself (EF21's C(∇f_i − g_i)). This default forms x; Top-k on CPU selects from the
+        difference chunk by chunk instead (one read of a and b, no d-sized write)."""
+        x = a - b
+        if dtype is not None and dtype != x.dtype:
+            x = x.to(dtype)
+        return self.sparse(x, keys)
+
     @abc.abstractmethod
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         """Compress validated input; ``keys`` already has shape ``x.shape[:-1]`` (or is None).
@@ -384,6 +401,23 @@ class Compressor(abc.ABC):
         w = BitWriter(x.device, fast=_fast_wire(x.device), value_dtype=value_dtype)
         self._encode_fields(w, x, keys)
         return w.to_bytes(out)
+
+    #: True when :meth:`encode_pairs` writes the message from its sparse form
+    encodes_pairs: bool = False
+
+    def encode_pairs(
+        self,
+        indices: torch.Tensor,
+        values: torch.Tensor,
+        d: int,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The payload of the message whose sparse form is ``(indices, values)`` (one vector's,
+        as :meth:`sparse` returned them for an input of length ``d``): ``encode(x, keys)`` bit
+        for bit when ``(indices, values) = sparse(x, keys)``, without x. The values travel in
+        their own dtype (16-bit values for a 16-bit input). ``out`` as for :meth:`encode`."""
+        raise TypeError(f"{self.name} encodes from its input only: use encode()")
 
     def decode(
         self,
@@ -523,6 +557,32 @@ class Sparsifier(Compressor):
         idx, vals = self._select(x, keys)
         self._encode_indices(w, idx, x.shape[-1])
         w.add_values(vals)
+
+    encodes_pairs = True
+
+    def encode_pairs(
+        self,
+        indices: torch.Tensor,
+        values: torch.Tensor,
+        d: int,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        k = self._k(d)
+        if indices.numel() != k or values.numel() != k:
+            raise ValueError(
+                f"{self.name} sends {k} (index, value) pairs for d={d}, got {indices.numel()} "
+                f"indices and {values.numel()} values"
+            )
+        device = values.device
+        if out is not None and (
+            out.dtype != torch.uint8 or out.ndim != 1 or not out.is_contiguous()
+        ):
+            raise ValueError(f"out must be a contiguous uint8 vector on {device}")
+        w = BitWriter(device, fast=_fast_wire(device))
+        self._encode_indices(w, indices.reshape(-1), d)
+        w.add_float(values.reshape(-1))
+        return w.to_bytes(out)
 
     def _decode_pairs(
         self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None

@@ -26,6 +26,26 @@ from .base import (
 __all__ = ["Identity", "TopK", "topk_indices_torch"]
 
 
+def _no_rows(x2: np.ndarray) -> np.ndarray:
+    """The empty second operand of the Top-k kernels (no difference)."""
+    return np.empty((0, x2.shape[1]), dtype=x2.dtype)
+
+
+def _diff_rounding(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype | None) -> int | None:
+    """The kernels' rounding mode for Top-k of a − b rounded to ``dtype``, or None when the
+    fused kernels do not apply (they take CPU float32/float64 rows of the same shape, and round
+    to bfloat16 from float32 only)."""
+    if not (_use_numba(a) and b.device == a.device and b.shape == a.shape):
+        return None
+    if a.dtype != b.dtype or a.dtype not in (torch.float32, torch.float64) or a.ndim > 2:
+        return None
+    if dtype is None or dtype == a.dtype:
+        return int(K.ROUND_NONE)
+    if dtype == torch.bfloat16 and a.dtype == torch.float32:
+        return int(K.ROUND_BF16)
+    return None
+
+
 @COMPRESSORS.register("identity")
 class Identity(Compressor):
     """C(x) = x: ω = 0, α = 1, 32·d bits. Turns every method into its uncompressed parent."""
@@ -176,7 +196,9 @@ class TopK(Sparsifier):
             if status == K.OK:
                 vals = np.empty((n, k), dtype=utype)
                 starts = np.empty((n, nch + 1), dtype=np.int64)
-                status = K.topk_select(x2, xu, k, tb, slots, cand, craw, counts, idx, vals, starts)
+                status = K.topk_select(
+                    x2, xu, k, tb, slots, cand, craw, counts, idx, vals, starts, _no_rows(x2), 0
+                )
                 if status == K.OK and o2 is not None:  # zero each chunk, write its kept entries
                     ou = o2.view(utype)
                     K.run(K.topk_write, ou, ou, idx, vals, starts)
@@ -187,6 +209,56 @@ class TopK(Sparsifier):
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._indices(x)
         return idx, take(x, idx)
+
+    def sparse_difference(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        keys: Keys | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k of a − b (rounded to ``dtype``: bfloat16 from float32, or none) selected from
+        the difference chunk by chunk, while each chunk of a and b is in cache: the sampled
+        threshold, the candidate pass and the exact selection of :meth:`_topk_numba` on the
+        difference's patterns, whose kept patterns are the values (no gather). Falls back to
+        forming a − b where that path does not apply (short rows, other devices and dtypes)."""
+        rnd = _diff_rounding(a, b, dtype)
+        if rnd is None:
+            return super().sparse_difference(a, b, keys, dtype=dtype)
+        d = a.shape[-1]
+        k = self._k(d)
+        plan = K.topk_plan(d, k)
+        if plan is None:
+            return super().sparse_difference(a, b, keys, dtype=dtype)
+        a2, b2 = _rows(a), _rows(b)
+        n = a2.shape[0]
+        rank, slots = plan
+        utype = np.uint32 if a2.dtype == np.float32 else np.uint64
+        tau = np.empty(n, dtype=a2.dtype)
+        inf_bits = np.array(np.inf, dtype=a2.dtype).view(utype)
+        K.topk_thresholds_diff(a2, b2, rnd, rank, tau, inf_bits.reshape(1))
+        tb = np.clip(np.abs(tau).view(utype), 1, inf_bits)
+        nch = -(-d // K.CHUNK)
+        cand = np.empty((n, nch * slots), dtype=np.uint16)
+        craw = np.empty((n, nch * slots), dtype=utype)
+        counts = np.empty((n, nch), dtype=np.int64)
+        status = K.run(K.topk_candidates_diff, a2, a2, b2, rnd, tb, slots, cand, craw, counts)
+        idx = np.empty((n, k), dtype=np.int64)
+        vals = np.empty((n, k), dtype=utype)
+        if status == K.OK:
+            starts = np.empty((n, nch + 1), dtype=np.int64)
+            xu = a2.view(utype)
+            status = K.topk_select(
+                a2, xu, k, tb, slots, cand, craw, counts, idx, vals, starts, b2, rnd
+            )
+        if status != K.OK:
+            raise non_finite_error(self.name)
+        shape = (*a.shape[:-1], k)
+        values = torch.from_numpy(vals.view(a2.dtype)).reshape(shape)
+        if dtype is not None and dtype != values.dtype:
+            values = values.to(dtype)  # exact: the patterns are rounded to dtype already
+        return torch.from_numpy(idx).reshape(shape), values
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         if _use_numba(x):

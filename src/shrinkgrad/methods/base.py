@@ -372,6 +372,14 @@ class Config:
             self._raise_if_diverged(x, round)
             raise
 
+    def compress_difference(
+        self, a: torch.Tensor, b: torch.Tensor, ids: torch.Tensor, round: int
+    ) -> torch.Tensor | None:
+        """:meth:`compress` of a − b where a runtime can compute it without forming a − b (the
+        DDP hook: Top-k selected from the difference chunk by chunk, bit for bit the same), or
+        None: then the caller forms a − b and calls :meth:`compress`. Here: None."""
+        return None
+
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
         """A tensor of ``like``'s shape, dtype and device to write an intermediate result into.
 
@@ -495,6 +503,13 @@ class StatefulCompress:
     def __call__(self, p: torch.Tensor) -> torch.Tensor:
         c, self.state = self.cfg.compress_with_state(p, self.ids, self.round, self.state)
         return c
+
+    def difference(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+        """C(a − b) without forming a − b where the runtime can (:meth:`Config.compress_difference`,
+        stateless compressors only); None: call it on a − b."""
+        if self.cfg.compressor.stateful:
+            return None
+        return self.cfg.compress_difference(a, b, self.ids, self.round)
 
 
 # --------------------------------------------------------------------------------------------

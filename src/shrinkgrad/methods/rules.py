@@ -96,10 +96,15 @@ def ef21_update(
     [EF21] Alg. 1 step 2 with ``target`` = ∇f_i(x^{t+1}); [EFR] Alg. 2 (EF21-W) with
     ``target`` = ∇f_i(x^{t+1}) / (n w_i). The client sends c; the server adds Σ_i w_i c_i to g.
     With ``inplace=True`` the new g is ``g`` itself, updated in place; ``scratch`` (g's shape
-    and dtype) receives target − g instead of a new tensor.
+    and dtype) receives target − g instead of a new tensor. A ``compress`` with a
+    ``difference(a, b)`` attribute (the DDP hook's) is asked for C(target − g) first: it may
+    select from the difference without forming it (None: it cannot, and target − g is formed).
     """
-    diff = target - g if scratch is None else torch.sub(target, g, out=scratch)
-    c = compress(diff)
+    fused = getattr(compress, "difference", None)
+    c = fused(target, g) if fused is not None else None
+    if c is None:
+        diff = target - g if scratch is None else torch.sub(target, g, out=scratch)
+        c = compress(diff)
     return c, add_message(g, c, inplace=inplace)
 
 

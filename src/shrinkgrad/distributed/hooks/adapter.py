@@ -93,6 +93,23 @@ class Port:
         self.result = out
         return out, new_state
 
+    def compress_difference(
+        self, a: torch.Tensor, b: torch.Tensor
+    ) -> torch.Tensor | SparseMessage | None:
+        """C(a − b) from an encoder that selects from the difference without forming it (its
+        ``difference`` attribute), or None (the caller forms a − b and calls :meth:`compress`)."""
+        fused = getattr(self.encoder, "difference", None)
+        if fused is None:
+            return None
+        if self.result is not None:
+            raise ValueError(
+                f"{self.method} compresses twice in one round; a DDP hook sends one message per "
+                "tensor and round"
+            )
+        out: torch.Tensor | SparseMessage | None = fused(a, b)
+        self.result = out
+        return out
+
     def sent(self, msg: Message) -> bool:
         """Whether the message's values are what ``compress`` returned (then it is on the wire)."""
         v, r = msg.values, self.result
@@ -137,6 +154,12 @@ class HookConfig(Config):
         if state is None or state.numel() == 0:
             state = self.compressor_state(x, ids)
         return self.port.compress_stateful(x, state)
+
+    def compress_difference(
+        self, a: torch.Tensor, b: torch.Tensor, ids: torch.Tensor, round: int
+    ) -> torch.Tensor | None:
+        # the sparse path's encoders select Top-k from a − b chunk by chunk (encoders.py)
+        return cast("torch.Tensor | None", self.port.compress_difference(a, b))
 
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
         s = self.port.scratch_vector

@@ -25,6 +25,7 @@ from .adapter import Encoder
 from .config import HALF
 
 __all__ = [
+    "PayloadEncoder",
     "decode",
     "dense_encoder",
     "encode",
@@ -40,10 +41,7 @@ def encode(
     C: Compressor, p: torch.Tensor, keys: Keys | None, out: torch.Tensor | None, wire: torch.dtype
 ) -> torch.Tensor:
     """C's payload of ``p`` with its values in ``wire`` (the gradients' dtype)."""
-    flat = p.reshape(-1)
-    if wire in HALF and flat.dtype != wire:
-        flat = flat.to(wire)  # the compressor's 16-bit form: float32 arithmetic, 16-bit values
-    return C.encode(flat, keys, out=out)
+    return C.encode(_on_wire(p.reshape(-1), wire), keys, out=out)
 
 
 def decode(
@@ -153,6 +151,80 @@ def values_encoder(
     return enc
 
 
+class PayloadEncoder:
+    """Packed payloads: encoded into ``dest`` (fixed-size messages: their slot of the send
+    buffer) or a new tensor, and put into ``box``; returns C(p) as the receivers decode it: a
+    SparseMessage of its (index, value) pairs (``sparse``: O(k)), or dense in ``dec``.
+
+    On the sparse path the message is encoded from C's sparse form (``C.encode_pairs``), whose
+    pairs, rounded to the wire's dtype, are what the receivers decode: the own payload is not
+    decoded again. :meth:`difference` gives C(a − b) from C's fused selection
+    (``C.sparse_difference``: Top-k never forms a − b) for EF21's update."""
+
+    def __init__(
+        self,
+        C: Compressor,
+        keys: Keys | None,
+        box: list[torch.Tensor],
+        dest: torch.Tensor | None,
+        dec: torch.Tensor,
+        wire: torch.dtype,
+        sparse: bool,
+    ) -> None:
+        self.C, self.keys, self.box, self.dest, self.dec = C, keys, box, dest, dec
+        self.wire, self.sparse = wire, sparse
+        self.pairs = sparse and C.encodes_pairs
+
+    def __call__(self, p: torch.Tensor, sent_only: bool) -> torch.Tensor | SparseMessage:
+        C, keys, wire = self.C, self.keys, self.wire
+        d = p.numel()
+        if self.pairs:
+            idx, vals = sparse_form(C, _on_wire(p.reshape(-1), wire), keys)
+            return self._pairs(idx, vals, d, tuple(p.shape), p.dtype, sent_only, p)
+        payload = encode(C, p, keys, self.dest, wire)
+        self.box.append(payload)
+        if sent_only:
+            return p
+        if self.sparse:
+            idx, vals = C.decode_sparse(payload, d, wire, keys)
+            return SparseMessage(idx, _rounded(vals, wire, p.dtype), tuple(p.shape))
+        return decode(C, payload, d, wire, keys, self.dec).view(p.shape)
+
+    def difference(self, a: torch.Tensor, b: torch.Tensor) -> SparseMessage | None:
+        """C(a − b) (a − b rounded to a 16-bit wire's dtype first, as :func:`encode` rounds
+        its input), or None where C has no pair encoding (then the method forms a − b)."""
+        if not self.pairs:
+            return None
+        a1, b1 = a.reshape(-1), b.reshape(-1)
+        rounding = self.wire if self.wire in HALF and a.dtype != self.wire else None
+        idx, vals = self.C.sparse_difference(a1, b1, self.keys, dtype=rounding)
+        msg = self._pairs(idx, vals, a1.numel(), tuple(a.shape), a.dtype, False, a)
+        assert isinstance(msg, SparseMessage)
+        return msg
+
+    def _pairs(
+        self,
+        idx: torch.Tensor,
+        vals: torch.Tensor,
+        d: int,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        sent_only: bool,
+        p: torch.Tensor,
+    ) -> torch.Tensor | SparseMessage:
+        idx, vals = idx.reshape(-1), vals.reshape(-1)
+        self.box.append(self.C.encode_pairs(idx, vals, d, out=self.dest))
+        if sent_only:
+            return p
+        return SparseMessage(idx, _rounded(vals, self.wire, dtype), shape)
+
+
+def _on_wire(flat: torch.Tensor, wire: torch.dtype) -> torch.Tensor:
+    """The compressor's input for a 16-bit wire: ``flat`` rounded to the wire's dtype (float32
+    arithmetic inside the compressor, 16-bit values)."""
+    return flat.to(wire) if wire in HALF and flat.dtype != wire else flat
+
+
 def payload_encoder(
     C: Compressor,
     keys: Keys | None,
@@ -161,20 +233,6 @@ def payload_encoder(
     dec: torch.Tensor,
     wire: torch.dtype,
     sparse: bool,
-) -> Encoder:
-    """Packed payloads: encoded into ``dest`` (fixed-size messages: their slot of the send
-    buffer) or a new tensor, and put into ``box``; returns C(p) as the receivers decode it: a
-    SparseMessage of its (index, value) pairs (``sparse``: O(k)), or dense in ``dec``."""
-
-    def enc(p: torch.Tensor, sent_only: bool) -> torch.Tensor | SparseMessage:
-        payload = encode(C, p, keys, dest, wire)
-        box.append(payload)
-        if sent_only:
-            return p
-        d = p.numel()
-        if sparse:
-            idx, vals = C.decode_sparse(payload, d, wire, keys)
-            return SparseMessage(idx, _rounded(vals, wire, p.dtype), tuple(p.shape))
-        return decode(C, payload, d, wire, keys, dec).view(p.shape)
-
-    return enc
+) -> PayloadEncoder:
+    """The :class:`PayloadEncoder` of one compressed tensor."""
+    return PayloadEncoder(C, keys, box, dest, dec, wire, sparse)

@@ -33,6 +33,7 @@ import torch
 from torch._C._distributed_c10d import GradBucket  # = torch.distributed.GradBucket
 
 from ...compressors import Compressor
+from ...compressors import _kernels as K
 from .config import HALF, Mode, Settings
 
 __all__ = ["DTYPES", "Plan", "Planner", "Unit"]
@@ -117,13 +118,28 @@ class Plan:
         """Put a sparse direction into ``target``: zeros with ``values`` added at ``indices``
         (repeated indices add up). On the plan's own output only the previous direction's
         entries are zeroed (O(k)); the bucket (with a scaler) is zeroed in full."""
+        values = values.to(target.dtype)
         if self.out is not None and u.zero_except is not None:
+            if _kernel_dtype(target) and indices.is_contiguous() and values.is_contiguous():
+                # one numba kernel: the old entries zeroed, the new ones added (O(k), serial:
+                # the order of index_add_, so the same sums for repeated indices)
+                old = u.zero_except.numpy()
+                K.sparse_replace(target.numpy(), old, indices.numpy(), values.numpy())
+                u.zero_except = indices
+                return
             target.index_fill_(0, u.zero_except, 0.0)
         else:
             target.zero_()
-        target.index_add_(0, indices, values.to(target.dtype))
+        target.index_add_(0, indices, values)
         if self.out is not None:
             u.zero_except = indices
+
+
+def _kernel_dtype(t: torch.Tensor) -> bool:
+    """Whether the CPU kernels take ``t`` (a contiguous float32/float64 CPU vector)."""
+    return (
+        t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) and (t.is_contiguous())
+    )
 
 
 class Planner:

@@ -1,0 +1,134 @@
+"""Top-k of a difference selected without forming it (``TopK.sparse_difference``, the fused
+kernels of the DDP hook's EF21 path): bit for bit ``C.sparse(a − b)`` on rows long enough for
+the sampled path, including its rare branches (overflowing chunks, a misleading sample, ties),
+batches, float64, the bfloat16 rounding of a 16-bit wire and non-finite differences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shrinkgrad import make_compressor
+from shrinkgrad.compressors import _kernels as K
+from shrinkgrad.compressors import basic
+
+D = 1 << 17  # long enough for the sampled path (d >= 2^16 and 16·k <= d)
+K_ = D // 100
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64}
+    return t.view(ints.get(t.dtype, torch.int16))
+
+
+def _pair(dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(D, generator=g, dtype=torch.float64).to(dtype)
+    b = (0.5 * torch.randn(D, generator=g, dtype=torch.float64)).to(dtype)
+    return a, b
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, k: int = K_, dtype: torch.dtype | None = None) -> None:
+    c = make_compressor(f"top_k[k={k}]")
+    x = a - b
+    want = c.sparse(x if dtype is None else x.to(dtype))
+    got = c.sparse_difference(a, b, dtype=dtype)
+    assert torch.equal(got[0], want[0])
+    assert got[1].dtype == want[1].dtype and torch.equal(_bits(got[1]), _bits(want[1]))
+
+
+@pytest.fixture
+def fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the calls of the fused candidate kernel (so a test knows the fused path ran)."""
+    calls: list[int] = []
+    kernel = K.topk_candidates_diff
+
+    def counting(*args: object) -> None:
+        calls.append(1)
+        kernel(*args)
+
+    monkeypatch.setattr(K, "topk_candidates_diff", counting)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_random_rows(dtype: torch.dtype, fused_calls: list[int]) -> None:
+    a, b = _pair(dtype)
+    _check(a, b)
+    _check(a.view(2, -1), b.view(2, -1), k=K_ // 2)  # a batch of two rows
+    assert fused_calls
+
+
+def test_clustered_large_entries_overflow_chunk_slots(fused_calls: list[int]) -> None:
+    # the large entries of a weight gradient come in whole rows: chunks with more candidates
+    # than their slots are scanned again, from the recomputed difference
+    a, b = _pair()
+    a[: 3 * K.CHUNK] *= 50.0
+    _check(a, b)
+    assert fused_calls
+
+
+def test_ties_go_to_the_lower_index() -> None:
+    a, b = _pair()
+    _check((4 * a).round(), (4 * b).round())  # many equal magnitudes at the k-th
+
+
+def test_misleading_sample_falls_back_to_the_whole_difference(fused_calls: list[int]) -> None:
+    # fewer than k non-zeros in a − b: the sample's threshold keeps too few candidates
+    a, _ = _pair()
+    b2 = a.clone()
+    b2[::257] += 1.0
+    _check(a, b2)
+    _check(a, a.clone())  # a zero difference: the k lowest indices, all +0
+    assert fused_calls
+
+
+def test_bfloat16_rounding_matches_torch() -> None:
+    # the difference rounded to bfloat16 (a 16-bit wire) inside the kernel: ties to even,
+    # subnormal and tiny values, exactly representable ones
+    a, b = _pair()
+    _check(a, b, dtype=torch.bfloat16)
+    half_ulp = torch.tensor([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 2.0**-130, -(2.0**-140), 3.0])
+    a[: half_ulp.numel() * 4 : 4] = 100.0 * half_ulp  # among the largest: kept
+    _check(a, b, dtype=torch.bfloat16)
+    _check(1e-39 * a, 1e-39 * b, dtype=torch.bfloat16)  # subnormal differences
+    _check(a, b, dtype=torch.float16)  # no fused rounding: formed, then rounded by torch
+
+
+def test_non_finite_differences_are_refused() -> None:
+    c = make_compressor(f"top_k[k={K_}]")
+    a, b = _pair()
+    a[12345] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        c.sparse_difference(a, b)
+    a, b = _pair()
+    a[777], b[777] = 3e38, -3e38  # finite a and b, an infinite difference
+    with pytest.raises(ValueError, match="non-finite"):
+        c.sparse_difference(a, b)
+    a[777], b[777] = 3.3e38, -1e37  # finite in float32, infinite once rounded to bfloat16
+    with pytest.raises(ValueError, match="non-finite"):
+        c.sparse_difference(a, b, dtype=torch.bfloat16)
+
+
+def test_the_fused_path_applies_to_float_rows_on_cpu_only() -> None:
+    a, b = _pair()
+    assert basic._diff_rounding(a, b, None) == K.ROUND_NONE
+    assert basic._diff_rounding(a, b, torch.bfloat16) == K.ROUND_BF16
+    assert basic._diff_rounding(a, b, torch.float16) is None
+    assert basic._diff_rounding(a, b.double(), None) is None
+    assert basic._diff_rounding(a.view(2, 2, -1), b.view(2, 2, -1), None) is None
+
+
+@pytest.mark.parametrize("threshold_bits", [0x3F80, 0x3F81])  # last bfloat16 bit even, odd
+def test_bfloat16_midpoints_at_the_threshold_round_to_even(threshold_bits: int) -> None:
+    # the fused flag pass compares |a − b| with the midpoint below the bfloat16 threshold:
+    # exact midpoints there must go the way torch rounds them (ties to even)
+    a, b = _pair()
+    a, b = 0.25 * a, torch.zeros_like(b)
+    mid = torch.tensor([(threshold_bits << 16) - 0x8000], dtype=torch.int32).view(torch.float32)
+    above = torch.tensor([(threshold_bits << 16) + 0x8000], dtype=torch.int32).view(torch.float32)
+    a[1::97] = mid  # ≈ 1350 entries exactly at the midpoint below the threshold
+    a[2::97] = above  # and at the midpoint above it
+    a[3::199] = 8.0
+    for k in (K_ // 2, K_, 2 * K_):
+        _check(a, b, k=k, dtype=torch.bfloat16)
