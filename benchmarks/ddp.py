@@ -30,10 +30,21 @@ DDP's own all-reduce (no hook) is counted as 4 bytes per parameter. Step times a
 Communication time for the torch hooks is step − the dense compute step (their compression cost
 is counted as communication). Ratios are against the dense all-reduce of the same run.
 
+The step targets of issue 14 compare shrinkgrad's best of top_k 1% + EF21, top_k 1% +
+EF21-SGDM and power_sgd r=4 (shared basis) + EF21 (DDP's default buckets) with torch's PowerSGD
+with one bucket (``step target`` lines).
+
 Unless ``--no-task``, it also trains the example task of ``examples/ddp_mlp.py`` (an MLP on a9a,
-4 ranks, loopback) with fp16_compress_hook, top_k 1% + EF21 and top_k 1% + EF21-SGDM (client
-momentum) for the same number of steps, for ``--task-seeds`` seeds (``--task-only``: only this),
-and prints the final training losses: mean over seeds and the paired difference to fp16.
+4 ranks) on ``--task-link`` (default: the emulated 100 Mbit/s link) with DDP's dense
+all-reduce, fp16_compress_hook, torch's powerSGD_hook (rank 4, one bucket), shrinkgrad's top_k
+1% + EF21-SGDM (client momentum) and power_sgd r=4 (shared) + EF21, for ``--task-seeds`` paired
+seeds (``--task-only``: only this), logging the test loss every 10 steps against the training
+wall-clock (the evaluations left out; the clock starts at step 10, after the one-time costs:
+imports, first-call compilation, DDP's bucket rebuild). fp16 runs ``--task-steps`` steps, the
+compressed configurations twice as many (so that they can reach fp16's final test loss). It
+prints, per configuration, the test loss reached at T_fp16/5 and at T_fp16 (fp16's wall time)
+and the time to reach fp16's final test loss as a fraction of T_fp16, paired over seeds, and
+the issue-14 target (best shrinkgrad ≤ T_fp16/5 and no later than torch's PowerSGD).
 
 Memory allocator: every configuration runs in fresh processes with ``MALLOC_MMAP_THRESHOLD_`` and
 ``MALLOC_TRIM_THRESHOLD_`` set (see ``MALLOC``; no THP variables). The shrinkgrad hooks no longer
@@ -89,7 +100,22 @@ CONFIGS: list[tuple[str, str, str, dict[str, Any]]] = [
         "shrinkgrad",
         {"c": "qsgd[s=4]", "ratio": None, "method": "dcgd"},
     ),
+    (
+        "topk_sgdm",
+        "shrinkgrad top_k 1% + EF21-SGDM",
+        "shrinkgrad",
+        {"c": "top_k", "ratio": 0.01, "method": "ef21_sgdm[beta=0.9]"},
+    ),
+    (
+        "psgd_ef21",
+        "shrinkgrad power_sgd r=4 (shared) + EF21, default buckets",
+        "shrinkgrad",
+        {"c": "power_sgd[rank=4,shared=true]", "ratio": None, "method": "ef21"},
+    ),
 ]
+#: the configurations the issue-14 step target compares (the best shrinkgrad one against
+#: torch's PowerSGD with one bucket)
+STEP_TARGET = ("psgd1", ("topk", "topk_sgdm", "psgd_ef21"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,6 +146,7 @@ def _rank(
             process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2
         )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        warmup = max(warmup, 2)  # its first two iterations are plain all-reduces: not timed
     elif kind == "shrinkgrad":
         state = CompressionState(
             opts["c"], ratio=opts["ratio"], method=opts["method"], skip_communication=skip
@@ -290,56 +317,116 @@ def worker(
 
 
 # --------------------------------------------------------------------------------------------
-# the example task: fp16 vs top_k 1% + EF21 at equal steps, over several seeds
+# the example task at equal wall-clock time on an emulated link, over paired seeds
 # --------------------------------------------------------------------------------------------
-TASK_CONFIGS = (
-    ("fp16", "torch fp16_compress_hook", ["--hook", "fp16"]),
+#: (key, label, example arguments, steps multiplier): the compressed configurations get more
+#: steps (each is cheaper), so that they can reach fp16's final test loss within their run
+TASK_CONFIGS: tuple[tuple[str, str, list[str], int], ...] = (
+    ("dense", "dense all-reduce (no hook)", ["--hook", "none"], 1),
+    ("fp16", "torch fp16_compress_hook", ["--hook", "fp16"], 1),
     (
-        "ef21",
-        "top_k 1% + EF21",
-        ["--hook", "shrinkgrad", "--method", "ef21", "--no-client-momentum"],
+        "psgd_torch",
+        "torch powerSGD_hook r=4, one bucket",
+        ["--hook", "powersgd", "--bucket-cap-mb", "1000"],
+        2,
     ),
     (
-        "ef21_sgdm",
-        "top_k 1% + EF21-SGDM",
+        "topk_sgdm",
+        "shrinkgrad top_k 1% + EF21-SGDM",
         ["--hook", "shrinkgrad", "--method", "ef21", "--client-momentum"],
+        2,
+    ),
+    (
+        "psgd_ef21",
+        "shrinkgrad power_sgd r=4 (shared) + EF21",
+        [
+            "--hook",
+            "shrinkgrad",
+            "--compressor",
+            "power_sgd[rank=4,shared=true]",
+            "--method",
+            "ef21",
+            "--no-client-momentum",
+        ],
+        2,
+    ),
+    (
+        "psgd_ef",
+        "shrinkgrad power_sgd r=4 (shared) + EF",
+        [
+            "--hook",
+            "shrinkgrad",
+            "--compressor",
+            "power_sgd[rank=4,shared=true]",
+            "--method",
+            "ef",
+            "--no-client-momentum",
+        ],
+        2,
     ),
 )
+#: the shrinkgrad configurations of the task target
+TASK_OURS = ("topk_sgdm", "psgd_ef21", "psgd_ef")
 
 
-def task(steps: int, seeds: int) -> dict[str, Any]:
-    """Final training loss of every TASK_CONFIGS entry for seeds 0 .. seeds − 1.
+def task(steps: int, seeds: int, only: list[str] | None = None) -> dict[str, Any]:
+    """The test-loss curves (test loss against training wall-clock time, evaluations left out)
+    of every TASK_CONFIGS entry for seeds 0 .. seeds − 1, logged every 10 steps.
 
     A seed fixes the train/test split and the initial weights (the ranks' minibatch orders are
-    the same for every seed), and all configurations of one seed share them, so the differences
-    to fp16 are paired. One seed's difference is dominated by where the last steps happen to
-    land; the mean over seeds is what the target is judged on."""
+    the same for every seed), and all configurations of one seed share them, so the comparisons
+    are paired."""
     path = Path(__file__).resolve().parent.parent / "examples" / "ddp_mlp.py"
     spec = importlib.util.spec_from_file_location("ddp_mlp", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    from shrinkgrad.distributed import spawn
+    from shrinkgrad.distributed import preload, spawn
 
-    losses: dict[str, list[float]] = {key: [] for key, _, _ in TASK_CONFIGS}
-    accuracy: dict[str, list[float]] = {key: [] for key, _, _ in TASK_CONFIGS}
-    test_loss: dict[str, list[float]] = {key: [] for key, _, _ in TASK_CONFIGS}
+    preload()
+    configs = [c for c in TASK_CONFIGS if not only or c[0] in only or c[0] == "fp16"]
+    configs.sort(key=lambda c: c[0] != "fp16")  # fp16 first: the others are judged against it
+    curves: dict[str, list[list[tuple[float, float]]]] = {c[0]: [] for c in configs}
+    final_train: dict[str, list[float]] = {c[0]: [] for c in configs}
     for seed in range(seeds):
-        for key, _, extra in TASK_CONFIGS:
-            argv = ["--steps", str(steps), "--log-every", str(steps), "--seed", str(seed)]
+        for key, _, extra, mult in configs:
+            n = steps * mult
+            argv = ["--steps", str(n), "--log-every", "10", "--seed", str(seed)]
             args = mod.parse_args([*argv, *extra])
-            res = spawn(mod.train, WORLD, (args,), timeout=3600.0, pg_timeout=120.0)
-            losses[key].append(res[0]["final_train_loss"])
-            accuracy[key].append(res[0]["history"][-1]["test_acc"])
-            test_loss[key].append(res[0]["history"][-1]["test_loss"])
-            print(f"[task] seed {seed} {key}: {losses[key][-1]:.4f}", file=sys.stderr, flush=True)
-    return {
-        "steps": steps,
-        "seeds": seeds,
-        "final_train_loss": losses,
-        "test_loss": test_loss,
-        "test_acc": accuracy,
-    }
+            res = spawn(mod.train, WORLD, (args,), timeout=3600.0, pg_timeout=300.0)
+            hist = res[0]["history"]
+            start = hist[0]["time_s"]  # the clock starts at step 10 (module docstring)
+            curves[key].append([(h["time_s"] - start, h["test_loss"]) for h in hist])
+            final_train[key].append(res[0]["final_train_loss"])
+            curve = curves[key][-1]
+            reached = ""
+            if curves["fp16"] and len(curves["fp16"]) == seed + 1:
+                t_ref, l_ref = curves["fp16"][seed][-1]
+                r = _reach(curve, l_ref)
+                reached = f"; fp16's final test loss at {'—' if r is None else f'{r / t_ref:.3f}'}"
+                reached += f" of T_fp16 = {t_ref:.1f} s"
+            print(
+                f"[task] seed {seed} {key}: {n} steps in {curve[-1][0]:.1f} s, test loss "
+                f"{curve[-1][1]:.4f}{reached}",
+                file=sys.stderr,
+                flush=True,
+            )
+    return {"steps": steps, "seeds": seeds, "curves": curves, "final_train_loss": final_train}
+
+
+def _at(curve: list[tuple[float, float]], t: float) -> float:
+    """The test loss last logged at or before time ``t`` (the first one if none was)."""
+    best = curve[0][1]
+    for time_s, loss in curve:
+        if time_s > t:
+            break
+        best = loss
+    return best
+
+
+def _reach(curve: list[tuple[float, float]], target: float) -> float | None:
+    """The first logged time at which the test loss is ≤ ``target`` (None: never)."""
+    return next((time_s for time_s, loss in curve if loss <= target), None)
 
 
 def _mean_se(v: list[float]) -> str:
@@ -347,86 +434,128 @@ def _mean_se(v: list[float]) -> str:
     return f"{statistics.mean(v):+.4f} ± {se:.4f}"
 
 
-def task_report(res: dict[str, Any]) -> str:
-    """Mean ± standard deviation of the final training loss over seeds, the paired difference
-    to fp16 (mean ± standard error; how many seeds end at or below fp16), and the same paired
-    difference of the final test loss, and the mean final test accuracy."""
-    losses = res["final_train_loss"]
+def task_report(res: dict[str, Any], link: str) -> str:
+    """Per configuration, paired over seeds: T_fp16 is fp16's wall time for ``steps`` steps and
+    L_fp16 its final test loss; the test loss each configuration had reached at T_fp16/5 and at
+    T_fp16, the time it first reached L_fp16 (as a fraction of T_fp16; "—": not within its run),
+    and the issue-14 target (best shrinkgrad ≤ 1/5 of T_fp16 and no later than torch PowerSGD)."""
+    curves = res["curves"]
     n = res["seeds"]
-    base = losses["fp16"]
+    base = curves["fp16"]
+    t_fp16 = [c[-1][0] for c in base]
+    l_fp16 = [c[-1][1] for c in base]
     lines = [
-        f"example task (examples/ddp_mlp.py, a9a, {WORLD} ranks, {res['steps']} steps, seeds "
-        f"0..{n - 1}): final training loss",
+        f"example task (examples/ddp_mlp.py, a9a, {WORLD} ranks, link {link}, fp16 runs "
+        f"{res['steps']} steps; seeds 0..{n - 1}; mean T_fp16 = {statistics.mean(t_fp16):.1f} s, "
+        f"mean L_fp16 = {statistics.mean(l_fp16):.4f})",
         "",
-        "| configuration | mean ± sd | − fp16 (paired, mean ± s.e.) | seeds ≤ fp16 "
-        "| test loss − fp16 | test acc. |",
+        "| configuration | steps | wall time | test loss at T_fp16/5 | test loss at T_fp16 "
+        "| time to L_fp16 / T_fp16 (seeds reached) |",
         "|---|---|---|---|---|---|",
     ]
-    for key, label, _ in TASK_CONFIGS:
-        v = losses[key]
-        sd = statistics.stdev(v) if n > 1 else 0.0
-        row = f"| {label} | {statistics.mean(v):.4f} ± {sd:.4f} |"
-        acc = f" {100 * statistics.mean(res['test_acc'][key]):.2f} % |"
-        if key == "fp16":
-            tl = statistics.mean(res["test_loss"][key])
-            lines.append(row + f" | | {tl:.4f} (its mean) |" + acc)
+    reach: dict[str, list[float | None]] = {}
+    for key, label, _, mult in TASK_CONFIGS:
+        if key not in curves:
             continue
-        diff = [a - b for a, b in zip(v, base, strict=True)]
-        wins = sum(a <= b for a, b in zip(v, base, strict=True))
-        tdiff = [
-            a - b for a, b in zip(res["test_loss"][key], res["test_loss"]["fp16"], strict=True)
+        cs = curves[key]
+        wall = statistics.mean(c[-1][0] for c in cs)
+        at5 = [_at(c, t / 5) for c, t in zip(cs, t_fp16, strict=True)]
+        at1 = [_at(c, t) for c, t in zip(cs, t_fp16, strict=True)]
+        fr = [
+            None if (r := _reach(c, target)) is None else r / t
+            for c, target, t in zip(cs, l_fp16, t_fp16, strict=True)
         ]
-        lines.append(row + f" {_mean_se(diff)} | {wins}/{n} | {_mean_se(tdiff)} |" + acc)
+        reach[key] = fr
+        got = [f for f in fr if f is not None]
+        frac = f"{_mean_se(got).lstrip('+')} ({len(got)}/{n})" if got else f"— (0/{n})"
+        lines.append(
+            f"| {label} | {res['steps'] * mult} | {wall:.1f} s | {_mean_se(at5).lstrip('+')} "
+            f"| {_mean_se(at1).lstrip('+')} | {frac} |"
+        )
+    ours = [k for k in TASK_OURS if k in reach]
+    if ours and "psgd_torch" in reach:
+
+        def worst(key: str, i: int) -> float:
+            f = reach[key][i]
+            return float("inf") if f is None else f
+
+        best = [min(worst(k, i) for k in ours) for i in range(n)]
+        torch_ps = [worst("psgd_torch", i) for i in range(n)]
+        fifth = sum(b <= 0.2 for b in best)
+        before = sum(b <= t for b, t in zip(best, torch_ps, strict=True))
+        lines += [
+            "",
+            f"target (per seed, shrinkgrad's best of {', '.join(ours)}): reaches L_fp16 within "
+            f"T_fp16/5 in {fifth}/{n} seeds; no later than torch's PowerSGD in {before}/{n}",
+        ]
     return "\n".join(lines)
+
+
+def step_target(res: dict[str, Any]) -> str:
+    """The issue-14 step target on one link: the best shrinkgrad step / torch PowerSGD's (one
+    bucket)."""
+    cfg = res["configs"]
+    ref_key, ours = STEP_TARGET
+    ref = cfg.get(ref_key, {})
+    have = {k: cfg[k]["step_s"] for k in ours if k in cfg and "step_s" in cfg[k]}
+    if "step_s" not in ref or not have:
+        return ""
+    best = min(have, key=lambda k: have[k])
+    return (
+        f"step target ({res['link']}): best shrinkgrad ({cfg[best]['label']}) "
+        f"{have[best] * 1e3:.0f} ms vs torch PowerSGD one bucket {ref['step_s'] * 1e3:.0f} ms: "
+        f"{have[best] / ref['step_s']:.2f}× its step"
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # the driver
 # --------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _link(link: str, rate: str | None) -> Any:
+    """The command prefix that runs inside a network namespace whose loopback ``tc tbf`` limits
+    to ``rate`` (created here, removed on exit; [] for the plain loopback)."""
+    if rate is None:
+        yield []
+        return
+    ns = f"sgbench{os.getpid()}{link}"
+    burst = "4mbit" if rate == "1gbit" else "1mbit"
+    try:
+        tbf = ["rate", rate, "burst", burst, "latency", "400ms"]
+        for c in (
+            ["ip", "netns", "add", ns],
+            ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+            ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", *tbf],
+        ):
+            subprocess.run(c, check=True)
+        yield ["ip", "netns", "exec", ns]
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 def _run_link(link: str, rate: str | None, args: argparse.Namespace) -> dict[str, Any]:
     steps = args.steps if rate != "100mbit" else max(2, args.steps - 2)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _link(link, rate) as prefix:
         out = os.path.join(tmp, "out.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", link, "--out", out]
         cmd += ["--steps", str(steps), "--warmup", str(args.warmup)]
         cmd += ["--hang-timeout", str(args.hang_timeout)]
         if args.only:
             cmd += ["--only", *args.only]
-        ns = None
-        try:
-            if rate is not None:
-                ns = f"sgbench{os.getpid()}{link}"
-                burst = "4mbit" if rate == "1gbit" else "1mbit"
-                for c in (
-                    ["ip", "netns", "add", ns],
-                    ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        ns,
-                        "tc",
-                        "qdisc",
-                        "add",
-                        "dev",
-                        "lo",
-                        "root",
-                        "tbf",
-                        "rate",
-                        rate,
-                        "burst",
-                        burst,
-                        "latency",
-                        "400ms",
-                    ],
-                ):
-                    subprocess.run(c, check=True)
-                cmd = ["ip", "netns", "exec", ns, *cmd]
-            subprocess.run(cmd, check=True, env=dict(os.environ, **MALLOC))
-            return json.loads(Path(out).read_text())
-        finally:
-            if ns is not None:
-                subprocess.run(["ip", "netns", "del", ns], check=False)
+        subprocess.run([*prefix, *cmd], check=True, env=dict(os.environ, **MALLOC))
+        return json.loads(Path(out).read_text())
+
+
+def _run_task(args: argparse.Namespace) -> dict[str, Any]:
+    """The example task in fresh processes on ``--task-link``."""
+    with tempfile.TemporaryDirectory() as tmp, _link(args.task_link, LINKS[args.task_link]) as pre:
+        out = os.path.join(tmp, "task.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--task-worker", "--out", out]
+        cmd += ["--task-steps", str(args.task_steps), "--task-seeds", str(args.task_seeds)]
+        if args.task_configs:
+            cmd += ["--task-configs", *args.task_configs]
+        subprocess.run([*pre, *cmd], check=True, env=dict(os.environ, **MALLOC))
+        return json.loads(Path(out).read_text())
 
 
 def _model_txt(e: dict[str, Any], mbit_s: float) -> str:
@@ -503,6 +632,11 @@ def main() -> None:
     p.add_argument("--task-seeds", type=int, default=5, help="seeds of the example task")
     p.add_argument("--no-task", action="store_true", help="skip the example task")
     p.add_argument("--task-only", action="store_true", help="only the example task, no links")
+    p.add_argument(
+        "--task-link", default="100mbit", choices=list(LINKS), help="the example task's link"
+    )
+    p.add_argument("--task-configs", nargs="+", help="task configuration keys (fp16 always runs)")
+    p.add_argument("--task-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", help="write all results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -510,19 +644,29 @@ def main() -> None:
     if args.worker:
         worker(args.worker, args.steps, args.warmup, args.only, args.out, args.hang_timeout)
         return
+    if args.task_worker:
+        res = task(args.task_steps, args.task_seeds, args.task_configs)
+        Path(args.out).write_text(json.dumps(res))
+        return
     if args.task_only:
         args.links = []
     if args.task_steps < 1 or args.task_seeds < 1:
         sys.exit("--task-steps and --task-seeds must be >= 1")
-    if any(LINKS[k] for k in args.links) and os.geteuid() != 0:
+    rated = [k for k in args.links if LINKS[k]]
+    if not args.no_task and LINKS[args.task_link]:
+        rated.append(args.task_link)
+    if rated and os.geteuid() != 0:
         sys.exit("the rate-limited links need root (network namespaces); use --links loopback")
     results = [_run_link(k, LINKS[k], args) for k in args.links]
     for r in results:
         print(report(r) + "\n")
+        target = step_target(r)
+        if target:
+            print(target + "\n")
     summary: dict[str, Any] = {"links": results}
     if not args.no_task:
-        summary["task"] = task(args.task_steps, args.task_seeds)
-        print(task_report(summary["task"]))
+        summary["task"] = _run_task(args)
+        print(task_report(summary["task"], args.task_link))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
 

@@ -32,7 +32,11 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "scaled_sign": ["scaled_sign"],
     "rank_k": ["rank_k[r=1]", "rank_k[r=2,rows=5]"],  # D = 20: the 4 × 5 view, then 5 × 4
-    "power_sgd": ["power_sgd[rank=1]", "power_sgd[rank=2,alpha=0.1]"],
+    "power_sgd": [
+        "power_sgd[rank=1]",
+        "power_sgd[rank=2,alpha=0.1]",
+        "power_sgd[rank=2,shared=true]",
+    ],
     "scaled": [
         "scaled(qsgd[s=2])",
         "scaled(rand_k[k=3])",

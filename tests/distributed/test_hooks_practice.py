@@ -121,15 +121,18 @@ def _power_sgd_state(rank: int, world: int, method: str | None) -> str:
 
 
 @pytest.mark.parametrize("method", ["ef21", "ef", None])
-def test_power_sgd_is_refused_in_one_line_naming_the_alternatives(method: str | None) -> None:
-    """PowerSGD's factor all-reduce is not wired into the hook: refused when the state is
-    built (not at the first backward), naming rank_k and torch's hook; the network model
-    refuses it with the same words (it charges only what the hook can send)."""
+def test_per_client_power_sgd_is_refused_in_one_line_naming_the_alternatives(
+    method: str | None,
+) -> None:
+    """Per-client PowerSGD (each rank its own basis) cannot all-reduce its factors: refused
+    when the state is built (not at the first backward), naming the shared basis and rank_k;
+    the network model refuses it with the same words (it charges only what the hook sends).
+    The shared basis runs: tests/distributed/test_hooks_lowrank.py."""
     from shrinkgrad.network import hook_collectives
 
     (message,) = spawn(_power_sgd_state, 1, (method,))
-    assert message.startswith("power_sgd[rank=2] does not run in the DDP hook yet")
-    assert "use rank_k[r=2]" in message and "powerSGD_hook" in message
+    assert message.startswith("power_sgd[rank=2] is per-client PowerSGD")
+    assert "power_sgd[rank=2,shared=true]" in message and "rank_k[r=2]" in message
     assert "\n" not in message
     with pytest.raises(ValueError) as info:
         hook_collectives("power_sgd[rank=2]", [1152, 48], min_numel=45)

@@ -34,10 +34,12 @@ def _train(kwargs: dict[str, Any], cap_mb: float, rank: int) -> dict[str, Any]:
     ddp = DDP(model, bucket_cap_mb=cap_mb)
     state = CompressionState(**kwargs)
     layouts: list[list[list[int]]] = []
+    shapes: list[list[list[tuple[int, ...]]]] = []
     calls: list[list[tuple[str, int]]] = []
 
     def hook(s: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         layouts[-1].append([p.numel() for p in bucket.parameters()])
+        shapes[-1].append([tuple(p.shape) for p in bucket.parameters()])
         return compression_hook(s, bucket)
 
     ddp.register_comm_hook(state, hook)
@@ -61,6 +63,7 @@ def _train(kwargs: dict[str, Any], cap_mb: float, rank: int) -> dict[str, Any]:
         sent = []
         for step in range(STEPS):
             layouts.append([])
+            shapes.append([])
             calls.append([])
             g = torch.Generator().manual_seed(100 * rank + step)
             X, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
@@ -72,7 +75,7 @@ def _train(kwargs: dict[str, Any], cap_mb: float, rank: int) -> dict[str, Any]:
         dist.all_reduce, dist.all_gather_into_tensor = real_reduce, real_gather
         if real_single is not None:
             dist.all_gather_single = real_single  # type: ignore[attr-defined]
-    return {"sent": sent, "layouts": layouts, "calls": calls}
+    return {"sent": sent, "layouts": layouts, "shapes": shapes, "calls": calls}
 
 
 CASES = [
@@ -82,6 +85,8 @@ CASES = [
     dict(compressor="identity", min_numel=0),
     dict(compressor="natural", error_feedback="ef", min_numel=45),
     dict(compressor="rank_k[r=2]", method="ef21", min_numel=45),  # factors all-gathered
+    # PowerSGD's shared basis: the raw values and P all-reduced, then Q (the matrix views)
+    dict(compressor="power_sgd[rank=2,shared=true]", method="ef21", min_numel=45),
 ]
 #: DDP's default (one bucket for so small a model) and a cap that cuts it in two after the
 #: first iteration (DDP's rebuild; tensors fill a bucket until it reaches the cap)
@@ -104,7 +109,13 @@ def test_model_bytes_equal_the_hooks_counters() -> None:
                 for step in range(STEPS):
                     layout = r["layouts"][step]
                     several |= len(layout) > 1
-                    model = hook_collectives(kwargs["compressor"], layout, warmup=step == 0, **args)
+                    model = hook_collectives(
+                        kwargs["compressor"],
+                        layout,
+                        shapes=r["shapes"][step],
+                        warmup=step == 0,
+                        **args,
+                    )
                     where = f"{kwargs['compressor']}, cap {cap} MB, step {step}"
                     # the bytes the model charges = the hook's own counter
                     assert sum(c.nbytes for c in model) == r["sent"][step], where

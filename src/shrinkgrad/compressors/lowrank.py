@@ -41,6 +41,25 @@ Matrix view (:func:`matrix_shape`)
     and :meth:`~PowerSGD.combine`. With a shared Q on every rank, the mean of the ranks'
     results is exactly ``step(mean M, Q)``: the operator applied to the average (tested). The
     simulator's clients each run the operator on their own matrix with their own Q.
+
+``power_sgd[rank, shared=true]`` — the shared basis (PowerSGD as the paper runs it, and as the
+DDP hook runs it)
+    A **collective** compressor: the rows of one call are the clients of one all-reduce, and
+    each client's output depends on the others'. For the rows M_1 … M_B of a call, with the
+    one Q every client shares: P = Σ_i M_i Q, P̂ = orthonormalize(P), Q_i = M_iᵀ P̂, client
+    i's output P̂ Q_iᵀ, and the next (shared) Q the mean Q̄ = (1/B) Σ_i Q_i, so the mean of the
+    outputs is P̂ Q̄ᵀ. Per-client PowerSGD (the default) runs Alg. 1 on every row alone: its P̂
+    is the client's own. Consequences: (i) there is no per-client α (client i's error depends on
+    the other clients' matrices; none is known for the mean either), so ``alpha`` is unknown
+    unless given; (ii) a call on a subset of the clients (partial participation) is a
+    collective of that subset only, and a method whose clients would hold different Q's then
+    is refused at the step; (iii) the first Q is one keyed draw shared by every client (a fixed
+    key, like torch's ``random_seed``), so the compressor is deterministic; (iv) the message of
+    every client is the two factors, r(m + n) values, whatever d (a shared P cannot be
+    replaced by the dense result). The stages :meth:`PowerSGD.factor_p`,
+    :meth:`PowerSGD.orthonormalize`, :meth:`PowerSGD.factor_q`, :meth:`PowerSGD.factor_outputs` are
+    the one implementation: the batched step composes them with sums over the rows, the hook
+    with its two all-reduces.
 """
 
 from __future__ import annotations
@@ -74,6 +93,8 @@ __all__ = [
 
 #: fold tag of PowerSGD's initial Q
 Q0_TAG = "power_sgd.q0"
+#: the key of the shared-basis mode's first Q (one draw for every client: ``shared=true``)
+SHARED_Q0 = Keys.derive(0, stream="power_sgd.shared_q0")
 
 
 def matrix_shape(d: int, rows: int | None = None) -> tuple[int, int]:
@@ -123,13 +144,21 @@ def _each(fn: Callable[..., Any], *batches: torch.Tensor) -> Any:
     is exactly what a call on that row alone gives; so each row is its own call, at the cost of
     a Python-level loop over the rows (the simulator's clients), ~0.05 ms per small matrix."""
     rows = batches[0].shape[0]
-    outs = [
-        fn(*(b[i].clone(memory_format=torch.contiguous_format) for b in batches))
-        for i in range(rows)
-    ]
+    outs = [fn(*(_own_row(b, i) for b in batches)) for i in range(rows)]
     if outs and isinstance(outs[0], tuple):
         return tuple(torch.stack(list(o)) for o in zip(*outs, strict=True))
     return torch.stack(outs)
+
+
+def _own_row(b: torch.Tensor, i: int) -> torch.Tensor:
+    """Row ``i`` of a batch as :func:`_each` hands it to the libraries: the row itself when it
+    is contiguous and starts on a 64-byte boundary (the layout and alignment a fresh copy has:
+    torch's CPU allocator aligns to 64 bytes, so the libraries take the same paths), else a
+    contiguous copy (saves a copy of every large matrix, e.g. the hook's one-row batches)."""
+    row = b[i]
+    if row.is_contiguous() and row.data_ptr() % 64 == 0:
+        return row
+    return row.clone(memory_format=torch.contiguous_format)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -338,38 +367,76 @@ class PowerSGD(LowRank):
     bits_formula = "32·rank·(m + n): P (m × rank) then Q (n × rank), each all-reduced"
     _family = "power_sgd"
 
-    def __init__(self, rank: int, alpha: float | None = None, rows: int | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        alpha: float | None = None,
+        rows: int | None = None,
+        shared: bool = False,
+    ) -> None:
         super().__init__(rank, rows)
         if alpha is not None:
             if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
                 raise TypeError(f"power_sgd needs a number alpha, got {alpha!r}")
             if not 0.0 < float(alpha) <= 1.0:
                 raise ValueError(f"power_sgd needs alpha in (0, 1] (a contraction), got {alpha}")
+        if not isinstance(shared, bool):
+            raise TypeError(f"power_sgd needs shared=true or shared=false, got {shared!r}")
         self.given_alpha = None if alpha is None else float(alpha)
         self.constant_known = alpha is not None
+        #: the shared-basis (collective) mode: one P̂ for all the rows of a call (module
+        #: docstring); its first Q is one fixed draw, so it is deterministic
+        self.shared = shared
+        self.deterministic = shared
 
     def _params(self) -> dict[str, object]:
-        return {"rank": self.r, "alpha": self.given_alpha, "rows": self.rows}
+        params: dict[str, object] = {"rank": self.r, "alpha": self.given_alpha, "rows": self.rows}
+        if self.shared:
+            params["shared"] = "true"
+        return params
+
+    @property
+    def collective_rows(self) -> bool:
+        """True when the rows of one call are the clients of one collective (``shared``)."""
+        return self.shared
+
+    def dense_message(self, d: int) -> bool:
+        """Per-client: as :meth:`LowRank.dense_message`; shared: never (the factors are the
+        message, r(m + n) values, since P̂ is formed from every client's P)."""
+        return False if self.shared else super().dense_message(d)
+
+    def _values_sent(self, d: int) -> int:
+        if not self.shared:
+            return super()._values_sent(d)
+        m, n = self.matrix_shape(d)
+        return self.r * (m + n)
 
     def alpha(self, d: int) -> float:
         self.matrix_shape(d)
         if self.given_alpha is None:
             raise ConstantUnknownError(
                 f"{self.name} has no worst-case α (Vogels et al. 2019 give none: one power "
-                "iteration can miss M's top directions, and C(M) = 0 when M Q = 0); a theory step "
+                "iteration can miss M's top directions, and C(M) = 0 when M Q = 0"
+                + ("; shared: a client's result also depends on the others'" if self.shared else "")
+                + "); a theory step "
                 f"size needs one: give it explicitly, e.g. power_sgd[rank={self.r},alpha=0.1] "
                 "(docs/compressors.md reports measured contractions), or pass a numeric step size"
             )
         return self.given_alpha
 
     # -- state --------------------------------------------------------------------------------
-    def init_state(self, x: torch.Tensor, keys: Keys) -> torch.Tensor:
+    def init_state(self, x: torch.Tensor, keys: Keys | None) -> torch.Tensor:
         """The first Q of every row of ``x`` (..., d): keyed Gaussian draws, (..., n, r), in the
-        arithmetic dtype (float32, or float64 for float64 input)."""
+        arithmetic dtype (float32, or float64 for float64 input); ``shared``: one fixed draw
+        repeated on every row."""
         self._check_input(x)
+        _, n = self.matrix_shape(x.shape[-1])
+        if self.shared:  # one draw, the same for every client (``keys`` are not used)
+            q = _gaussian(SHARED_Q0.fold(Q0_TAG), n * self.r, _compute_dtype(x.dtype))
+            q = q.reshape(n, self.r).expand(*x.shape[:-1], n, self.r).clone()
+            return q.to(x.device)
         row_keys = self._prepare_keys(x, keys)
         assert row_keys is not None
-        _, n = self.matrix_shape(x.shape[-1])
         q = _gaussian(row_keys.fold(Q0_TAG), n * self.r, _compute_dtype(x.dtype))
         return q.reshape(*x.shape[:-1], n, self.r).to(x.device)
 
@@ -388,7 +455,8 @@ class PowerSGD(LowRank):
     def step(
         self, x: torch.Tensor, keys: Keys | None, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One PowerSGD step of every row with its previous Q: ``(C(x), new Q)``."""
+        """One PowerSGD step of every row with its previous Q: ``(C(x), new Q)``; ``shared``:
+        one collective step of all the rows (:meth:`_shared_step`)."""
         self._check_input(x)
         keys = self._prepare_keys(x, keys)
         self.check_state(x, state)
@@ -396,6 +464,8 @@ class PowerSGD(LowRank):
         value_dtype = x.dtype if x.dtype in HALF_DTYPES else None
         if x.numel() == 0:
             return x.clone(), state.clone()
+        if self.shared:
+            return self._shared_step(x, state)
         M, _, n = self._matrices(x, _compute_dtype(x.dtype))
         p_hat, q = self._power_step(M, state.reshape(-1, n, self.r))
         a, b = p_hat, q.transpose(-1, -2)
@@ -429,8 +499,9 @@ class PowerSGD(LowRank):
 
     @staticmethod
     def right(M: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
-        """Q = Mᵀ P̂: (B, n, r); summed over ranks by the second all-reduce."""
-        return _each(lambda m, p: m.t().mm(p), M, p_hat)  # type: ignore[no-any-return]
+        """Q = Mᵀ P̂: (B, n, r); summed over ranks by the second all-reduce. Computed as
+        (P̂ᵀ M)ᵀ, which reads M row by row (5× faster than Mᵀ P̂ for a 2048 × 2048 M)."""
+        return _each(lambda m, p: p.t().mm(m).t(), M, p_hat)  # type: ignore[no-any-return]
 
     @staticmethod
     def combine(p_hat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -440,6 +511,64 @@ class PowerSGD(LowRank):
     def _power_step(self, M: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p_hat = self.orthonormalize(self.left(M, q.to(M.dtype)))
         return p_hat, self.right(M, p_hat)
+
+    # -- the shared basis: the stages of one collective step (module docstring) ---------------
+    def _value_dtype(self, dtype: torch.dtype) -> torch.dtype | None:
+        return dtype if dtype in HALF_DTYPES else None
+
+    def factor_p(self, x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Every row's P_i = M_i Q (B, m, r) for rows ``x`` (B, d) and the shared Q (n, r), in
+        the arithmetic dtype, rounded to the values' 16-bit dtype when ``x`` is one (the wire
+        carries P_i in the gradients' dtype)."""
+        M, _, _ = self._matrices(x, _compute_dtype(x.dtype))
+        p = self.left(M, q.to(M.dtype).expand(M.shape[0], *q.shape))
+        vd = self._value_dtype(x.dtype)
+        return p if vd is None else p.to(vd).to(p.dtype)
+
+    def factor_q(self, x: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
+        """Every row's Q_i = M_iᵀ P̂ (B, n, r) for the shared P̂ (m, r), rounded like
+        :meth:`factor_p`."""
+        M, _, _ = self._matrices(x, _compute_dtype(x.dtype))
+        q = self.right(M, p_hat.to(M.dtype).expand(M.shape[0], *p_hat.shape))
+        vd = self._value_dtype(x.dtype)
+        return q if vd is None else q.to(vd).to(q.dtype)
+
+    def orthonormal_basis(self, p_sum: torch.Tensor) -> torch.Tensor:
+        """P̂ (m, r) of the summed P (m, r): :meth:`orthonormalize` in at least float32."""
+        work = p_sum if p_sum.dtype == torch.float64 else p_sum.to(torch.float32)
+        return self.orthonormalize(work[None])[0]
+
+    def factor_outputs(
+        self, p_hat: torch.Tensor, q: torch.Tensor, d: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The vectors P̂ Q_iᵀ (B, d) in ``dtype`` of the rows' Q_i (B, n, r) (or of the mean
+        Q̄ (1, n, r): the mean of the clients' outputs)."""
+        out = self.combine(p_hat.expand(q.shape[0], *p_hat.shape), q.to(p_hat.dtype))
+        return self._vectors(out, torch.Size([q.shape[0], d])).to(dtype)
+
+    def _shared_step(
+        self, x: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One collective step of the rows of ``x`` (module docstring): P = Σ_i P_i, P̂, the
+        rows' P̂ Q_iᵀ and the next shared Q = mean Q_i on every row."""
+        d = x.shape[-1]
+        rows = x.reshape(-1, d)
+        _, n = self.matrix_shape(d)
+        qs = state.reshape(-1, n, self.r)
+        if not bool((qs == qs[:1]).all()):
+            raise ValueError(
+                f"{self.name}: the clients of one shared-basis step hold different Q's (a method "
+                "whose clients skip rounds, partial participation, lets them drift apart); use "
+                f"power_sgd[rank={self.r}] (per-client) with such a method"
+            )
+        p_sum = self.factor_p(rows, qs[0]).sum(0)
+        p_hat = self.orthonormal_basis(p_sum)
+        q_rows = self.factor_q(rows, p_hat)
+        y = self.factor_outputs(p_hat, q_rows, d, x.dtype).reshape(x.shape)
+        if x.dtype in HALF_DTYPES:
+            y = self._to_half(y.float(), x.dtype)
+        q_mean = q_rows.mean(0).to(state.dtype)
+        return y, q_mean.expand_as(qs).reshape(state.shape).clone()
 
     def factor_collective(self, d: int, dtype: torch.dtype = torch.float32) -> FactorCollective:
         """PowerSGD's all-reduce of the factors for a tensor of d entries (values in ``dtype``):
@@ -456,8 +585,18 @@ class PowerSGD(LowRank):
     def _factors(
         self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.shared:  # the first collective step of all the rows, from the shared Q0
+            rows = x.reshape(-1, x.shape[-1]).to(dtype)
+            p_hat = self.orthonormal_basis(self.factor_p(rows, self._shared_q0(rows)).sum(0))
+            q = self.factor_q(rows, p_hat)
+            B = q.shape[0]
+            return p_hat.expand(B, *p_hat.shape).to(dtype), q.transpose(-1, -2).to(dtype)
         assert keys is not None
         M, _, n = self._matrices(x, _compute_dtype(dtype))
         q0 = _gaussian(keys.fold(Q0_TAG), n * self.r, M.dtype).reshape(-1, n, self.r)
         p_hat, q = self._power_step(M, q0.to(M.device))
         return p_hat.to(dtype), q.transpose(-1, -2).to(dtype)
+
+    def _shared_q0(self, rows: torch.Tensor) -> torch.Tensor:
+        """The shared first Q (n, r) for rows (B, d)."""
+        return self.init_state(rows[:1], None)[0]

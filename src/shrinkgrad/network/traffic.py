@@ -12,7 +12,10 @@ runtimes use them, so the cost model charges what is sent:
   tensors in front; variable-size messages (bernoulli) first all-gather their sizes (one int64)
   and then a block holding one int32 size per tensor and the payloads, padded to the largest
   rank's block; with a loss scaler every all-gathered block ends with one flag byte; a bucket
-  with nothing to compress is a plain all-reduce; the warm-up steps all-reduce the dense bucket.
+  with nothing to compress is a plain all-reduce; the warm-up steps all-reduce the dense bucket;
+  PowerSGD's shared basis (``power_sgd[shared=true]``, ``collective == "allreduce_factors"``)
+  all-reduces the raw small tensors with the P factors (m × r each), then the Q factors
+  (n × r), r(m + n) values per tensor of the matrix view ``shapes`` gives.
 * :func:`ps_messages` — one cycle of a parameter-server worker
   (:mod:`shrinkgrad.distributed.ps.wire`): the model down (header + d values), the header and
   the encoded gradient up.
@@ -95,6 +98,35 @@ def _buckets(tensors: Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]
     return out
 
 
+def _shapes(
+    buckets: list[list[int]], shapes: Sequence[Sequence[Sequence[int]]] | None
+) -> list[list[tuple[int, ...]]]:
+    """The tensors' shapes bucket by bucket (vectors by default), checked against the sizes."""
+    if shapes is None:
+        return [[(n,) for n in b] for b in buckets]
+    out = [[tuple(int(v) for v in s) for s in b] for b in shapes]
+    if [len(b) for b in out] != [len(b) for b in buckets] or any(
+        math.prod(s) != n
+        for sb, nb in zip(out, buckets, strict=True)
+        for s, n in zip(sb, nb, strict=True)
+    ):
+        raise ValueError(
+            "shapes must give one shape per tensor, bucket by bucket, with as many entries as "
+            "the tensor sizes say (e.g. shapes=[[tuple(p.shape) for p in bucket_params]])"
+        )
+    return out
+
+
+def _view(C: Compressor, shape: tuple[int, ...]) -> Compressor:
+    """A low-rank compressor bound to a tensor's matrix view, as the hook binds it."""
+    for_shape = getattr(C, "for_shape", None)
+    if callable(for_shape) and len(shape) >= 2:
+        bound = for_shape(shape)
+        assert isinstance(bound, type(C))
+        return bound
+    return C
+
+
 def _per_tensor(template: Compressor, numel: int, ratio: float | None) -> Compressor:
     """The compressor of one tensor: ``template``, or with k = ⌈ratio·numel⌉ (as the hook)."""
     if ratio is None:
@@ -130,11 +162,14 @@ def hook_collectives(
     dtype: torch.dtype | None = None,
     warmup: bool = False,
     scaler: bool = False,
+    shapes: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> list[Collective]:
     """The collectives of one step of :func:`~shrinkgrad.distributed.compression_hook`.
 
     ``tensors``: the gradients' sizes (numel), one bucket, or a list of buckets as DDP forms
-    them; ``compressor``, ``ratio``, ``min_numel`` as given to ``CompressionState``; ``dtype``
+    them; ``shapes``: the tensors' shapes, bucket by bucket (a list of lists of shapes), for
+    the matrix views of the low-rank compressors (default: every tensor a vector, the flat
+    rule); ``compressor``, ``ratio``, ``min_numel`` as given to ``CompressionState``; ``dtype``
     the gradients' (float32 by default); ``warmup`` for a warm-up step (dense all-reduce);
     ``scaler`` when a loss scaler is attached (one flag byte per all-gathered block). The sum of
     the ``nbytes`` equals the hook's ``last_step_bytes`` for fixed-size messages; for
@@ -155,14 +190,17 @@ def hook_collectives(
     refusal = factor_refusal(template)  # the hook refuses it: no traffic to model
     if refusal is not None:
         raise ValueError(refusal)
+    buckets = _buckets(tensors)
+    views = _shapes(buckets, shapes)
     out: list[Collective] = []
-    for b, bucket in enumerate(_buckets(tensors)):
+    for b, bucket in enumerate(buckets):
         dense = sum(bucket) * esize
         if warmup:
             out.append(Collective("allreduce", dense, f"bucket {b}: warm-up (dense all-reduce)"))
             continue
         comps = [
-            _per_tensor(template, n, ratio) if n >= max(min_numel, 1) else None for n in bucket
+            _view(_per_tensor(template, n, ratio), shape) if n >= max(min_numel, 1) else None
+            for n, shape in zip(bucket, views[b], strict=True)
         ]
         if all(C is None for C in comps):
             out.append(Collective("allreduce", dense, f"bucket {b}: nothing to compress"))
@@ -171,6 +209,17 @@ def hook_collectives(
             out.append(Collective("allreduce", dense, f"bucket {b}: summable dense results"))
             continue
         raw = sum(n * esize for n, C in zip(bucket, comps, strict=True) if C is None)
+        if template.collective == "allreduce_factors":  # PowerSGD's shared basis: P, then Q
+            p_bytes = q_bytes = 0
+            for n, C in zip(bucket, comps, strict=True):
+                if C is not None:
+                    plan = C.factor_collective(n, dt)  # type: ignore[attr-defined]
+                    p_stage, q_stage = plan.stages
+                    p_bytes += math.prod(p_stage.shape) * esize
+                    q_bytes += math.prod(q_stage.shape) * esize
+            out.append(Collective("allreduce", raw + p_bytes, f"bucket {b}: raw values and P"))
+            out.append(Collective("allreduce", q_bytes, f"bucket {b}: Q (after P)"))
+            continue
         if getattr(template, "shared_seed", False):
             values = 0
             for n, C in zip(bucket, comps, strict=True):

@@ -31,12 +31,20 @@ from ...methods.base import Config, Message, Method, State, Traffic
 from ...methods.rules import SparseMessage
 from ...rng import Keys
 
-__all__ = ["Adapter", "HookConfig", "HookOracle", "Port"]
+__all__ = ["Adapter", "HookConfig", "HookOracle", "Port", "Probed", "StatefulEncoder"]
 
 #: ``encode(p, sent_only) -> C(p)``: puts C(p)'s message on the wire, returns what the method
 #: sees as C(p) — a dense tensor, or a :class:`~shrinkgrad.methods.rules.SparseMessage` for a
 #: method with ``sparse_messages`` (``p`` itself is allowed when ``sent_only``)
 Encoder = Callable[[torch.Tensor, bool], "torch.Tensor | SparseMessage"]
+#: ``encode(p, q) -> (C(p), new state)``: a stateful compressor's message (PowerSGD's factors,
+#: :mod:`.factors`) from the vector ``p`` and the compressor state ``q`` the method carries
+StatefulEncoder = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class Probed(Exception):
+    """Raised by a probing encoder (:meth:`Adapter.probe`) once it has seen the vector the
+    method compresses: the rest of the client step is not run."""
 
 
 class Port:
@@ -44,24 +52,46 @@ class Port:
 
     def __init__(self) -> None:
         self.encoder: Encoder | None = None
+        self.stateful: StatefulEncoder | None = None
         self.scratch_vector: torch.Tensor | None = None
         self.result: torch.Tensor | SparseMessage | None = None  # what compress returned
         self.method = ""
 
-    def open(self, encoder: Encoder, scratch: torch.Tensor, method: str) -> None:
+    def open(
+        self,
+        encoder: Encoder | None,
+        scratch: torch.Tensor,
+        method: str,
+        stateful: StatefulEncoder | None = None,
+    ) -> None:
         self.encoder, self.scratch_vector, self.result, self.method = encoder, scratch, None, method
+        self.stateful = stateful
 
-    def compress(self, x: torch.Tensor, sent_only: bool) -> torch.Tensor | SparseMessage:
-        if self.encoder is None:
-            raise RuntimeError("the hook's compressor port is not open (internal error)")
+    def _once(self) -> None:
         if self.result is not None:
             raise ValueError(
                 f"{self.method} compresses twice in one round; a DDP hook sends one message per "
                 "tensor and round"
             )
+
+    def compress(self, x: torch.Tensor, sent_only: bool) -> torch.Tensor | SparseMessage:
+        if self.encoder is None:
+            raise RuntimeError("the hook's compressor port is not open (internal error)")
+        self._once()
         out = self.encoder(x, sent_only)
         self.result = out
         return out
+
+    def compress_stateful(
+        self, x: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A stateful compressor's message through the open stateful encoder."""
+        if self.stateful is None:
+            raise RuntimeError("the hook's port has no stateful encoder open (internal error)")
+        self._once()
+        out, new_state = self.stateful(x, state)
+        self.result = out
+        return out, new_state
 
     def compress_difference(
         self, a: torch.Tensor, b: torch.Tensor
@@ -91,6 +121,7 @@ class Port:
 
     def close(self) -> None:
         self.encoder = self.scratch_vector = self.result = None
+        self.stateful = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -111,6 +142,18 @@ class HookConfig(Config):
         # a SparseMessage for methods that declare sparse_messages (they only hand the result
         # to the rules of methods.rules and to their Message; the contract suite checks them)
         return cast(torch.Tensor, self.port.compress(x, sent_only))
+
+    def compress_with_state(
+        self, x: torch.Tensor, ids: torch.Tensor, round: int, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A stateful compressor (PowerSGD's shared basis) goes through the port's stateful
+        encoder, with the state the method carries (its first Q when it carries none yet: the
+        warm-up rounds ran with the identity); a stateless one through :meth:`compress`."""
+        if not self.compressor.stateful:
+            return self.compress(x, ids, round), state
+        if state is None or state.numel() == 0:
+            state = self.compressor_state(x, ids)
+        return self.port.compress_stateful(x, state)
 
     def compress_difference(
         self, a: torch.Tensor, b: torch.Tensor, ids: torch.Tensor, round: int
@@ -179,6 +222,7 @@ class Adapter:
         self.oracle = HookOracle()
         self._configs: dict[tuple[Any, ...], HookConfig] = {}
         self._zeros: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+        self._pure: dict[int, HookConfig] = {}  # the inplace=False twins of the configs (probe)
         self.rank = 0
 
     def config(
@@ -251,13 +295,16 @@ class Adapter:
         cfg: HookConfig,
         state: State[Any, Any],
         x: torch.Tensor,
-        encoder: Encoder,
+        encoder: Encoder | None,
         scratch: torch.Tensor,
+        *,
+        stateful: StatefulEncoder | None = None,
     ) -> tuple[Any, Message, bool]:
         """One round of the method's client part on ``x`` (d,): (new client state, message,
-        whether the message is on the wire already, i.e. it is what ``cfg.compress`` returned)."""
+        whether the message is on the wire already, i.e. it is what ``cfg.compress`` returned).
+        A stateful compressor's call goes to ``stateful`` (:mod:`.factors`)."""
         self.oracle.load(x, copy=False)
-        self.port.open(encoder, scratch, self.method.name)
+        self.port.open(encoder, scratch, self.method.name, stateful)
         try:
             clients, msg = self.method.client_step(
                 cfg, state.server, state.clients, self.oracle, state.round + 1
@@ -266,6 +313,41 @@ class Adapter:
         finally:
             self.port.close()
         return clients, msg, sent
+
+    def probe(
+        self,
+        cfg: HookConfig,
+        state: State[Any, Any],
+        x: torch.Tensor,
+        encoder: StatefulEncoder,
+        scratch: torch.Tensor,
+    ) -> None:
+        """Run the method's client part on ``x`` (d,) up to its compressor call, which hands the
+        vector it compresses and its compressor state to ``encoder`` (which raises
+        :class:`Probed`): the collective stage that needs every rank's vector (PowerSGD's
+        P = Σ M_i Q) is formed before the client step itself can finish (:mod:`.factors`). The
+        method runs as a pure function (``inplace=False``, an oracle whose result it must not
+        overwrite), so nothing of its state changes; the step is then run in full
+        (:meth:`client_step`) once the collective has returned, and, being deterministic,
+        hands the encoder the same vector."""
+        pure = self._pure.get(id(cfg))
+        if pure is None:
+            pure = dataclasses.replace(cfg, inplace=False)
+            self._pure[id(cfg)] = pure
+        self.oracle.load(x, copy=False)
+        self.oracle.fresh = False
+        self.port.open(None, scratch, self.method.name, encoder)
+        try:
+            self.method.client_step(pure, state.server, state.clients, self.oracle, state.round + 1)
+        except Probed:
+            return
+        finally:
+            self.port.close()
+            self.oracle.fresh = True
+        raise RuntimeError(
+            f"{self.method.name} did not compress in its client step; the hook's factor "
+            "all-reduce (power_sgd[shared=true]) needs one compressed message per tensor and round"
+        )
 
     def init_server(
         self, cfg: HookConfig, aggregate: torch.Tensor | None

@@ -45,7 +45,7 @@ ALIASES: dict[str, str] = {
 #: stream of the hooks' keyed draws (see :mod:`shrinkgrad.rng`)
 STREAM = "ddp_hook"
 #: how compressed messages travel (see :attr:`Settings.collective`)
-Mode = Literal["allreduce", "values", "allgather"]
+Mode = Literal["allreduce", "values", "allgather", "factors"]
 #: 16-bit gradient dtypes (their values travel in 16 bits; the method computes in float32 unless
 #: ``state_dtype="gradient"``)
 HALF = (torch.bfloat16, torch.float16)
@@ -64,18 +64,28 @@ def _dtypes(C: Compressor) -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.float64)
 
 
-def factor_refusal(C: Compressor) -> str | None:
-    """Why the hook cannot run ``C`` (None when it can): a compressor whose messages travel as
-    an all-reduce of low-rank factors (``collective == "allreduce_factors"``: PowerSGD's P, then
-    Q, with the previous Q as state) is not wired into the hook's collectives yet."""
+def factor_refusal(C: Compressor, weights: torch.Tensor | None = None) -> str | None:
+    """Why the hook cannot run ``C`` (None when it can). A compressor whose messages travel as
+    an all-reduce of low-rank factors (``collective == "allreduce_factors"``) runs in the hook
+    in its shared-basis mode (``power_sgd[rank=r,shared=true]``: PowerSGD's Alg. 1, one P̂ for
+    all ranks; per-client PowerSGD's factors, each rank's own, would not add up), with equal
+    weights (the shared Q is the mean of the ranks' Q_i; a weighted method would need a second
+    Q all-reduce)."""
     if C.collective != "allreduce_factors":
         return None
     r = getattr(C, "r", 4)
-    return (
-        f"{C.name} does not run in the DDP hook yet (its factor all-reduce, P then Q with the "
-        f"previous Q as state, is not wired in); use rank_k[r={r}] (exact truncated SVD, its "
-        "factors all-gathered) with method='ef21' or 'ef', or torch's powerSGD_hook"
-    )
+    if not getattr(C, "shared", False):
+        return (
+            f"{C.name} is per-client PowerSGD (each rank its own basis P̂, whose factors do not "
+            f"add up); the DDP hook runs PowerSGD's shared basis: use "
+            f"power_sgd[rank={r},shared=true] (or rank_k[r={r}], its factors all-gathered)"
+        )
+    if weights is not None:
+        return (
+            f"{C.name} shares one Q, the mean of the ranks' Q_i, and the hook does not run it with "
+            "weighted methods (ef21_w); use method='ef21' or 'ef'"
+        )
+    return None
 
 
 def _check_int(name: str, value: Any, low: int = 0) -> int:
@@ -148,8 +158,8 @@ class Settings:
     world_size: int
     rank: int
     state_dtype: StateDtype = "float32"
-    _compressors: dict[tuple[int, torch.dtype], Compressor | None] = dataclasses.field(
-        default_factory=dict
+    _compressors: dict[tuple[int, tuple[int, ...], torch.dtype], Compressor | None] = (
+        dataclasses.field(default_factory=dict)
     )
 
     @classmethod
@@ -204,7 +214,7 @@ class Settings:
         )
         out.weights = out._check_weights(weights)
         C = out.build_compressor(None if ratio is None else 1)  # validates the name
-        refusal = None if C is None else factor_refusal(C)
+        refusal = None if C is None else factor_refusal(C, out.weights)
         if refusal is not None:
             raise ValueError(refusal)
         return out
@@ -275,8 +285,10 @@ class Settings:
     ) -> Compressor | None:
         """The compressor of a tensor with ``numel`` entries whose gradients are ``dtype``
         (None: sent uncompressed). A compressor must take the wire's dtype (the gradients'):
-        one that does not is refused with the dtypes it takes."""
-        key = (numel, dtype)
+        one that does not is refused with the dtypes it takes. A low-rank compressor is bound
+        to the tensor's matrix view (``for_shape``: (shape[0], prod(shape[1:])), as torch's
+        PowerSGD hook views a parameter; the flat rule for vectors)."""
+        key = (numel, tuple(shape), dtype)
         if key in self._compressors:
             return self._compressors[key]
         C: Compressor | None = None
@@ -286,6 +298,10 @@ class Settings:
             else:
                 C = self.build_compressor(None)
             assert C is not None
+            for_shape = getattr(C, "for_shape", None)
+            if callable(for_shape) and len(shape) >= 2 and math.prod(shape) == numel:
+                C = for_shape(shape)
+                assert isinstance(C, Compressor)
             takes = _dtypes(C)
             if dtype not in takes:
                 names = ", ".join(str(t).removeprefix("torch.") for t in takes)
@@ -313,11 +329,14 @@ class Settings:
     @property
     def collective(self) -> Mode:
         """How compressed messages travel: ``allreduce`` (dense results, summable), ``values``
-        (shared-seed sparsifiers: the k values, summable) or ``allgather`` (packed payloads)."""
+        (shared-seed sparsifiers: the k values, summable), ``factors`` (PowerSGD's shared
+        basis: P, then Q, all-reduced) or ``allgather`` (packed payloads)."""
         C = self.build_compressor(None if self.ratio is None else 1)
         assert C is not None
         if C.collective == "allreduce":
             return "allreduce"
+        if C.collective == "allreduce_factors":
+            return "factors"
         if getattr(C, "shared_seed", False):
             return "values"
         return "allgather"

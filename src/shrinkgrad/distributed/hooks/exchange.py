@@ -12,6 +12,8 @@ receives (:meth:`.plan.Plan.output`). Which collective:
 * ``allreduce`` (compressors whose results are summable, identity): one all-reduce of the send
   buffer of the weighted results;
 * ``values`` (shared-seed sparsifiers): one all-reduce of the weighted k values of every tensor;
+* ``factors`` (PowerSGD's shared basis): an all-reduce of the P factors, then one of the Q
+  factors started from the first one's callback (:mod:`.factors`);
 * ``allgather`` (everything else): one all-gather of every rank's packed payloads (raw values of
   the uncompressed tensors first; for variable-size messages a header of sizes, padding to the
   largest block, whose size is all-gathered first), decoded in rank order on every rank — so
@@ -113,6 +115,10 @@ def exchange(state: CompressionState, plan: Plan, buf: torch.Tensor, bad: bool) 
         return _dense_round(step, states)
     if plan.mode == "allgather":
         return _gather(step, states)
+    if plan.mode == "factors":
+        from .factors import exchange_factors  # (it uses this module's server part)
+
+        return exchange_factors(step, states)
     return _reduce(step, states)
 
 

@@ -154,6 +154,11 @@ class CompressionState:
         self.process_group = process_group
         self.adapter = Adapter(self.settings.method, self._constants, self.settings.seed)
         self.adapter.rank = self.settings.rank
+        #: the adapter of the client steps run in a collective's callback (the factor path's,
+        #: :mod:`.factors`): its own port and oracle, as the hook body may use the first one
+        #: meanwhile, on another thread, for the next bucket
+        self.callback_adapter = Adapter(self.settings.method, self._constants, self.settings.seed)
+        self.callback_adapter.rank = self.settings.rank
         self.memory = Memory(self._template)
         self.planner = Planner(
             self.settings, self._check_unit, bool(self.settings.method.sparse_messages)
@@ -247,6 +252,11 @@ class CompressionState:
         """The bound method of tensor ``u`` of ``plan``: with its compressor, or the identity for
         uncompressed tensors and warm-up rounds (``warm``), in the plan's dtypes."""
         return self._config(u, plan.wdtype, plan.dtype, plan.send.device, warm)
+
+    def callback_config(self, u: Unit, plan: Plan) -> HookConfig:
+        """:meth:`config` (compressed) for the client steps of :attr:`callback_adapter`."""
+        C = u.compressor if u.compressor is not None else self.settings.identity()
+        return self.callback_adapter.config(u.numel, C, plan.wdtype, plan.dtype, plan.send.device)
 
     def _config(
         self, u: Unit, wdtype: torch.dtype, wire: torch.dtype, device: torch.device, warm: bool

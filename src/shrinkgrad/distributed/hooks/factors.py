@@ -1,0 +1,214 @@
+"""One bucket's iteration with PowerSGD's all-reduce of the factors (``power_sgd[shared=true]``).
+
+Vogels, Karimireddy, Jaggi (NeurIPS 2019), Alg. 1, for every compressed tensor M_i (rank i's
+vector that the method compresses, viewed as a matrix) and the Q (n × r) all ranks share:
+
+1. hook body: P_i = M_i Q; one all-reduce of the bucket's P's (with the raw values of its
+   uncompressed tensors in front), P = Σ_i P_i;
+2. the P all-reduce's callback: P̂ = orthonormalize(P) (float32 or finer, identical on every
+   rank); the method's client step, whose compressor call returns rank i's message
+   c_i = P̂ Q_iᵀ with Q_i = M_iᵀ P̂; the ranks' Q_i/n go into the Q all-reduce;
+3. the Q all-reduce's callback: Q̄ = Σ_i Q_i/n; the aggregate (1/n) Σ_i c_i = P̂ Q̄ᵀ goes to the
+   method's server part, and Q̄ becomes every rank's next Q (the state the method carries).
+
+M_i is what the method's client step hands to its compressor (EF21: ∇f_i − g_i; EF: e_i + ∇f_i;
+EF21-SGDM: v_i − g_i), and P_i is needed before that step can finish: step 1 runs the client
+step as a *probe* (:meth:`.adapter.Adapter.probe`: a pure run that stops at the compressor
+call), step 2 runs it in full, and, the method being deterministic, it hands the compressor the
+same M_i. The arithmetic of the stages is the compressor's (:class:`~shrinkgrad.compressors.
+PowerSGD`'s ``factor_p``, ``orthonormal_basis``, ``factor_q``, ``factor_outputs``), the same the
+simulator's batched shared step composes with sums over the clients, so the hook on n ranks
+follows the simulator with n clients.
+
+No callback waits: the Q all-reduce is reserved in the hook body, right after the P one, and
+started by the P callback (:meth:`.collectives.Comm.all_reduce` with ``after``), so every rank
+starts the same collectives in the same order however many buckets are in flight (torch's
+``powerSGD_hook`` waits for Q inside the P callback, which hangs gloo with several buckets). The
+bytes (counted in the hook body): r(m + n) values per compressed tensor in the gradients' dtype.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ...compressors import PowerSGD
+from ...methods.base import State
+from . import encoders
+from .adapter import Probed
+from .collectives import result
+
+if TYPE_CHECKING:
+    from .exchange import Step
+
+__all__ = ["exchange_factors"]
+
+Fut = torch.futures.Future[torch.Tensor]
+
+
+def _layout(step: Step) -> dict[int, tuple[int, int, int, int]]:
+    """Where each tensor's values go in the send buffer: (P offset, P length, Q offset, Q
+    length), in elements: the P region holds every tensor in bucket order (the raw values of
+    the uncompressed ones, P_i (m × r) of the compressed ones), the Q region after it the Q_i
+    (n × r) of the compressed ones."""
+    out: dict[int, tuple[int, int, int, int]] = {}
+    pos = 0
+    qlen: dict[int, int] = {}
+    for u in step.plan.units:
+        C = u.compressor
+        if C is None:
+            out[u.uid] = (pos, u.numel, 0, 0)
+            pos += u.numel
+            continue
+        assert isinstance(C, PowerSGD)
+        m, n = C.matrix_shape(u.numel)
+        out[u.uid] = (pos, m * C.r, 0, 0)
+        pos += m * C.r
+        qlen[u.uid] = n * C.r
+    for u in step.plan.units:
+        if u.uid in qlen:
+            p_off, p_len, _, _ = out[u.uid]
+            out[u.uid] = (p_off, p_len, pos, qlen[u.uid])
+            pos += qlen[u.uid]
+    return out
+
+
+def _finite(C: PowerSGD, p: torch.Tensor) -> None:
+    if not bool(torch.isfinite(p).all()):
+        raise ValueError(
+            f"{C.name} got a vector with non-finite entries (a non-finite gradient, or the "
+            "method diverged); attach a loss scaler (scaler=) to skip such steps"
+        )
+
+
+def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
+    """Run the bucket's iteration by the factor all-reduce (module docstring)."""
+    from .exchange import _dense_values, _server_part
+
+    state, plan = step.state, step.plan
+    adapter, comm, rank, n = state.adapter, state.comm, step.rank, state.world_size
+    lay = _layout(step)
+    p_total = sum(lay[u.uid][1] for u in plan.units)
+    send = plan.send
+    P, Q = send[:p_total], send[p_total:]
+    by_uid = {u.uid: st for u, st in zip(plan.units, states, strict=True)}
+    dense_clients: dict[int, Any] = {}
+    if step.bad:
+        send.fill_(float("nan"))
+    for u in plan.units:
+        if step.bad:
+            break
+        cfg, st = step.config(u), by_uid[u.uid]
+        p_off, p_len, _, _ = lay[u.uid]
+        seg = P[p_off : p_off + p_len]
+        C = u.compressor
+        if C is None:  # raw values (the method with the identity), summed with the P's
+            clients, msg, sent = adapter.client_step(
+                cfg,
+                st,
+                u.slice(step.x),
+                encoders.dense_encoder(cfg.compressor, None, seg, plan.work(1, u.numel)),
+                plan.work(0, u.numel),
+            )
+            if not sent:
+                raw = _dense_values(msg)
+                seg.zero_() if raw is None else seg.copy_(raw)
+            seg.div_(cfg.n) if cfg.uniform else seg.mul_(cfg.w[rank])
+            dense_clients[u.uid] = clients
+            continue
+        assert isinstance(C, PowerSGD)
+
+        def probe(p: torch.Tensor, q: torch.Tensor, C: PowerSGD = C, seg: Any = seg) -> Any:
+            _finite(C, p)
+            seg.copy_(C.factor_p(p.reshape(1, -1), q.reshape(q.shape[-2:]))[0].reshape(-1))
+            raise Probed
+
+        adapter.probe(cfg, st, u.slice(step.x), probe, plan.work(0, u.numel))
+
+    p_fut = comm.all_reduce(P)
+    ready: torch.futures.Future[None] = torch.futures.Future()
+    q_fut = comm.all_reduce(Q, after=ready)  # reserved now, started by the P callback
+    #: per compressed tensor: P̂, the new client state, the Q it carries (filled with Q̄)
+    pending: dict[int, tuple[torch.Tensor, Any, torch.Tensor]] = {}
+    failed: list[BaseException] = []
+    poisoned = [step.bad]
+
+    def after_p(f: torch.futures.Future[list[torch.Tensor]]) -> None:
+        """The P callback: P̂, the client steps (their Q_i into Q), then the Q all-reduce may
+        start. Never waits; an error is kept for the Q callback, and Q is still sent (NaN), so
+        that no rank waits for this one."""
+        try:
+            total = result(f, "all-reduce (PowerSGD's P)", rank)
+            if poisoned[0] or not bool(torch.isfinite(total).all()):
+                poisoned[0] = True  # some rank's bucket was not finite: so is every result
+                Q.fill_(float("nan"))
+                return
+            cb = state.callback_adapter
+            for u in plan.units:
+                st = by_uid[u.uid]
+                p_off, p_len, q_off, q_len = lay[u.uid]
+                C = u.compressor
+                if C is None:
+                    res = total[p_off : p_off + p_len]
+                    agg = res if res.dtype == plan.wdtype else step.target(u).copy_(res)
+                    _server_part(step, step.config(u), u, st, dense_clients[u.uid], agg)
+                    continue
+                assert isinstance(C, PowerSGD)
+                m, _ = C.matrix_shape(u.numel)
+                p_hat = C.orthonormal_basis(total[p_off : p_off + p_len].view(m, C.r))
+                qseg = send[q_off : q_off + q_len]
+                dec = plan.work(1, u.numel)
+                carried: list[torch.Tensor] = []
+
+                def message(
+                    p: torch.Tensor,
+                    q: torch.Tensor,
+                    C: PowerSGD = C,
+                    p_hat: torch.Tensor = p_hat,
+                    qseg: torch.Tensor = qseg,
+                    dec: torch.Tensor = dec,
+                    carried: list[torch.Tensor] = carried,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+                    q_i = C.factor_q(p.reshape(1, -1), p_hat)  # (1, n, r), wire-rounded
+                    qseg.copy_(q_i.reshape(-1)).div_(n)
+                    c = C.factor_outputs(p_hat, q_i, p.shape[-1], p.dtype)
+                    carried.append(q)
+                    return dec.view(p.shape).copy_(c.view(p.shape)), q
+
+                cfg = state.callback_config(u, plan)
+                clients, _msg, _ = cb.client_step(
+                    cfg, st, u.slice(step.x), None, plan.work(0, u.numel), stateful=message
+                )
+                pending[u.uid] = (p_hat, clients, carried[0])
+        except BaseException as e:
+            failed.append(e)
+            Q.fill_(float("nan"))
+        finally:
+            ready.set_result(None)
+
+    p_fut.add_done_callback(after_p)
+
+    def after_q(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        total = result(f, "all-reduce (PowerSGD's Q)", rank)
+        if failed:
+            raise failed[0]
+        out = step.output
+        if poisoned[0]:
+            return out.fill_(float("nan"))
+        for u in plan.compressed:
+            C = u.compressor
+            assert isinstance(C, PowerSGD)
+            _, _, q_off, q_len = lay[u.uid]
+            p_hat, clients, carried = pending[u.uid]
+            _, ncols = C.matrix_shape(u.numel)
+            q_bar = (
+                total[q_off - p_total : q_off - p_total + q_len].view(1, ncols, C.r).to(p_hat.dtype)
+            )
+            carried.copy_(q_bar.view_as(carried))  # every rank's next Q: the mean Q̄
+            target = step.target(u)
+            agg = target.copy_(C.factor_outputs(p_hat, q_bar, u.numel, target.dtype)[0])
+            _server_part(step, step.config(u), u, by_uid[u.uid], clients, agg)
+        return out
+
+    return q_fut.then(after_q)

@@ -1,0 +1,106 @@
+"""PowerSGD's shared basis (``power_sgd[rank, shared=true]``): one collective step of the rows
+equals an independent transcription of Vogels et al. 2019 Alg. 1 with W workers, its mean is
+the operator on the mean matrix, the state stays shared, and EF21 / EF run with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shrinkgrad import Keys, make_compressor, make_problem, simulate
+from shrinkgrad.compressors import ConstantUnknownError, PowerSGD
+
+
+def _shared(spec: str = "power_sgd[rank=2,shared=true]") -> PowerSGD:
+    c = make_compressor(spec)
+    assert isinstance(c, PowerSGD) and c.shared and c.collective_rows
+    return c
+
+
+def _vogels_workers(Ms: list[np.ndarray], Q: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Vogels et al. 2019 Alg. 1 with W workers, in numpy (Gram–Schmidt): P = Σ_w M_w Q
+    (all-reduce), P̂ = orthogonalize(P), Q_w = M_wᵀ P̂; worker w's own part P̂ Q_wᵀ, next Q the
+    mean of the Q_w (the all-reduce mean)."""
+    P = sum(M @ Q for M in Ms)
+    for j in range(P.shape[1]):
+        for i in range(j):
+            P[:, j] -= (P[:, i] @ P[:, j]) * P[:, i]
+        P[:, j] /= np.linalg.norm(P[:, j])
+    Qs = [M.T @ P for M in Ms]
+    return [P @ Qw.T for Qw in Qs], sum(Qs) / len(Qs)
+
+
+def test_shared_step_is_the_paper_algorithm_with_workers() -> None:
+    c = _shared()
+    d, W = 30, 3  # a 5 × 6 view
+    rng = np.random.default_rng(0)
+    state = c.init_state(torch.zeros(W, d, dtype=torch.float64), None)
+    assert state.shape == (W, 6, 2) and bool((state == state[:1]).all())  # one shared Q0
+    Q = state[0].numpy().copy()
+    for _ in range(4):  # the Q carried over rounds stays shared and follows the reference
+        x = torch.from_numpy(rng.standard_normal((W, d)))
+        y, state = c.step(x, None, state)
+        outs, Q = _vogels_workers([x[w].numpy().reshape(5, 6) for w in range(W)], Q)
+        for w in range(W):
+            np.testing.assert_allclose(y[w].numpy(), outs[w].reshape(-1), atol=1e-12)
+            # QR (Householder) and Gram–Schmidt may choose opposite signs of a column of P̂
+            # (and so of Q); the outputs P̂ Q_wᵀ do not depend on them
+            signs = np.sign((state[w].numpy() * Q).sum(0))
+            np.testing.assert_allclose(state[w].numpy(), Q * signs, atol=1e-12)
+
+
+def test_shared_mean_is_the_operator_on_the_mean_and_rows_interact() -> None:
+    c, per_client = _shared(), make_compressor("power_sgd[rank=2]")
+    assert isinstance(per_client, PowerSGD)
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.standard_normal((4, 42)))  # a 6 × 7 view
+    q = c.init_state(x, None)
+    y, q_next = c.step(x, None, q)
+    want, q_want = per_client.step(x.mean(0), Keys.derive(0), q[0])
+    torch.testing.assert_close(y.mean(0), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(q_next[0], q_want, rtol=0, atol=1e-12)
+    # client 0's output depends on client 1's matrix: a collective, not a per-client operator
+    x2 = x.clone()
+    x2[1] = torch.from_numpy(rng.standard_normal(42))
+    assert float((c.step(x2, None, q)[0][0] - y[0]).abs().max()) > 1e-6
+    # a projection on the shared span: never an expansion, row by row
+    for i in range(4):
+        err, n2 = float(((y[i] - x[i]) ** 2).sum()), float((x[i] ** 2).sum())
+        assert err <= n2 * (1 + 1e-12)
+
+
+def test_shared_mode_bits_alpha_state_and_refusals() -> None:
+    c = _shared("power_sgd[rank=4,shared=true]")
+    d = 14  # a 4 × 4 view: r(m + n) = 32 > d, still the factors (the shared P is the message)
+    assert not c.dense_message(d) and c.bits(d) == 32 * 4 * 8
+    assert c.bits(10**6, torch.bfloat16) == 16 * 4 * 2000 == c.paper_bits(10**6, torch.bfloat16)
+    assert c.deterministic and make_compressor(c.spec).spec == "power_sgd[rank=4,shared=true]"
+    with pytest.raises(ConstantUnknownError, match="depends on the others"):
+        c.alpha(100)
+    assert _shared("power_sgd[rank=2,alpha=0.1,shared=true]").alpha(100) == 0.1
+    x = torch.randn(3, 100)
+    q = c.init_state(x, None)
+    q[1] += 1.0
+    with pytest.raises(ValueError, match="hold different Q's"):
+        c.step(x, None, q)
+    with pytest.raises(TypeError, match="shared=true or shared=false"):
+        PowerSGD(2, shared="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["ef21", "ef"])
+def test_error_feedback_runs_with_the_shared_basis(method: str) -> None:
+    problem = make_problem("logistic_regression[dataset=australian_scale,n_clients=6]")
+    spec = "power_sgd[rank=2,shared=true]"
+    res = simulate(problem, method, spec, stepsize=0.3, rounds=150, seed=1, log_every=50)
+    t = res.table
+    assert res.status == "completed"
+    assert float(t["grad_norm_sq"].iloc[-1]) < float(t["grad_norm_sq"].iloc[0])
+    cs = res.state.clients.compressor_state
+    assert cs.shape == (6, 4, 2) and bool((cs == cs[:1]).all())  # still one shared Q
+
+
+def test_partial_participation_is_refused_at_the_step() -> None:
+    problem = make_problem("logistic_regression[dataset=australian_scale,n_clients=6]")
+    with pytest.raises(ValueError, match="hold different Q's"):
+        simulate(problem, "ef21_pp[p=0.5]", "power_sgd[rank=1,shared=true]", stepsize=0.3, rounds=5)
