@@ -62,14 +62,17 @@ class Step:
     buf: torch.Tensor  # DDP's bucket: this rank's gradients (and the dense collectives' buffer)
     x: torch.Tensor  # the gradients in the method's dtype (the bucket, or the plan's copy)
     bad: bool
+    #: the iteration this bucket belongs to, fixed when the hook body starts: the collectives'
+    #: callbacks may run after the last bucket's body has advanced ``state.iteration``, and
+    #: a keyed decode there must use the keys of the round the message was encoded in
+    iteration: int = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.iteration = self.state.iteration
 
     @property
     def rank(self) -> int:
         return self.state.rank
-
-    @property
-    def iteration(self) -> int:
-        return self.state.iteration
 
     def config(self, u: Unit, warm: bool = False) -> HookConfig:
         return self.state.config(u, self.plan, warm)
