@@ -172,6 +172,8 @@ def test_ef21_hook_follows_the_simulators_trajectory(mode: str) -> None:
         Job(compressor="top_k", ratio=0.1, method="ef21", steps=6),
         Job(compressor="rand_k_scaled", ratio=0.2, method="ef", steps=6, seed=3),
         Job(compressor="qsgd[s=2]", steps=6, client_momentum=True),
+        # PowerSGD's shared Q is part of the method's state and continues with it
+        Job(compressor="power_sgd[rank=2,shared=true]", method="ef21", steps=6),
     ],
     ids=lambda j: f"{j.compressor}-{j.method}",
 )

@@ -30,7 +30,6 @@ __all__ = [
     "dense_encoder",
     "encode",
     "fresh_encoder",
-    "payload_encoder",
     "raw_encoder",
     "sparse_form",
     "values_encoder",
@@ -223,16 +222,3 @@ def _on_wire(flat: torch.Tensor, wire: torch.dtype) -> torch.Tensor:
     """The compressor's input for a 16-bit wire: ``flat`` rounded to the wire's dtype (float32
     arithmetic inside the compressor, 16-bit values)."""
     return flat.to(wire) if wire in HALF and flat.dtype != wire else flat
-
-
-def payload_encoder(
-    C: Compressor,
-    keys: Keys | None,
-    box: list[torch.Tensor],
-    dest: torch.Tensor | None,
-    dec: torch.Tensor,
-    wire: torch.dtype,
-    sparse: bool,
-) -> PayloadEncoder:
-    """The :class:`PayloadEncoder` of one compressed tensor."""
-    return PayloadEncoder(C, keys, box, dest, dec, wire, sparse)

@@ -395,7 +395,7 @@ def _gather(step: Step, states: list[State[Any, Any]]) -> Fut:
         box: list[torch.Tensor] = []
         # fixed-size messages are encoded in place, into their slot of the send buffer
         dest = None if variable else plan.send[u.soff : u.soff + u.nbytes]
-        encoder = encoders.payload_encoder(
+        encoder = encoders.PayloadEncoder(
             C, step.keys(u, C), box, dest, plan.work(1, u.numel), plan.dtype, u.sparse
         )
         clients, msg, sent = adapter.client_step(
