@@ -132,6 +132,11 @@ def test_cli_prints_the_breakdown_and_json(capsys: pytest.CaptureFixture[str]) -
     for word in ("rounds to ε", "[EF21] Thm 1", "compute", "transfer", "latency", "time to ε"):
         assert word in text
     assert "star[up=10mbit" in text and "ring[bandwidth=1gbit" in text
+    assert "the theorem's bound" in text
+    assert run_cli([*args, "--rounds", "7"]) == 0  # given rounds are not called a bound
+    text = capsys.readouterr().out
+    assert "7 (given)" in text and "the ones given (--rounds)" in text
+    assert "theorem's bound" not in text
     assert run_cli([*args, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["network"] for r in rows] == nets

@@ -159,7 +159,9 @@ def _print(results: list[Estimate], described: list[str]) -> None:
             format_duration(r.time_s),
         )
     console.print(t)
-    console.print(
-        "time to ε = initialisation + rounds × mean round; the rounds are the theorem's bound "
-        "(an upper bound, often loose)"
+    rounds = (
+        "the rounds are the ones given (--rounds)"
+        if first.rounds_source == "given"
+        else "the rounds are the theorem's bound (an upper bound, often loose)"
     )
+    console.print(f"time to ε = initialisation + rounds × mean round; {rounds}")
