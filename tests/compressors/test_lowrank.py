@@ -222,6 +222,10 @@ def test_power_sgd_has_no_worst_case_alpha() -> None:
     assert torch.equal(y, torch.zeros_like(x)) and bool((x != 0).any())
     with pytest.raises(ConstantUnknownError, match=r"no worst-case α.*rank=2,alpha=0.1\]"):
         c.alpha(m * n)
+    # the shared mode's message suggests a spelling that keeps the mode, and that spelling works
+    with pytest.raises(ConstantUnknownError, match=r"e\.g\. power_sgd\[rank=2,shared=true,alpha"):
+        make_compressor("power_sgd[rank=2,shared=true]").alpha(m * n)
+    assert make_compressor("power_sgd[rank=2,shared=true,alpha=0.1]").alpha(m * n) == 0.1
     for seed in range(20):  # the projection identity on random inputs and states
         xr = torch.from_numpy(np.random.default_rng(seed).standard_normal(m * n))
         yr, _ = c.step(

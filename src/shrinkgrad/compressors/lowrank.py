@@ -419,7 +419,9 @@ class PowerSGD(LowRank):
                 "iteration can miss M's top directions, and C(M) = 0 when M Q = 0"
                 + ("; shared: a client's result also depends on the others'" if self.shared else "")
                 + "); a theory step "
-                f"size needs one: give it explicitly, e.g. power_sgd[rank={self.r},alpha=0.1] "
+                f"size needs one: give it explicitly, e.g. power_sgd[rank={self.r}"
+                + (",shared=true" if self.shared else "")
+                + ",alpha=0.1] "
                 "(docs/compressors.md reports measured contractions), or pass a numeric step size"
             )
         return self.given_alpha
