@@ -104,3 +104,34 @@ def test_partial_participation_is_refused_at_the_step() -> None:
     problem = make_problem("logistic_regression[dataset=australian_scale,n_clients=6]")
     with pytest.raises(ValueError, match="hold different Q's"):
         simulate(problem, "ef21_pp[p=0.5]", "power_sgd[rank=1,shared=true]", stepsize=0.3, rounds=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [7, 16, None])  # 7 × 5 and 16 × 3 views of d = 35 / 48 / 48
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_factor_outputs_into_a_buffer_are_the_same_bits(
+    dtype: torch.dtype, rows: int | None, offset: int
+) -> None:
+    """The hook forms P̂ Q_iᵀ and P̂ Q̄ᵀ straight into its buffers (``out=``, at any offset, so
+    at any alignment); the bits are those of the separate product (the stacked ``combine``),
+    with Q in the layouts the hook hands over (the transposed view factor_q returns, a slice
+    of the received buffer) and for a padded view (7 rows of d = 35 → no padding; the flat
+    rule of d = 48: a 7 × 7 view, padded) the copy into the buffer."""
+    c = _shared(f"power_sgd[rank=2,shared=true{'' if rows is None else f',rows={rows}'}]")
+    d = 35 if rows == 7 else 48
+    g = torch.Generator().manual_seed(offset)
+    x = torch.randn(1, d, generator=g, dtype=dtype)
+    q0 = torch.randn(c.matrix_shape(d)[1], 2, generator=g, dtype=dtype)
+    p_hat = c.orthonormal_basis(c.factor_p(x, q0)[0])
+    q_i = c.factor_q(x, p_hat)  # (1, n, 2), a transposed view
+    wire = torch.randn(offset + q_i.numel(), dtype=dtype)
+    wire[offset:].copy_(q_i.reshape(-1))
+    q_bar = wire[offset:].view(q_i.shape)  # a slice of a received buffer
+    for q in (q_i, q_bar):
+        want = c.factor_outputs(p_hat, q, d, dtype)
+        buf = torch.full((offset + d,), float("nan"), dtype=dtype)
+        got = c.factor_outputs(p_hat, q, d, dtype, out=buf[offset:])
+        assert got.shape == (1, d) and torch.equal(got, want)
+        assert torch.equal(buf[offset:], want[0]) and bool(buf[:offset].isnan().all())
+        if c.matrix_shape(d)[0] * c.matrix_shape(d)[1] == d:  # written in place, not copied
+            assert got.data_ptr() == buf[offset:].data_ptr()

@@ -145,6 +145,10 @@ def _each(fn: Callable[..., Any], *batches: torch.Tensor) -> Any:
     a Python-level loop over the rows (the simulator's clients), ~0.05 ms per small matrix."""
     rows = batches[0].shape[0]
     outs = [fn(*(_own_row(b, i) for b in batches)) for i in range(rows)]
+    if rows == 1:  # one matrix (the hook's batches): a view, not a stacked copy of it
+        if isinstance(outs[0], tuple):
+            return tuple(o.unsqueeze(0) for o in outs[0])
+        return outs[0].unsqueeze(0)
     if outs and isinstance(outs[0], tuple):
         return tuple(torch.stack(list(o)) for o in zip(*outs, strict=True))
     return torch.stack(outs)
@@ -541,12 +545,34 @@ class PowerSGD(LowRank):
         return self.orthonormalize(work[None])[0]
 
     def factor_outputs(
-        self, p_hat: torch.Tensor, q: torch.Tensor, d: int, dtype: torch.dtype
+        self,
+        p_hat: torch.Tensor,
+        q: torch.Tensor,
+        d: int,
+        dtype: torch.dtype,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The vectors P̂ Q_iᵀ (B, d) in ``dtype`` of the rows' Q_i (B, n, r) (or of the mean
-        Q̄ (1, n, r): the mean of the clients' outputs)."""
-        out = self.combine(p_hat.expand(q.shape[0], *p_hat.shape), q.to(p_hat.dtype))
-        return self._vectors(out, torch.Size([q.shape[0], d])).to(dtype)
+        Q̄ (1, n, r): the mean of the clients' outputs). ``out`` (d entries, contiguous, for
+        one row): where the product is written when the matrix view has no padding (m n = d)
+        and ``dtype`` is the arithmetic dtype, by the same ``mm`` as :meth:`combine` (the same
+        bits), without a temporary; it is returned as (1, d). Otherwise the result is copied
+        into ``out``."""
+        m, n = p_hat.shape[-2], q.shape[-2]
+        if (
+            out is not None
+            and q.shape[0] == 1
+            and m * n == d
+            and dtype == p_hat.dtype
+            and out.is_contiguous()
+            and out.dtype == dtype
+        ):
+            a, b = _own_row(p_hat[None], 0), _own_row(q.to(p_hat.dtype), 0)
+            torch.mm(a, b.t(), out=out.view(m, n))
+            return out.view(1, d)
+        prod = self.combine(p_hat.expand(q.shape[0], *p_hat.shape), q.to(p_hat.dtype))
+        res = self._vectors(prod, torch.Size([q.shape[0], d])).to(dtype)
+        return res if out is None else out.view(res.shape).copy_(res)
 
     def _shared_step(
         self, x: torch.Tensor, state: torch.Tensor

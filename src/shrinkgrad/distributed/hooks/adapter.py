@@ -224,6 +224,10 @@ class Adapter:
         self._zeros: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
         self._pure: dict[int, HookConfig] = {}  # the inplace=False twins of the configs (probe)
         self.rank = 0
+        #: set when the last user of this adapter that may run on another thread (a bucket's
+        #: client steps in a collective's callback, :mod:`.factors`) is done with it; the next
+        #: one runs from its callback, never waiting for it (None: nobody has used it yet)
+        self.released: torch.futures.Future[None] | None = None
 
     def config(
         self, numel: int, compressor: Any, dtype: torch.dtype, wire: torch.dtype, device: Any
