@@ -36,6 +36,7 @@ import torch
 
 from ...compressors import PowerSGD
 from ...methods.base import State
+from ...methods.rules import LowRankMessage
 from . import encoders
 from .adapter import Probed
 from .collectives import result
@@ -86,6 +87,17 @@ def _finite(C: PowerSGD, p: torch.Tensor) -> None:
         )
 
 
+def _factored(
+    C: PowerSGD, p_hat: torch.Tensor, q: torch.Tensor, shape: tuple[int, ...]
+) -> LowRankMessage:
+    """P̂ Qᵀ as a :class:`LowRankMessage` with C's in-place addition."""
+
+    def add(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, alpha: float) -> None:
+        C.add_outputs(x, left, right, alpha)
+
+    return LowRankMessage(p_hat, q, shape, add)
+
+
 def _held(step: Step) -> torch.Tensor:
     """The plan's bucket-sized buffer of the vectors M_i the client steps compress (kept from
     the probe in the hook body to the P callback, which forms Q_i = M_iᵀ P̂ from it)."""
@@ -122,6 +134,15 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
 
     state, plan = step.state, step.plan
     adapter, comm, rank, n = state.adapter, state.comm, step.rank, state.world_size
+    fusable = bool(adapter.method.sparse_messages)
+
+    def fuse(C: PowerSGD, d: int, dtype: torch.dtype, p_hat: torch.Tensor) -> bool:
+        """Whether C's output goes to the method as its factors (:class:`LowRankMessage`):
+        for methods that only add messages to their state (``sparse_messages``), matrix
+        views without padding, in the factors' dtype."""
+        m, ncols = C.matrix_shape(d)
+        return fusable and m * ncols == d and dtype == p_hat.dtype
+
     lay = _layout(step)
     p_total = sum(lay[u.uid][1] for u in plan.units)
     send = plan.send
@@ -253,9 +274,12 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
                     carried: list[torch.Tensor] = carried,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
                     # p is the held M_i again (the method is deterministic): its factors are
-                    # those sent; C(M_i) = P̂ Q_iᵀ is formed in the work vector
-                    c = C.factor_outputs(p_hat, q_i, p.shape[-1], p.dtype, out=dec)
+                    # those sent; C(M_i) = P̂ Q_iᵀ is handed over as its factors (the method
+                    # adds it to its state in one pass) or formed in the work vector
                     carried.append(q)
+                    if fuse(C, p.shape[-1], p.dtype, p_hat):
+                        return _factored(C, p_hat, q_i, tuple(p.shape)), q  # type: ignore[return-value]
+                    c = C.factor_outputs(p_hat, q_i, p.shape[-1], p.dtype, out=dec)
                     return c.view(p.shape), q
 
                 cfg = state.callback_config(u, plan)
@@ -288,7 +312,11 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
             )
             carried.copy_(q_bar.view_as(carried))  # every rank's next Q: the mean Q̄
             target = step.target(u)
-            agg = C.factor_outputs(p_hat, q_bar, u.numel, target.dtype, out=target)[0]
+            agg: torch.Tensor | LowRankMessage
+            if fuse(C, u.numel, target.dtype, p_hat):  # the server adds P̂ Q̄ᵀ in one pass
+                agg = _factored(C, p_hat, q_bar, (u.numel,))
+            else:
+                agg = C.factor_outputs(p_hat, q_bar, u.numel, target.dtype, out=target)[0]
             _server_part(step, step.config(u), u, by_uid[u.uid], clients, agg)
         return out
 
