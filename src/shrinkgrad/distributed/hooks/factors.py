@@ -6,24 +6,37 @@ vector that the method compresses, viewed as a matrix) and the Q (n × r) all ra
 1. hook body: P_i = M_i Q; one all-reduce of the bucket's P's (with the raw values of its
    uncompressed tensors in front), P = Σ_i P_i;
 2. the P all-reduce's callback: P̂ = orthonormalize(P) (float32 or finer, identical on every
-   rank); the method's client step, whose compressor call returns rank i's message
-   c_i = P̂ Q_iᵀ with Q_i = M_iᵀ P̂; the ranks' Q_i/n go into the Q all-reduce;
-3. the Q all-reduce's callback: Q̄ = Σ_i Q_i/n; the aggregate (1/n) Σ_i c_i = P̂ Q̄ᵀ goes to the
-   method's server part, and Q̄ becomes every rank's next Q (the state the method carries).
+   rank) and Q_i = M_iᵀ P̂ of every compressed tensor, whose Q_i/n go into the Q all-reduce,
+   which starts at once; then the method's client steps, whose compressor calls return rank
+   i's message c_i = P̂ Q_iᵀ (their passes over the state overlap Q's transfer);
+3. the Q all-reduce's callback (once the client steps are done): Q̄ = Σ_i Q_i/n; the aggregate
+   (1/n) Σ_i c_i = P̂ Q̄ᵀ goes to the method's server part, and Q̄ becomes every rank's next Q
+   (the state the method carries).
 
 M_i is what the method's client step hands to its compressor (EF21: ∇f_i − g_i; EF: e_i + ∇f_i;
 EF21-SGDM: v_i − g_i), and P_i is needed before that step can finish: step 1 runs the client
 step as a *probe* (:meth:`.adapter.Adapter.probe`: a pure run that stops at the compressor
-call), step 2 runs it in full, and, the method being deterministic, it hands the compressor the
-same M_i. The arithmetic of the stages is the compressor's (:class:`~shrinkgrad.compressors.
-PowerSGD`'s ``factor_p``, ``orthonormal_basis``, ``factor_q``, ``factor_outputs``), the same the
+call), which forms M_i in the plan's held buffer (``Plan.held``, one bucket-sized vector: the
+probe's scratch), kept for Q_i in step 2; step 2 then runs the client step in full, and, the
+method being deterministic, it hands the compressor the same M_i, whose factors are already
+known. For the methods that only add messages to their state (``sparse_messages``: EF21, EF,
+EF21-SGDM) c_i and the aggregate go to the method as their factors
+(:class:`~shrinkgrad.methods.rules.LowRankMessage`): g_i ← g_i + P̂ Q_iᵀ and g ← g + P̂ Q̄ᵀ are
+one pass each over the state (:meth:`~shrinkgrad.compressors.PowerSGD.add_outputs`, the bits of
+forming the product and adding it), no dense C(M_i) is formed. The arithmetic of the stages is
+the compressor's (:class:`~shrinkgrad.compressors.PowerSGD`'s ``factor_p``,
+``orthonormal_basis``, ``factor_q``, ``factor_outputs``, ``add_outputs``), the same the
 simulator's batched shared step composes with sums over the clients, so the hook on n ranks
 follows the simulator with n clients.
 
 No callback waits: the Q all-reduce is reserved in the hook body, right after the P one, and
 started by the P callback (:meth:`.collectives.Comm.all_reduce` with ``after``), so every rank
 starts the same collectives in the same order however many buckets are in flight (torch's
-``powerSGD_hook`` waits for Q inside the P callback, which hangs gloo with several buckets). The
+``powerSGD_hook`` waits for Q inside the P callback, which hangs gloo with several buckets).
+The Q callback runs once both the Q all-reduce and its bucket's client steps are done (a
+future of each, collected), and the client steps of two buckets, whose P callbacks may run at
+once on gloo's threads, take turns on the callback adapter (each bucket's start from the
+previous one's future: :func:`_after_turn`), never waiting. The
 bytes (counted in the hook body): r(m + n) values per compressed tensor in the gradients' dtype.
 """
 
