@@ -30,11 +30,12 @@ serial order, so the result is the same bit for bit for any number of threads).
 from __future__ import annotations
 
 import math
-import types
 from typing import Any
 
 import numba
 import numpy as np
+
+from .._numba_twin import twin
 
 __all__ = [
     "block_rows",
@@ -326,29 +327,12 @@ def block_rows(offsets: np.ndarray) -> int:
     return int(np.max(ends - starts))
 
 
-def _twin(func: Any, suffix: str) -> Any:
-    """A copy of ``func`` under the qualified name ``func.__qualname__ + suffix``.
-
-    numba's on-disk cache names a dispatcher's file after its function's module, qualified name
-    and first line, and keys the entries inside by signature only, not by compile options. Two
-    dispatchers of one function (serial and ``parallel=True``) thus share their cache entries:
-    whichever compiled first was loaded by both, and ``threads=2`` ran the serial machine code
-    (one core busy, as fast as 1 thread). A renamed copy has a cache of its own.
-    """
-    twin = types.FunctionType(
-        func.__code__, func.__globals__, func.__name__ + suffix, func.__defaults__, func.__closure__
-    )
-    twin.__qualname__ = func.__qualname__ + suffix
-    twin.__doc__ = func.__doc__
-    return twin
-
-
 #: the one-point pass, serial (``prange`` is ``range``) and over numba threads (a twin of the
-#: same code with a cache of its own, :func:`_twin`)
+#: same code with a cache of its own, ``shrinkgrad._numba_twin``)
 point_pass_csr = _jit(_point_pass_csr)
 point_pass_dense = _jit(_point_pass_dense)
-point_pass_csr_threads = _jit_par(_twin(_point_pass_csr, "_threads"))
-point_pass_dense_threads = _jit_par(_twin(_point_pass_dense, "_threads"))
+point_pass_csr_threads = _jit_par(twin(_point_pass_csr))
+point_pass_dense_threads = _jit_par(twin(_point_pass_dense))
 
 
 @_jit
