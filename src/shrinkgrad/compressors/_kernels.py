@@ -1976,8 +1976,30 @@ def run(kernel: Callable[..., None], x2: np.ndarray, *args: object) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# sparse vectors: replace one sparse vector by another inside a dense one
+# sparse vectors: add one to a dense vector, replace one by another inside a dense one
 # --------------------------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def sparse_add(  # pragma: no cover - compiled
+    out: np.ndarray, idx: np.ndarray, vals: np.ndarray, negate: bool
+) -> bool:
+    """out[idx] += vals (or −= with ``negate``), repeated indices adding up in order: the values
+    of ``index_add_`` with alpha = ±1 (a serial loop in index order, each a single rounded
+    addition; x − v = x + (−v) exactly), at a few ns per entry against its 12 (the DDP hook's
+    EF21 sums: every rank's Top-k message into g and the rank's own into g_i). False, with
+    ``out`` untouched, when an index lies outside [0, out.size)."""
+    n = out.size
+    for t in range(idx.size):
+        if idx[t] < 0 or idx[t] >= n:
+            return False
+    if negate:
+        for t in range(idx.size):
+            out[idx[t]] -= vals[t]
+    else:
+        for t in range(idx.size):
+            out[idx[t]] += vals[t]
+    return True
+
+
 @njit(cache=True, nogil=True)
 def sparse_replace(  # pragma: no cover - compiled
     out: np.ndarray, old: np.ndarray, idx: np.ndarray, vals: np.ndarray
