@@ -233,7 +233,10 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
     per_step = _steps(ddp, steps, times)
     if prof is not None:
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+        st = pstats.Stats(prof)
+        st.sort_stats("tottime").print_stats(20)
+        if os.environ.get("PROFILE_CALLERS"):
+            st.print_callers(os.environ["PROFILE_CALLERS"])
     return {"median": statistics.median(per_step), "min": min(per_step)}
 
 

@@ -28,8 +28,9 @@ regression (λ = 0.1, [EF21] §5), contiguous split, float64, x⁰ = 0, EF21's t
 Measurements alternate (sim, sim unlogged, loop, sim, ...) for ``--repeat`` repetitions so that
 all see the same machine load; the table gives the median and the range (min–max) of each, and
 of the per-repetition ratios. ``--threads 1 2`` runs it with the problem's gradient pass on one
-and on two numba threads (``logistic_regression(..., threads=2)``; results bit for bit equal;
-torch's own operations on one thread in both).
+and on two numba threads (``logistic_regression(..., threads=2)`` and ``SHRINKGRAD_THREADS=2``
+for the compressors' kernels: EF21's shifted Top-1 over blocks of rows; results bit for bit
+equal; torch's own operations on one thread in both).
 
 **Which methods log for free** (also printed): the logging overhead per method at n = 1000.
 Methods whose clients all evaluate ∇f_i at the new iterate (EF21, EF21-W) or at the current one
@@ -144,6 +145,8 @@ def measure(n: int, rounds: int, loop_rounds: int, repeat: int, threads: int) ->
     # thread (they are ~1 MB each: a second OpenMP team spinning next to numba's on a 2-core
     # machine made a logged round several times slower)
     torch.set_num_threads(1)
+    # the compressors' kernels (EF21's shifted Top-1 over row blocks) on as many threads
+    os.environ["SHRINKGRAD_THREADS"] = str(threads)
     problem = logistic_regression("a9a", n_clients=n, lam=LAM, threads=threads)
     args: tuple[Any, ...] = (problem, "ef21", "top_k[k=1]", "theory")
     warm = simulate(*args, rounds=3, log_every=1)  # numba compilation, caches

@@ -62,3 +62,36 @@ def test_shifted_refuses_non_finite_input_and_a_mismatched_shift() -> None:
         C.shifted(x, h)
     with pytest.raises(ValueError, match="the shift h must match x"):
         C.shifted(torch.zeros(4, 6), torch.zeros(4, 5))
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_top1_on_threads_gives_the_serial_bits_and_finds_a_late_nan(
+    threads: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shrinkgrad.compressors import _kernels as K
+    from shrinkgrad.compressors import basic
+
+    calls = {"threads": 0}
+    threaded = K.shifted_top1_rows_threads
+
+    def counted(*args: object) -> int:
+        calls["threads"] += 1
+        return int(threaded(*args))
+
+    monkeypatch.setattr(K, "shifted_top1_rows_threads", counted)
+    monkeypatch.setenv("SHRINKGRAD_THREADS", threads)
+    C = make_compressor("top_k[k=1]")
+    n = basic.SHIFTED_THREADED_ROWS + 3 * K.SHIFTED_BLOCK + 17  # a partial last block
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(n, 123, dtype=dtype, generator=gen)
+    h = torch.randn(n, 123, dtype=dtype, generator=gen)
+    h[:, -1] = -0.0
+    x[:, -1] = 0.0
+    c, g = C.shifted(x, h)
+    ref = C(x - h)
+    assert torch.equal(_bits(c), _bits(ref)) and torch.equal(_bits(g), _bits(h + ref))
+    x[n - 2, 5] = float("inf")  # in the last block only
+    with pytest.raises(ValueError, match="non-finite"):
+        C.shifted(x, h)
+    assert calls["threads"] == (2 if threads == "2" else 0)

@@ -364,8 +364,39 @@ def test_narrow_index_pass_equals_the_int64_pass_and_the_separate_losses(
     PK.point_pass_csr(
         p._indptr, p._indices.astype(np.int64), p._data, p._ones, p.offsets, x.numpy(), p._y,
         p._w, loss == "logistic", p._reg_grad(x).numpy(), G64, p._inv_m,
-        np.empty(0, dtype=np.float64), p._block_rows,
+        np.empty(0, dtype=np.float64), p._block_rows, np.empty((0, p.d), dtype=p._A.dtype),
     )  # fmt: skip
     assert torch.equal(G, torch.from_numpy(G64))
     assert torch.equal(losses, p.client_losses(x))
     assert torch.equal(G, p.client_grads(x))
+
+
+@pytest.mark.parametrize("storage", ["sparse", "dense"])
+def test_the_pass_mean_gradient_is_the_block_sums_in_order_for_any_thread_count(
+    storage: str,
+) -> None:
+    """∇f from the one-point pass's block column sums (no second pass over G) is, bit for bit,
+    Σ_blocks (Σ_{c in block} G[c], clients in order) / n computed here row by row; the same for
+    1 and 2 threads; the same as the fused triple's mean; and within round-off of G.mean(0)."""
+    from shrinkgrad.problems import _kernels as PK
+
+    data = "a1a" if storage == "sparse" else "australian_scale"
+    n = 3 * PK.PASS_BLOCK + 5  # four blocks, the last partial
+    one = logistic_regression(data, n_clients=n, lam=0.1, split="contiguous[reuse=true]")
+    two = logistic_regression(data, n_clients=n, lam=0.1, split="contiguous[reuse=true]", threads=2)
+    assert one.storage == storage
+    x = 0.2 * torch.randn(one.d, dtype=one.dtype, generator=torch.Generator().manual_seed(9))
+    G = one.client_grads(x).numpy()
+    ref = np.zeros(one.d)
+    for b0 in range(0, n, PK.PASS_BLOCK):
+        acc = G[b0].copy()
+        for c in range(b0 + 1, min(n, b0 + PK.PASS_BLOCK)):
+            acc = acc + G[c]
+        ref = acc if b0 == 0 else ref + acc
+    ref = ref / n
+    g1, g2 = one.grad(x), two.grad(x)
+    assert torch.equal(g1, torch.from_numpy(ref)) and torch.equal(g1, g2)
+    G3, losses, mean = one.client_grads_losses_and_mean(x)
+    assert torch.equal(mean, g1) and torch.equal(G3, torch.from_numpy(G))
+    assert torch.equal(losses, one.client_losses(x))
+    torch.testing.assert_close(g1, torch.from_numpy(G).mean(dim=0), rtol=1e-13, atol=1e-16)

@@ -115,9 +115,15 @@ class Counting(LinearModelProblem):
         self.passes["grads"] += 1
         return super().client_grads(x)
 
-    def client_grads_and_losses(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.passes["fused"] += 1
-        return super().client_grads_and_losses(x)
+    def client_grads_losses_and_mean(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self.passes["fused"] += 1  # client_grads_and_losses calls it
+        return super().client_grads_losses_and_mean(x)
+
+    def grad(self, x: torch.Tensor) -> torch.Tensor:
+        self.passes["grads"] += 1
+        return super().grad(x)
 
     def client_losses(self, x: torch.Tensor) -> torch.Tensor:
         self.passes["losses"] += 1

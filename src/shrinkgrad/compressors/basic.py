@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 
@@ -108,6 +109,24 @@ def topk_indices_torch(x: torch.Tensor, k: int) -> torch.Tensor:
     eq = a == kth
     keep = gt | (eq & (eq.cumsum(dim=-1) <= need))
     return keep.nonzero()[:, -1].reshape(*x.shape[:-1], k)
+
+
+#: rows from which :meth:`TopK.shifted` spreads its rows over numba threads (below, one serial
+#: pass costs less than waking a second thread)
+SHIFTED_THREADED_ROWS = 2 * K.SHIFTED_BLOCK
+
+
+def _shifted_top1(x2: np.ndarray, h2: np.ndarray, c2: np.ndarray, g2: np.ndarray) -> int:
+    """:func:`~shrinkgrad.compressors._kernels.shifted_top1_rows`, over :func:`K.threads`
+    numba threads when there are enough rows (the same bits: rows are independent)."""
+    n, d = x2.shape
+    buf = np.empty(((n + K.SHIFTED_BLOCK - 1) // K.SHIFTED_BLOCK, d), dtype=x2.dtype)
+    bu = buf.view(np.uint32 if x2.dtype == np.float32 else np.uint64)
+    t = K.threads()
+    if t > 1 and n >= SHIFTED_THREADED_ROWS:
+        numba.set_num_threads(min(t, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+        return int(K.shifted_top1_rows_threads(x2, h2, buf, bu, c2, g2))
+    return int(K.shifted_top1_rows(x2, h2, buf, bu, c2, g2))
 
 
 @COMPRESSORS.register("top_k")
@@ -230,12 +249,10 @@ class TopK(Sparsifier):
             return super().shifted(x, h, keys)
         x2, h2 = _rows(x), _rows(h)
         d = x2.shape[1]
-        utype = np.uint32 if x2.dtype == np.float32 else np.uint64
-        buf = np.empty(d, dtype=x2.dtype)
         c = torch.empty(x.shape, dtype=x.dtype)
         g = torch.empty(x.shape, dtype=x.dtype)
         c2, g2 = c.view(-1, d).numpy(), g.view(-1, d).numpy()
-        if K.shifted_top1_rows(x2, h2, buf, buf.view(utype), c2, g2) != K.OK:
+        if _shifted_top1(x2, h2, c2, g2) != K.OK:
             raise non_finite_error(self.name)
         return c, g
 

@@ -11,7 +11,8 @@ metrics of a round are ∇f(x) = (1/n) Σ_i ∇f_i(x) and f(x) at the round's it
 gradient pass evaluates every client at one point x, those are the mean of its rows and the mean
 of the clients' losses, which a problem with a fused pass (``client_grads_and_losses(x)``: the
 rows of ``client_grads(x)`` bit for bit, with ``client_losses(x)`` from the same margins) gets at
-almost no cost. So the oracle
+almost no cost; a problem whose pass also sums its rows (``client_grads_losses_and_mean(x)``,
+the linear models' numba pass) hands ∇f over without a second pass over G. So the oracle
 
 * keeps the :class:`PointMetrics` of a full-batch, one-point gradient pass made while
   :attr:`ProblemOracle.record` is set (the runtime sets it before a round whose row is logged):
@@ -66,6 +67,20 @@ class PointMetrics(NamedTuple):
 
 #: ``client_grads_and_losses(x) -> (G (n, d), losses (n,))`` of a problem with a fused pass
 Fused = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+#: ``client_grads_losses_and_mean(x) -> (G, losses, ∇f (d,))``: the fused pass with the mean
+#: gradient from the pass itself (``problem.grad(x)`` bit for bit)
+FusedMean = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _with_mean(fused: Fused) -> FusedMean:
+    """A fused pass that also returns ∇f as the mean of its rows (taken before the caller may
+    overwrite G, ``fresh``)."""
+
+    def call(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        G, losses = fused(x)
+        return G, losses, G.mean(dim=0)
+
+    return call
 
 
 class ProblemOracle:
@@ -78,7 +93,10 @@ class ProblemOracle:
         #: every result is a new tensor the caller may overwrite (``Problem.fresh_grads``)
         self.fresh = bool(getattr(problem, "fresh_grads", False))
         fused = getattr(problem, "client_grads_and_losses", None)
-        self._fused: Fused | None = fused if callable(fused) else None
+        with_mean = getattr(problem, "client_grads_losses_and_mean", None)
+        self._fused: FusedMean | None = (
+            with_mean if callable(with_mean) else _with_mean(fused) if callable(fused) else None
+        )
         #: set by the runtime before a round whose row is logged: keep the metrics of the
         #: round's full-batch gradient pass
         self.record = False
@@ -107,9 +125,10 @@ class ProblemOracle:
             )
 
     # -- metrics ------------------------------------------------------------------------------
-    def _metrics_pass(self, x: torch.Tensor, G: torch.Tensor, losses: torch.Tensor) -> PointMetrics:
-        # the mean is taken before the caller may overwrite G (``fresh``)
-        m = PointMetrics(x.clone(), G.mean(dim=0), float(losses.double().mean()), self.n)
+    def _metrics_pass(
+        self, x: torch.Tensor, grad: torch.Tensor, losses: torch.Tensor
+    ) -> PointMetrics:
+        m = PointMetrics(x.clone(), grad, float(losses.double().mean()), self.n)
         self._seen = m
         return m
 
@@ -125,8 +144,8 @@ class ProblemOracle:
         if self._fused is None:
             return None
         t0 = time.perf_counter()
-        G, losses = self._fused(x)
-        m = self._metrics_pass(x, G, losses)
+        G, losses, grad = self._fused(x)
+        m = self._metrics_pass(x, grad, losses)
         self._ahead = (m.x, G, time.perf_counter() - t0)
         return m
 
@@ -142,8 +161,8 @@ class ProblemOracle:
             self._prepaid += ahead[2]
             return ahead[1]
         if self.record and self._fused is not None:
-            G, losses = self._fused(x)
-            self._metrics_pass(x, G, losses)
+            G, losses, grad = self._fused(x)
+            self._metrics_pass(x, grad, losses)
             return G
         return self.problem.client_grads(x)
 

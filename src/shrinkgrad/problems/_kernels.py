@@ -30,13 +30,15 @@ serial order, so the result is the same bit for bit for any number of threads).
 from __future__ import annotations
 
 import math
-import types
 from typing import Any
 
 import numba
 import numpy as np
 
+from .._numba_twin import twin
+
 __all__ = [
+    "block_mean",
     "block_rows",
     "client_losses",
     "dphi_weighted",
@@ -185,7 +187,7 @@ PASS_BLOCK = 64
 
 
 def _point_pass_csr(  # type: ignore[no-untyped-def]  # pragma: no cover
-    indptr, indices, data, ones, offsets, x, y, w, logistic, reg, G, inv_m, loss, block_rows
+    indptr, indices, data, ones, offsets, x, y, w, logistic, reg, G, inv_m, loss, block_rows, part
 ):
     """The gradient pass at one point x for every client (``prange`` over blocks of clients).
 
@@ -200,9 +202,15 @@ def _point_pass_csr(  # type: ignore[no-untyped-def]  # pragma: no cover
     data, x and y and writes G and the losses, nothing else. G need not be zeroed by the
     caller. ``indices`` may be of any integer type (the problem stores the narrowest that holds
     d − 1: uint8 for a9a's 123 features).
+
+    When ``part`` has one row per block it receives the block's column sums Σ_{c ∈ block} G[c]
+    (clients in order, each row added while it is in cache), from which :func:`block_mean`
+    forms ∇f = (1/n) Σ_c G[c] without a second pass over G (the same bits for any number of
+    threads: the blocks are fixed by :data:`PASS_BLOCK`); an empty ``part`` skips it.
     """
     n = offsets.shape[0] - 1
     dt = G.dtype
+    sums = part.shape[0] > 0
     for b in numba.prange((n + PASS_BLOCK - 1) // PASS_BLOCK):
         c0, c1 = b * PASS_BLOCK, min(n, (b + 1) * PASS_BLOCK)
         base = offsets[c0]
@@ -214,8 +222,32 @@ def _point_pass_csr(  # type: ignore[no-untyped-def]  # pragma: no cover
                 indptr, indices, data, ones, offsets[c], offsets[c + 1], base, x, y, w,
                 logistic, reg, G[c], z, r, e,
             )  # fmt: skip
+            if sums:
+                _add_row(part[b], G[c], c == c0)
         if loss.shape[0] > 0:
             _block_losses(logistic, z, y, e, offsets, c0, c1, inv_m, loss)
+
+
+@_jit
+def _add_row(acc, row, first):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """acc = row (``first``) or acc += row: a block's running column sum."""
+    if first:
+        for q in range(row.shape[0]):
+            acc[q] = row[q]
+    else:
+        for q in range(row.shape[0]):
+            acc[q] += row[q]
+
+
+@_jit
+def block_mean(part, n, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out = (Σ_b part[b]) / n, the blocks added in order (the one-point pass's column sums,
+    :func:`point_pass_csr`): ∇f = (1/n) Σ_i ∇f_i from the pass itself."""
+    for q in range(out.shape[0]):
+        acc = part[0, q]
+        for b in range(1, part.shape[0]):
+            acc += part[b, q]
+        out[q] = acc / n
 
 
 @_jit
@@ -274,10 +306,12 @@ def _block_losses(logistic, z, y, e, offsets, c0, c1, inv_m, loss):  # type: ign
 
 
 def _point_pass_dense(  # type: ignore[no-untyped-def]  # pragma: no cover
-    A, offsets, x, y, w, logistic, reg, G, inv_m, loss, block_rows
+    A, offsets, x, y, w, logistic, reg, G, inv_m, loss, block_rows, part
 ):
-    """:func:`_point_pass_csr` for dense data (:func:`rowdot_dense`, :func:`scatter_dense`)."""
+    """:func:`_point_pass_csr` for dense data (:func:`rowdot_dense`, :func:`scatter_dense`),
+    the block column sums ``part`` included."""
     n = offsets.shape[0] - 1
+    sums = part.shape[0] > 0
     dt = G.dtype
     d = A.shape[1]
     for b in numba.prange((n + PASS_BLOCK - 1) // PASS_BLOCK):
@@ -313,6 +347,8 @@ def _point_pass_dense(  # type: ignore[no-untyped-def]  # pragma: no cover
                     G[c, q] += rk * A[j, q]
             for q in range(d):
                 G[c, q] = G[c, q] + reg[q]
+            if sums:
+                _add_row(part[b], G[c], c == c0)
         if loss.shape[0] > 0:
             _block_losses(logistic, z, y, e, offsets, c0, c1, inv_m, loss)
 
@@ -326,29 +362,12 @@ def block_rows(offsets: np.ndarray) -> int:
     return int(np.max(ends - starts))
 
 
-def _twin(func: Any, suffix: str) -> Any:
-    """A copy of ``func`` under the qualified name ``func.__qualname__ + suffix``.
-
-    numba's on-disk cache names a dispatcher's file after its function's module, qualified name
-    and first line, and keys the entries inside by signature only, not by compile options. Two
-    dispatchers of one function (serial and ``parallel=True``) thus share their cache entries:
-    whichever compiled first was loaded by both, and ``threads=2`` ran the serial machine code
-    (one core busy, as fast as 1 thread). A renamed copy has a cache of its own.
-    """
-    twin = types.FunctionType(
-        func.__code__, func.__globals__, func.__name__ + suffix, func.__defaults__, func.__closure__
-    )
-    twin.__qualname__ = func.__qualname__ + suffix
-    twin.__doc__ = func.__doc__
-    return twin
-
-
 #: the one-point pass, serial (``prange`` is ``range``) and over numba threads (a twin of the
-#: same code with a cache of its own, :func:`_twin`)
+#: same code with a cache of its own, ``shrinkgrad._numba_twin``)
 point_pass_csr = _jit(_point_pass_csr)
 point_pass_dense = _jit(_point_pass_dense)
-point_pass_csr_threads = _jit_par(_twin(_point_pass_csr, "_threads"))
-point_pass_dense_threads = _jit_par(_twin(_point_pass_dense, "_threads"))
+point_pass_csr_threads = _jit_par(twin(_point_pass_csr))
+point_pass_dense_threads = _jit_par(twin(_point_pass_dense))
 
 
 @_jit

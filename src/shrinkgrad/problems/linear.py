@@ -432,18 +432,24 @@ class LinearModelProblem(Problem):
             K.scatter_dense(self._A, rows, client, r, G)
         return z, G
 
-    def _point_numba(self, x: torch.Tensor, losses: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """(G, f_i) of every client at one point x, the regularizer's gradient included (its
-        value not), in one kernel call (:func:`~shrinkgrad.problems._kernels.point_pass_csr`:
-        the values of the row-list kernels and of :func:`client_losses` bit for bit); with
-        ``threads`` > 1 the clients are spread over numba threads (same values). The losses
-        (float64, regularizer excluded) only when ``losses``, else None.
+    def _point_numba(
+        self, x: torch.Tensor, losses: bool, mean: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(G, f_i, ∇f) at one point x, the regularizer's gradient included (its value not), in
+        one kernel call (:func:`~shrinkgrad.problems._kernels.point_pass_csr`: the values of
+        the row-list kernels and of :func:`client_losses` bit for bit); with ``threads`` > 1
+        the clients are spread over numba threads (same values). The losses (float64,
+        regularizer excluded) only when ``losses``, the mean gradient (1/n) Σ_i G[i] from the
+        pass's block sums (:func:`~shrinkgrad.problems._kernels.block_mean`) only when
+        ``mean``; else None.
         """
         xn = self._numpy(x)
         reg = self._numpy(self._reg_grad(x))
         logistic = self.loss_kind == "logistic"
         out = np.empty(self.n, dtype=np.float64) if losses else self._no_loss
         G = np.empty((self.n, self.d), dtype=self._A.dtype)
+        blocks = -(-self.n // K.PASS_BLOCK) if mean else 0
+        part = np.empty((blocks, self.d), dtype=G.dtype)
         parallel = self.threads > 1
         if parallel:
             import numba
@@ -454,12 +460,16 @@ class LinearModelProblem(Problem):
             kernel = K.point_pass_csr_threads if parallel else K.point_pass_csr
             kernel(
                 self._indptr, self._indices, self._data, self._ones, self.offsets, xn, y, w,
-                logistic, reg, G, inv_m, out, rows,
+                logistic, reg, G, inv_m, out, rows, part,
             )  # fmt: skip
         else:
             kernel = K.point_pass_dense_threads if parallel else K.point_pass_dense
-            kernel(self._A, self.offsets, xn, y, w, logistic, reg, G, inv_m, out, rows)
-        return G, (out if losses else None)
+            kernel(self._A, self.offsets, xn, y, w, logistic, reg, G, inv_m, out, rows, part)
+        g: np.ndarray | None = None
+        if mean:
+            g = np.empty(self.d, dtype=G.dtype)
+            K.block_mean(part, self.n, g)
+        return G, (out if losses else None), g
 
     def _losses_numba(self, z: np.ndarray, e: np.ndarray | None) -> torch.Tensor:
         """f_i(x) from the margins z (and exp(−t) of the logistic loss), regularizer excluded."""
@@ -534,15 +544,30 @@ class LinearModelProblem(Problem):
         polynomial per sample more than the gradient alone. The simulator logs ∇f and f from
         this (:mod:`shrinkgrad.methods.oracle`).
         """
+        grads, losses, _ = self.client_grads_losses_and_mean(x)
+        return grads, losses
+
+    def client_grads_losses_and_mean(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(``client_grads(x)``, ``client_losses(x)``, ``grad(x)``), bit for bit, from one pass.
+
+        The numba pass adds each client's row to its block's column sum while the row is in
+        cache, so the mean gradient costs no second pass over the (n, d) result
+        (:func:`~shrinkgrad.problems._kernels.block_mean`); the simulator's logged ‖∇f‖² comes
+        from here (:mod:`shrinkgrad.methods.oracle`).
+        """
         x = self._point(x)
         if self.backend == "numba":
-            G, f_i = self._point_numba(x, True)
-            assert f_i is not None
+            G, f_i, g = self._point_numba(x, True, True)
+            assert f_i is not None and g is not None
             grads, losses = torch.from_numpy(G), torch.from_numpy(f_i).to(self.dtype)
+            mean = torch.from_numpy(g)
         else:
             grads, z = self._grads_torch(x.expand(self.n, self.d), None, None, keep_z=True)
             grads, losses = grads.add_(self._reg_grad(x)), self._losses_torch(z)
-        return grads, losses + self._reg_value(x)
+            mean = grads.mean(dim=0)
+        return grads, losses + self._reg_value(x), mean
 
     def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(X[i]), in one pass over the data."""
@@ -556,7 +581,13 @@ class LinearModelProblem(Problem):
         return out.add_(self._reg_grad(X))
 
     def grad(self, x: torch.Tensor) -> torch.Tensor:
-        """∇f(x) = (1/n) Σ_i ∇f_i(x)."""
+        """∇f(x) = (1/n) Σ_i ∇f_i(x) (with the numba backend from the pass's block sums, as
+        :meth:`client_grads_losses_and_mean`: the same bits)."""
+        x = self._point(x)
+        if self.backend == "numba":
+            g = self._point_numba(x, False, True)[2]
+            assert g is not None
+            return torch.from_numpy(g)
         return self.client_grads(x).mean(dim=0)
 
     def client_losses(self, x: torch.Tensor) -> torch.Tensor:

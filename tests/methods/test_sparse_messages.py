@@ -1,0 +1,65 @@
+"""``rules.add_message`` with a :class:`SparseMessage`: x ± c in O(k) by numba's serial loop on
+CPU float tensors, with exactly the values of ``index_add_`` (repeated indices of an aggregate
+adding up in index order), and the torch path everywhere else."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shrinkgrad.methods.rules import SparseMessage, add_message
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+
+
+def _message(d: int, k: int, dtype: torch.dtype, seed: int) -> SparseMessage:
+    gen = torch.Generator().manual_seed(seed)
+    # an aggregate of 3 messages: indices repeat, in no particular order
+    idx = torch.cat([torch.randperm(d, generator=gen)[:k] for _ in range(3)])
+    vals = torch.randn(idx.numel(), dtype=dtype, generator=gen) * 1e3
+    return SparseMessage(idx, vals, (d,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [1.0, -1.0, 0.5])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_add_message_equals_index_add_bit_for_bit(
+    dtype: torch.dtype, alpha: float, inplace: bool
+) -> None:
+    d = 1000
+    c = _message(d, 300, dtype, seed=3)
+    x = torch.randn(d, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    ref = x.clone().index_add_(0, c.indices, c.values, alpha=alpha)
+    arg = x.clone()
+    out = add_message(arg, c, inplace=inplace, alpha=alpha)
+    assert torch.equal(_bits(out), _bits(ref))
+    assert (out.data_ptr() == arg.data_ptr()) == inplace
+    if not inplace:
+        assert torch.equal(arg, x)  # the input is left alone
+
+
+def test_add_message_of_a_shaped_tensor_and_the_torch_fallbacks() -> None:
+    x = torch.randn(4, 5, dtype=torch.float64)
+    vals = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    c = SparseMessage(torch.tensor([0, 19, 7, 7]), vals, (4, 5))
+    out = add_message(x, c)
+    ref = x.clone()
+    ref.view(-1)[0] += 1.0
+    ref.view(-1)[19] += 2.0
+    ref.view(-1)[7] += 3.0
+    ref.view(-1)[7] += 4.0
+    assert torch.equal(out, ref)
+    # values of another dtype, int32 indices: the torch path, the same result
+    x32 = torch.randn(10, dtype=torch.float32)
+    c32 = SparseMessage(torch.tensor([1, 1, 3], dtype=torch.int32), torch.ones(3), (10,))
+    assert torch.equal(add_message(x32, c32), x32.clone().index_add_(0, c32.indices, c32.values))
+
+
+def test_add_message_refuses_an_index_outside_the_vector() -> None:
+    x = torch.zeros(10, dtype=torch.float64)
+    bad = SparseMessage(torch.tensor([3, 10]), torch.tensor([1.0, 1.0], dtype=torch.float64), (10,))
+    with pytest.raises(IndexError, match=r"outside \[0, 10\)"):
+        add_message(x, bad, inplace=True)
+    assert torch.equal(x, torch.zeros(10, dtype=torch.float64))  # untouched
