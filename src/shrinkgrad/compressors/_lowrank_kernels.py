@@ -42,47 +42,38 @@ def _fma(typingctx: Any, x: Any, y: Any, z: Any) -> Any:  # pragma: no cover - c
     return sig, codegen
 
 
+@njit(cache=True, inline="always")
+def _row(a: np.ndarray, bt: np.ndarray, i: int, out: np.ndarray) -> None:  # pragma: no cover
+    """out (n,) ← row i of a @ bt: a_{i0} bt_0, then out ← fma(a_{ik}, bt_k, out), k = 1 … r − 1."""
+    r = a.shape[1]
+    n = bt.shape[1]
+    a0 = a[i, 0]
+    b0 = bt[0]
+    for j in range(n):
+        out[j] = a0 * b0[j]
+    for k in range(1, r):
+        ak = a[i, k]
+        bk = bt[k]
+        for j in range(n):
+            out[j] = _fma(ak, bk[j], out[j])  # type: ignore[call-arg]
+
+
 @njit(cache=True, nogil=True)
 def _product(a: np.ndarray, bt: np.ndarray, c: np.ndarray) -> None:  # pragma: no cover
-    """c (m, n) ← a (m, r) @ bt (r, n): per row, c = a_{i0} bt_0, then c ← fma(a_{ik}, bt_k, c)."""
-    m, r = a.shape
-    n = bt.shape[1]
-    for i in range(m):
-        row = c[i]
-        a0 = a[i, 0]
-        b0 = bt[0]
-        for j in range(n):
-            row[j] = a0 * b0[j]
-        for k in range(1, r):
-            ak = a[i, k]
-            bk = bt[k]
-            for j in range(n):
-                row[j] = _fma(ak, bk[j], row[j])  # type: ignore[call-arg]
-
-
-#: the smallest m and n the kernel is used for: below, torch's BLAS takes other kernels
-#: (other orders) for a product this size, and the kernel would not give its bits
-MIN_SIDE = 16
+    """c (m, n) ← a (m, r) @ bt (r, n), row by row (:func:`_row`)."""
+    for i in range(a.shape[0]):
+        _row(a, bt, i, c[i])
 
 
 @njit(cache=True, nogil=True)
 def _add_product(
     a: np.ndarray, bt: np.ndarray, c: np.ndarray, alpha: float, tmp: np.ndarray
 ) -> None:  # pragma: no cover - compiled
-    """c (m, n) ← c + α (a @ bt), α = ±1: each row's product formed as in :func:`_product` in
-    ``tmp`` (n, in cache), then added (subtracted): the bits of c ± (a @ bt), in one pass."""
-    m, r = a.shape
+    """c (m, n) ← c + α (a @ bt), α = ±1: each row's product formed by :func:`_row` in ``tmp``
+    (n, in cache), then added (subtracted): the bits of c ± (a @ bt), in one pass."""
     n = bt.shape[1]
-    for i in range(m):
-        a0 = a[i, 0]
-        b0 = bt[0]
-        for j in range(n):
-            tmp[j] = a0 * b0[j]
-        for k in range(1, r):
-            ak = a[i, k]
-            bk = bt[k]
-            for j in range(n):
-                tmp[j] = _fma(ak, bk[j], tmp[j])  # type: ignore[call-arg]
+    for i in range(a.shape[0]):
+        _row(a, bt, i, tmp)
         row = c[i]
         if alpha == 1.0:
             for j in range(n):
@@ -90,6 +81,11 @@ def _add_product(
         else:
             for j in range(n):
                 row[j] = row[j] - tmp[j]
+
+
+#: the smallest m and n the kernel is used for: below, torch's BLAS takes other kernels
+#: (other orders) for a product this size, and the kernel would not give its bits
+MIN_SIDE = 16
 
 
 def usable(a: torch.Tensor, b: torch.Tensor) -> bool:
