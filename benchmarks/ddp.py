@@ -276,16 +276,23 @@ def _why(e: Any, elapsed: float) -> str:
 
 
 def worker(
-    link: str, steps: int, warmup: int, only: list[str] | None, out: str, hang_timeout: float
+    link: str,
+    steps: int,
+    warmup: int,
+    only: list[str] | None,
+    out: str,
+    hang_timeout: float,
+    dense: bool = True,
+    with_skip: bool = True,
 ) -> None:
     from shrinkgrad.distributed import WorkerError, preload, spawn
 
     preload()
     results: dict[str, Any] = {"link": link, "mbit_s": _throughput(), "configs": {}}
     for key, label, kind, opts in CONFIGS:
-        if only and key not in only and key != "dense":
+        if only and key not in only and (key != "dense" or not dense):
             continue
-        for skip in (False, True):
+        for skip in (False, True) if with_skip else (False,):
             if skip and kind in ("fp16", "powersgd"):
                 continue  # their compute-only step is the dense one
             name = key + ("_skip" if skip else "")
@@ -640,9 +647,21 @@ def main() -> None:
     p.add_argument("--json", help="write all results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    #: (worker only, for benchmarks/ab_ddp_link.py) no dense run, no runs without communication
+    p.add_argument("--no-dense", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-skip", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.worker, args.steps, args.warmup, args.only, args.out, args.hang_timeout)
+        worker(
+            args.worker,
+            args.steps,
+            args.warmup,
+            args.only,
+            args.out,
+            args.hang_timeout,
+            dense=not args.no_dense,
+            with_skip=not args.no_skip,
+        )
         return
     if args.task_worker:
         res = task(args.task_steps, args.task_seeds, args.task_configs)

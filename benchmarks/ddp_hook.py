@@ -62,7 +62,13 @@ CONFIGS: dict[str, tuple[str, float | None, str, float]] = {
     "topk-sgdm": ("top_k", 0.01, "ef21", 0.9),  # EF21-SGDM, the example's default
     "randk": ("rand_k[shared_seed=true]", 0.01, "dcgd", 0.0),
     "qsgd": ("qsgd[s=4]", None, "dcgd", 0.0),
+    # PowerSGD's factor path (its collectives skipped: P and Q are this rank's own times n)
+    "psgd-ef21": ("power_sgd[rank=4,shared=true]", None, "ef21", 0.0),
 }
+#: torch's own hooks, measured the same way (they do not depend on the library: in an A/B run
+#: their two versions' rows are a control of the machine's drift): torch's powerSGD_hook, rank
+#: 4, one bucket, after its two plain all-reduce iterations
+TORCH = ("torch-psgd1",)
 #: the same configurations for versions of the library before ``method=`` (A/B runs)
 _OLD_NAMES = {"ef21": "ef21", "dcgd": "none"}
 
@@ -195,18 +201,26 @@ def _steps(ddp: DDP, n: int, times: list[float] | None = None) -> list[float]:
 
 
 def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
-    ddp = DDP(_model(), bucket_cap_mb=25)
-    state = make_state(*CONFIGS[key])
-    state.world_size = world  # a fake n-rank payload set (see the module docstring)
-    if hasattr(state, "weights"):  # older versions keep the weights on the state
-        state.weights = torch.full((world,), 1.0 / world, dtype=torch.float64)
+    hook: Any = compression_hook
+    if key in TORCH:  # torch's PowerSGD, one bucket, on the one-process group
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+        ddp = DDP(_model(), bucket_cap_mb=1000)
+        state: Any = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2
+        )
+        hook = powerSGD_hook.powerSGD_hook
+    else:
+        ddp = DDP(_model(), bucket_cap_mb=25)
+        state = make_state(*CONFIGS[key])
+        state.world_size = world  # a fake n-rank payload set (see the module docstring)
+        if hasattr(state, "weights"):  # older versions keep the weights on the state
+            state.weights = torch.full((world,), 1.0 / world, dtype=torch.float64)
     times: list[float] = []
 
-    def timed(
-        state: CompressionState, bucket: dist.GradBucket
-    ) -> torch.futures.Future[torch.Tensor]:
+    def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         t0 = CLOCK[0]()
-        fut = compression_hook(state, bucket)
+        fut = hook(state, bucket)
         fut.wait()
         times.append(CLOCK[0]() - t0)
         return fut
@@ -228,7 +242,7 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--only", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--only", nargs="+", choices=[*CONFIGS, *TORCH], default=[*CONFIGS, *TORCH])
     ap.add_argument("--world", type=int, default=4, help="ranks whose payloads are decoded")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
@@ -271,6 +285,13 @@ def main() -> None:
             numbers["cast"] = cast
         for key in args.only:
             r = numbers[key] = measure(key, args.world, args.steps, args.profile)
+            if key in TORCH:
+                label = "torch powerSGD_hook r=4, one bucket"
+                print(
+                    f"{label:44s} {r['median'] * 1e3:13.1f} {r['min'] * 1e3:7.1f} "
+                    f"{r['median'] / step:7.2f} {r['median'] / copy['median']:9.2f} {'—':>15s}"
+                )
+                continue
             name, ratio, method, momentum = CONFIGS[key]
             floor = sparse_floor(name, ratio, method)
             if floor is not None:

@@ -104,3 +104,100 @@ def test_partial_participation_is_refused_at_the_step() -> None:
     problem = make_problem("logistic_regression[dataset=australian_scale,n_clients=6]")
     with pytest.raises(ValueError, match="hold different Q's"):
         simulate(problem, "ef21_pp[p=0.5]", "power_sgd[rank=1,shared=true]", stepsize=0.3, rounds=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [7, 16, None])  # 7 × 5 and 16 × 3 views of d = 35 / 48 / 48
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_factor_outputs_into_a_buffer_are_the_same_bits(
+    dtype: torch.dtype, rows: int | None, offset: int
+) -> None:
+    """The hook forms P̂ Q_iᵀ and P̂ Q̄ᵀ straight into its buffers (``out=``, at any offset, so
+    at any alignment); the bits are those of the separate product (the stacked ``combine``),
+    with Q in the layouts the hook hands over (the transposed view factor_q returns, a slice
+    of the received buffer) and for a padded view (7 rows of d = 35 → no padding; the flat
+    rule of d = 48: a 7 × 7 view, padded) the copy into the buffer."""
+    c = _shared(f"power_sgd[rank=2,shared=true{'' if rows is None else f',rows={rows}'}]")
+    d = 35 if rows == 7 else 48
+    g = torch.Generator().manual_seed(offset)
+    x = torch.randn(1, d, generator=g, dtype=dtype)
+    q0 = torch.randn(c.matrix_shape(d)[1], 2, generator=g, dtype=dtype)
+    p_hat = c.orthonormal_basis(c.factor_p(x, q0)[0])
+    q_i = c.factor_q(x, p_hat)  # (1, n, 2), a transposed view
+    wire = torch.randn(offset + q_i.numel(), dtype=dtype)
+    wire[offset:].copy_(q_i.reshape(-1))
+    q_bar = wire[offset:].view(q_i.shape)  # a slice of a received buffer
+    for q in (q_i, q_bar):
+        want = c.factor_outputs(p_hat, q, d, dtype)
+        buf = torch.full((offset + d,), float("nan"), dtype=dtype)
+        got = c.factor_outputs(p_hat, q, d, dtype, out=buf[offset:])
+        assert got.shape == (1, d) and torch.equal(got, want)
+        assert torch.equal(buf[offset:], want[0]) and bool(buf[:offset].isnan().all())
+        if c.matrix_shape(d)[0] * c.matrix_shape(d)[1] == d:  # written in place, not copied
+            assert got.data_ptr() == buf[offset:].data_ptr()
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize(
+    "shape", [(16, 2048), (2048, 16), (2048, 1024), (45, 46), (16, 16), (100, 257)]
+)
+def test_the_product_kernel_gives_torchs_bits(rank: int, shape: tuple[int, int]) -> None:
+    """The float32 kernel of P̂ Qᵀ (``_lowrank_kernels``: one fused multiply-add chain per
+    entry, sgemm's order) equals ``torch.mm`` bit for bit, for orthonormal and for arbitrary
+    factors, so the decompression (hook and simulator) keeps the bits of the BLAS product; it
+    writes into a given buffer, and leaves float64 and thin products to torch."""
+    from shrinkgrad.compressors import _lowrank_kernels as K
+
+    m, n = shape
+    g = torch.Generator().manual_seed(m * n + rank)
+    thin = torch.randn(K.MIN_SIDE - 1, rank, generator=g)
+    assert not K.usable(thin, torch.randn(n, rank)) and not K.usable(torch.randn(m, rank), thin)
+    p_hat = torch.linalg.qr(torch.randn(m, rank, generator=g)).Q
+    for a in (p_hat, 1e3 * torch.randn(m, rank, generator=g)):
+        b = torch.randn(rank, n, generator=g).t()  # a transposed view, as factor_q returns
+        assert K.usable(a, b)
+        out = torch.full((m, n), float("nan"))
+        assert K.product_into(a, b, out) is out
+        assert torch.equal(out, torch.mm(a, b.t()))
+    assert not K.usable(p_hat.double(), b.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [16, 40, 3])  # 16 × 40, 40 × 16 (the kernel), 3 × 214 (torch)
+@pytest.mark.parametrize("alpha", [1.0, -1.0])
+def test_fused_addition_of_the_factors_is_the_separate_one(
+    dtype: torch.dtype, rows: int, alpha: float
+) -> None:
+    """EF21's g + P̂ Q_iᵀ (and EF's e − P̂ Q_iᵀ) as the hook runs them, fused (``add_outputs``:
+    one pass, no dense C; through ``rules.add_message`` of a LowRankMessage), give exactly the
+    bits of forming the product (``factor_outputs``) and then adding it; a LowRankMessage's
+    ``dense`` is the product; other α and a padded view are refused or formed densely."""
+    from shrinkgrad.methods.rules import LowRankMessage, add_message
+
+    c = _shared(f"power_sgd[rank=2,shared=true,rows={rows}]")
+    d = 640 if rows != 3 else 642
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, d, generator=g, dtype=dtype)
+    q0 = torch.randn(c.matrix_shape(d)[1], 2, generator=g, dtype=dtype)
+    p_hat = c.orthonormal_basis(c.factor_p(x, q0)[0])
+    q_i = c.factor_q(x, p_hat)
+    state = 1e2 * torch.randn(d, generator=g, dtype=dtype)
+    separate = state + alpha * c.factor_outputs(p_hat, q_i, d, dtype)[0]
+    fused = state.clone()
+    c.add_outputs(fused, p_hat, q_i, alpha)
+    assert torch.equal(fused, separate)
+
+    def add(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, a: float) -> None:
+        c.add_outputs(x, left, right, a)
+
+    msg = LowRankMessage(p_hat, q_i, (d,), add)
+    assert torch.equal(msg.dense(), c.factor_outputs(p_hat, q_i, d, dtype)[0])
+    kept = state.clone()
+    out = add_message(kept, msg, inplace=True, alpha=alpha)
+    assert out is kept and torch.equal(out, separate)
+    assert torch.equal(add_message(state, msg, alpha=alpha), separate)  # functional form
+    assert torch.allclose(add_message(state, msg, alpha=0.5), state + 0.5 * msg.dense())
+    with pytest.raises(ValueError, match="alpha"):
+        c.add_outputs(state.clone(), p_hat, q_i, 0.5)
+    with pytest.raises(ValueError, match="contiguous"):
+        c.add_outputs(torch.zeros(d + 1, dtype=dtype), p_hat, q_i)

@@ -71,6 +71,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..rng import Keys
+from . import _lowrank_kernels
 from ._wire import HALF_DTYPES, BitReader, BitWriter, float_width, paper_width
 from .base import (
     COMPRESSORS,
@@ -145,6 +146,10 @@ def _each(fn: Callable[..., Any], *batches: torch.Tensor) -> Any:
     a Python-level loop over the rows (the simulator's clients), ~0.05 ms per small matrix."""
     rows = batches[0].shape[0]
     outs = [fn(*(_own_row(b, i) for b in batches)) for i in range(rows)]
+    if rows == 1:  # one matrix (the hook's batches): a view, not a stacked copy of it
+        if isinstance(outs[0], tuple):
+            return tuple(o.unsqueeze(0) for o in outs[0])
+        return outs[0].unsqueeze(0)
     if outs and isinstance(outs[0], tuple):
         return tuple(torch.stack(list(o)) for o in zip(*outs, strict=True))
     return torch.stack(outs)
@@ -159,6 +164,17 @@ def _own_row(b: torch.Tensor, i: int) -> torch.Tensor:
     if row.is_contiguous() and row.data_ptr() % 64 == 0:
         return row
     return row.clone(memory_format=torch.contiguous_format)
+
+
+def _outer(p: torch.Tensor, q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """P Qᵀ for P (m, r), Q (n, r) (into ``out`` (m, n) when given): the numba kernel of
+    :mod:`._lowrank_kernels` for float32 CPU tensors (BLAS's own fused multiply-add order, 2–3×
+    faster for a small r), ``torch.mm`` otherwise."""
+    if _lowrank_kernels.usable(p, q):
+        if out is None:
+            out = torch.empty(p.shape[0], q.shape[0], dtype=p.dtype)
+        return _lowrank_kernels.product_into(p, q, out)
+    return p.mm(q.t()) if out is None else torch.mm(p, q.t(), out=out)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -507,8 +523,8 @@ class PowerSGD(LowRank):
 
     @staticmethod
     def combine(p_hat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """The decompressed matrix P̂ Qᵀ (B, m, n)."""
-        return _each(lambda p, qq: p.mm(qq.t()), p_hat, q)  # type: ignore[no-any-return]
+        """The decompressed matrix P̂ Qᵀ (B, m, n) (:func:`_outer`)."""
+        return _each(_outer, p_hat, q)  # type: ignore[no-any-return]
 
     def _power_step(self, M: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p_hat = self.orthonormalize(self.left(M, q.to(M.dtype)))
@@ -541,12 +557,57 @@ class PowerSGD(LowRank):
         return self.orthonormalize(work[None])[0]
 
     def factor_outputs(
-        self, p_hat: torch.Tensor, q: torch.Tensor, d: int, dtype: torch.dtype
+        self,
+        p_hat: torch.Tensor,
+        q: torch.Tensor,
+        d: int,
+        dtype: torch.dtype,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The vectors P̂ Q_iᵀ (B, d) in ``dtype`` of the rows' Q_i (B, n, r) (or of the mean
-        Q̄ (1, n, r): the mean of the clients' outputs)."""
-        out = self.combine(p_hat.expand(q.shape[0], *p_hat.shape), q.to(p_hat.dtype))
-        return self._vectors(out, torch.Size([q.shape[0], d])).to(dtype)
+        Q̄ (1, n, r): the mean of the clients' outputs). ``out`` (d entries, contiguous, for
+        one row): where the product is written when the matrix view has no padding (m n = d)
+        and ``dtype`` is the arithmetic dtype, by the same ``mm`` as :meth:`combine` (the same
+        bits), without a temporary; it is returned as (1, d). Otherwise the result is copied
+        into ``out``."""
+        m, n = p_hat.shape[-2], q.shape[-2]
+        if (
+            out is not None
+            and q.shape[0] == 1
+            and m * n == d
+            and dtype == p_hat.dtype
+            and out.is_contiguous()
+            and out.dtype == dtype
+        ):
+            a, b = _own_row(p_hat[None], 0), _own_row(q.to(p_hat.dtype), 0)
+            _outer(a, b, out.view(m, n))
+            return out.view(1, d)
+        prod = self.combine(p_hat.expand(q.shape[0], *p_hat.shape), q.to(p_hat.dtype))
+        res = self._vectors(prod, torch.Size([q.shape[0], d])).to(dtype)
+        return res if out is None else out.view(res.shape).copy_(res)
+
+    def add_outputs(
+        self, x: torch.Tensor, p_hat: torch.Tensor, q: torch.Tensor, alpha: float = 1.0
+    ) -> None:
+        """x ← x + α P̂ Qᵀ in place, for a flat contiguous x of m·n entries (no padding), P̂
+        (m, r), Q (1, n, r) or (n, r), α = ±1: the bits of ``x ± factor_outputs(P̂, Q)``
+        (the same product, then one addition per entry), in one pass over x where the
+        product kernel applies (float32 CPU, :mod:`._lowrank_kernels`)."""
+        m, r = p_hat.shape
+        qq = q.reshape(-1, r).to(p_hat.dtype)
+        n = qq.shape[0]
+        if x.numel() != m * n or not x.is_contiguous() or x.dtype != p_hat.dtype:
+            raise ValueError(
+                f"{self.name}: add_outputs needs a contiguous {p_hat.dtype} vector of "
+                f"{m}·{n} entries, got {tuple(x.shape)} {x.dtype}"
+            )
+        if alpha not in (1.0, -1.0):
+            raise ValueError(f"{self.name}: add_outputs takes alpha = ±1, got {alpha}")
+        a, b = _own_row(p_hat[None], 0), _own_row(qq[None], 0)
+        if _lowrank_kernels.usable(a, b):
+            _lowrank_kernels.add_product(a, b, x.view(m, n), alpha)
+            return
+        x.view(m, n).add_(_outer(a, b), alpha=alpha)
 
     def _shared_step(
         self, x: torch.Tensor, state: torch.Tensor

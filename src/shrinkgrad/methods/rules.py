@@ -27,6 +27,7 @@ import torch
 from ..compressors import _kernels as K
 
 __all__ = [
+    "LowRankMessage",
     "SparseMessage",
     "add_message",
     "divide_message",
@@ -57,16 +58,46 @@ class SparseMessage(NamedTuple):
         return out
 
 
-#: what a compressor call hands back: a dense tensor or, from the hook, a SparseMessage
-Compressed = torch.Tensor | SparseMessage
+class LowRankMessage(NamedTuple):
+    """A compressed vector of shape ``shape`` given by a low-rank compressor's factors: the
+    d entries of the m × n matrix ``left`` ``right``ᵀ (m n = d, no padding), with ``add``, the
+    compressor's ``x += α left rightᵀ`` on a flat contiguous x of d entries (PowerSGD's
+    :meth:`~shrinkgrad.compressors.PowerSGD.add_outputs`: the bits of forming the product and
+    adding it). Only the DDP hook builds these (its factor path, for methods with
+    ``sparse_messages``), so that EF21's g_i + P̂ Q_iᵀ and g + P̂ Q̄ᵀ are one pass over g each,
+    without a dense C(p)."""
+
+    left: torch.Tensor
+    right: torch.Tensor
+    shape: tuple[int, ...]
+    add: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], None]
+
+    def dense(self) -> torch.Tensor:
+        """The dense vector (for fallbacks; O(d))."""
+        out = torch.zeros(self.shape, dtype=self.left.dtype, device=self.left.device)
+        self.add(out.view(-1), self.left, self.right, 1.0)
+        return out
+
+
+#: what a compressor call hands back: a dense tensor or, from the hook, a SparseMessage or
+#: a LowRankMessage
+Compressed = torch.Tensor | SparseMessage | LowRankMessage
 Compress = Callable[[torch.Tensor], torch.Tensor]
 
 
 def add_message(
     x: torch.Tensor, c: Compressed, *, inplace: bool = False, alpha: float = 1.0
 ) -> torch.Tensor:
-    """x + α·c, with c dense or a :class:`SparseMessage` (then an O(k) ``index_add_``; α = ±1
-    gives x_j ± c_j exactly). ``inplace`` updates ``x`` (contiguous) and returns it."""
+    """x + α·c, with c dense, a :class:`SparseMessage` (then an O(k) ``index_add_``; α = ±1
+    gives x_j ± c_j exactly) or a :class:`LowRankMessage` (its ``add``: one pass over x, the
+    bits of x ± c for α = ±1). ``inplace`` updates ``x`` (contiguous) and returns it."""
+    if isinstance(c, LowRankMessage):
+        if alpha not in (1.0, -1.0):
+            c = c.dense()
+        else:
+            y = x if inplace else x.clone()
+            c.add(y.view(-1), c.left, c.right, alpha)
+            return y
     if isinstance(c, SparseMessage):
         y = x if inplace else x.clone()
         flat = y.view(-1)
@@ -103,7 +134,10 @@ def _kernel_ready(flat: torch.Tensor, c: SparseMessage) -> bool:
 
 
 def divide_message(c: Compressed, s: float) -> Compressed:
-    """c / s (a new message), dense or sparse."""
+    """c / s (a new message), dense or sparse; a low-rank message is formed densely first
+    (or returned as it is for s = 1: c / 1 = c)."""
+    if isinstance(c, LowRankMessage):
+        return c if s == 1.0 else c.dense() / s
     if isinstance(c, SparseMessage):
         return SparseMessage(c.indices, c.values / s, c.shape)
     return c / s

@@ -28,7 +28,7 @@ from typing import Any, cast
 import torch
 
 from ...methods.base import Config, Message, Method, State, Traffic
-from ...methods.rules import SparseMessage
+from ...methods.rules import LowRankMessage, SparseMessage
 from ...rng import Keys
 
 __all__ = ["Adapter", "HookConfig", "HookOracle", "Port", "Probed", "StatefulEncoder"]
@@ -115,8 +115,10 @@ class Port:
         v, r = msg.values, self.result
         if v is None or r is None:
             return False
-        if isinstance(r, SparseMessage) or isinstance(v, SparseMessage):
-            return v is r  # type: ignore[comparison-overlap]  # values may be a SparseMessage
+        if isinstance(r, (SparseMessage, LowRankMessage)) or isinstance(
+            v, (SparseMessage, LowRankMessage)
+        ):
+            return v is r  # type: ignore[comparison-overlap]  # values may be a message object
         return v.data_ptr() == r.data_ptr() and v.shape == r.shape
 
     def close(self) -> None:
@@ -224,6 +226,10 @@ class Adapter:
         self._zeros: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
         self._pure: dict[int, HookConfig] = {}  # the inplace=False twins of the configs (probe)
         self.rank = 0
+        #: set when the last user of this adapter that may run on another thread (a bucket's
+        #: client steps in a collective's callback, :mod:`.factors`) is done with it; the next
+        #: one runs from its callback, never waiting for it (None: nobody has used it yet)
+        self.released: torch.futures.Future[None] | None = None
 
     def config(
         self, numel: int, compressor: Any, dtype: torch.dtype, wire: torch.dtype, device: Any
@@ -359,7 +365,7 @@ class Adapter:
         self,
         cfg: HookConfig,
         state: State[Any, Any],
-        aggregate: torch.Tensor | SparseMessage | None,
+        aggregate: torch.Tensor | SparseMessage | LowRankMessage | None,
     ) -> tuple[Any, torch.Tensor | SparseMessage]:
         """(the server state of the next round before its clients act, the direction D). A
         SparseMessage aggregate (methods with ``sparse_messages``) may give a sparse D."""

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...methods.base import Message, State
-from ...methods.rules import SparseMessage
+from ...methods.rules import LowRankMessage, SparseMessage
 from . import encoders
 from .adapter import HookConfig
 from .collectives import result
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["exchange"]
 
 Fut = torch.futures.Future[torch.Tensor]
-Aggregate = torch.Tensor | SparseMessage | None
+Aggregate = torch.Tensor | SparseMessage | LowRankMessage | None
 
 
 @dataclasses.dataclass
@@ -153,12 +153,14 @@ def _server_part(
     _deliver(step, u, direction)
 
 
-def _deliver(step: Step, u: Unit, direction: torch.Tensor | SparseMessage) -> None:
+def _deliver(step: Step, u: Unit, direction: torch.Tensor | SparseMessage | LowRankMessage) -> None:
     """D into ``u``'s slice of the output: a sparse D at O(k); a dense one copied, unless it is
     there already. A D that is a tensor of the method's server state is moved there once (the
     state keeps the output slice as that tensor; the plan's own output only)."""
     plan = step.plan
     o = u.slice(step.output)
+    if isinstance(direction, LowRankMessage):  # (EF's and DCGD's D: the aggregate itself)
+        direction = direction.dense().reshape(-1)
     if isinstance(direction, SparseMessage):
         plan.write_sparse(u, o, direction.indices, direction.values)
         return

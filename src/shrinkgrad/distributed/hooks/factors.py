@@ -6,35 +6,50 @@ vector that the method compresses, viewed as a matrix) and the Q (n × r) all ra
 1. hook body: P_i = M_i Q; one all-reduce of the bucket's P's (with the raw values of its
    uncompressed tensors in front), P = Σ_i P_i;
 2. the P all-reduce's callback: P̂ = orthonormalize(P) (float32 or finer, identical on every
-   rank); the method's client step, whose compressor call returns rank i's message
-   c_i = P̂ Q_iᵀ with Q_i = M_iᵀ P̂; the ranks' Q_i/n go into the Q all-reduce;
-3. the Q all-reduce's callback: Q̄ = Σ_i Q_i/n; the aggregate (1/n) Σ_i c_i = P̂ Q̄ᵀ goes to the
-   method's server part, and Q̄ becomes every rank's next Q (the state the method carries).
+   rank) and Q_i = M_iᵀ P̂ of every compressed tensor, whose Q_i/n go into the Q all-reduce,
+   which starts at once; then the method's client steps, whose compressor calls return rank
+   i's message c_i = P̂ Q_iᵀ (their passes over the state overlap Q's transfer);
+3. the Q all-reduce's callback (once the client steps are done): Q̄ = Σ_i Q_i/n; the aggregate
+   (1/n) Σ_i c_i = P̂ Q̄ᵀ goes to the method's server part, and Q̄ becomes every rank's next Q
+   (the state the method carries).
 
 M_i is what the method's client step hands to its compressor (EF21: ∇f_i − g_i; EF: e_i + ∇f_i;
 EF21-SGDM: v_i − g_i), and P_i is needed before that step can finish: step 1 runs the client
 step as a *probe* (:meth:`.adapter.Adapter.probe`: a pure run that stops at the compressor
-call), step 2 runs it in full, and, the method being deterministic, it hands the compressor the
-same M_i. The arithmetic of the stages is the compressor's (:class:`~shrinkgrad.compressors.
-PowerSGD`'s ``factor_p``, ``orthonormal_basis``, ``factor_q``, ``factor_outputs``), the same the
+call), which forms M_i in the plan's held buffer (``Plan.held``, one bucket-sized vector: the
+probe's scratch), kept for Q_i in step 2; step 2 then runs the client step in full, and, the
+method being deterministic, it hands the compressor the same M_i, whose factors are already
+known. For the methods that only add messages to their state (``sparse_messages``: EF21, EF,
+EF21-SGDM) c_i and the aggregate go to the method as their factors
+(:class:`~shrinkgrad.methods.rules.LowRankMessage`): g_i ← g_i + P̂ Q_iᵀ and g ← g + P̂ Q̄ᵀ are
+one pass each over the state (:meth:`~shrinkgrad.compressors.PowerSGD.add_outputs`, the bits of
+forming the product and adding it), no dense C(M_i) is formed. The arithmetic of the stages is
+the compressor's (:class:`~shrinkgrad.compressors.PowerSGD`'s ``factor_p``,
+``orthonormal_basis``, ``factor_q``, ``factor_outputs``, ``add_outputs``), the same the
 simulator's batched shared step composes with sums over the clients, so the hook on n ranks
 follows the simulator with n clients.
 
 No callback waits: the Q all-reduce is reserved in the hook body, right after the P one, and
 started by the P callback (:meth:`.collectives.Comm.all_reduce` with ``after``), so every rank
 starts the same collectives in the same order however many buckets are in flight (torch's
-``powerSGD_hook`` waits for Q inside the P callback, which hangs gloo with several buckets). The
+``powerSGD_hook`` waits for Q inside the P callback, which hangs gloo with several buckets).
+The Q callback runs once both the Q all-reduce and its bucket's client steps are done (a
+future of each, collected), and the client steps of two buckets, whose P callbacks may run at
+once on gloo's threads, take turns on the callback adapter (each bucket's start from the
+previous one's future: :func:`_after_turn`), never waiting. The
 bytes (counted in the hook body): r(m + n) values per compressed tensor in the gradients' dtype.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ...compressors import PowerSGD
 from ...methods.base import State
+from ...methods.rules import LowRankMessage
 from . import encoders
 from .adapter import Probed
 from .collectives import result
@@ -75,11 +90,55 @@ def _layout(step: Step) -> dict[int, tuple[int, int, int, int]]:
 
 
 def _finite(C: PowerSGD, p: torch.Tensor) -> None:
-    if not bool(torch.isfinite(p).all()):
+    """A one-line error unless ``p`` is finite: a finite sum proves every entry finite (inf
+    and NaN propagate through it), so ``isfinite`` (a pass that writes a mask) runs only when
+    the sum is not (possibly a mere overflow)."""
+    if not bool(torch.isfinite(p.sum())) and not bool(torch.isfinite(p).all()):
         raise ValueError(
             f"{C.name} got a vector with non-finite entries (a non-finite gradient, or the "
             "method diverged); attach a loss scaler (scaler=) to skip such steps"
         )
+
+
+def _factored(
+    C: PowerSGD, p_hat: torch.Tensor, q: torch.Tensor, shape: tuple[int, ...]
+) -> LowRankMessage:
+    """P̂ Qᵀ as a :class:`LowRankMessage` with C's in-place addition."""
+
+    def add(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, alpha: float) -> None:
+        C.add_outputs(x, left, right, alpha)
+
+    return LowRankMessage(p_hat, q, shape, add)
+
+
+def _held(step: Step) -> torch.Tensor:
+    """The plan's bucket-sized buffer of the vectors M_i the client steps compress (kept from
+    the probe in the hook body to the P callback, which forms Q_i = M_iᵀ P̂ from it)."""
+    plan = step.plan
+    if plan.held is None:
+        plan.held = torch.empty(plan.numel, dtype=plan.wdtype, device=step.buf.device)
+    return plan.held
+
+
+def _after_turn(
+    previous: torch.futures.Future[None] | None,
+    work: Callable[[], None],
+    *done: torch.futures.Future[None],
+) -> None:
+    """Run ``work`` now if ``previous`` is done (or None), else from its callback (never
+    waiting), then set ``done``, whatever ``work`` raised (it keeps its errors itself)."""
+
+    def run(_: object = None) -> None:
+        try:
+            work()
+        finally:
+            for d in done:
+                d.set_result(None)
+
+    if previous is None or previous.done():
+        run()
+    else:
+        previous.add_done_callback(run)
 
 
 def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
@@ -88,12 +147,24 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
 
     state, plan = step.state, step.plan
     adapter, comm, rank, n = state.adapter, state.comm, step.rank, state.world_size
+    fusable = bool(adapter.method.sparse_messages)
+
+    def fuse(C: PowerSGD, d: int, dtype: torch.dtype, p_hat: torch.Tensor) -> bool:
+        """Whether C's output goes to the method as its factors (:class:`LowRankMessage`):
+        for methods that only add messages to their state (``sparse_messages``), matrix
+        views without padding, in the factors' dtype."""
+        m, ncols = C.matrix_shape(d)
+        return fusable and m * ncols == d and dtype == p_hat.dtype
+
     lay = _layout(step)
     p_total = sum(lay[u.uid][1] for u in plan.units)
     send = plan.send
     P, Q = send[:p_total], send[p_total:]
     by_uid = {u.uid: st for u, st in zip(plan.units, states, strict=True)}
     dense_clients: dict[int, Any] = {}
+    #: per compressed tensor: M_i, the vector its client step compresses (a view of the plan's
+    #: held buffer), for Q_i = M_iᵀ P̂ in the P callback
+    held: dict[int, torch.Tensor] = {}
     if step.bad:
         send.fill_(float("nan"))
     for u in plan.units:
@@ -118,13 +189,22 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
             dense_clients[u.uid] = clients
             continue
         assert isinstance(C, PowerSGD)
+        keep = u.slice(_held(step))
 
-        def probe(p: torch.Tensor, q: torch.Tensor, C: PowerSGD = C, seg: Any = seg) -> Any:
+        def probe(
+            p: torch.Tensor, q: torch.Tensor, C: PowerSGD = C, seg: Any = seg, keep: Any = keep
+        ) -> Any:
             _finite(C, p)
-            seg.copy_(C.factor_p(p.reshape(1, -1), q.reshape(q.shape[-2:]))[0].reshape(-1))
+            flat = p.reshape(-1)
+            if flat.data_ptr() != keep.data_ptr():  # (EF21 forms it there: its scratch)
+                keep.copy_(flat)
+            seg.copy_(C.factor_p(keep.view(1, -1), q.reshape(q.shape[-2:]))[0].reshape(-1))
             raise Probed
 
-        adapter.probe(cfg, st, u.slice(step.x), probe, plan.work(0, u.numel))
+        # the probe's scratch is the tensor's slice of the held buffer, so that the method
+        # forms M_i there (EF21: ∇f_i − g_i) and it stays until the P callback
+        adapter.probe(cfg, st, u.slice(step.x), probe, keep)
+        held[u.uid] = keep
 
     p_fut = comm.all_reduce(P)
     ready: torch.futures.Future[None] = torch.futures.Future()
@@ -133,31 +213,67 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
     pending: dict[int, tuple[torch.Tensor, Any, torch.Tensor]] = {}
     failed: list[BaseException] = []
     poisoned = [step.bad]
+    #: done when the P callback has run to its end: the Q all-reduce starts before (and may
+    #: finish before) the P callback's client steps, whose results the Q callback uses
+    finished: torch.futures.Future[None] = torch.futures.Future()
+
+    cb = state.callback_adapter
+    #: the callback adapter's turn: its client steps run after the previous bucket's (the P
+    #: callbacks of two buckets may run at once on gloo's threads, and share its port)
+    previous, mine = cb.released, torch.futures.Future[None]()
+    cb.released = mine
 
     def after_p(f: torch.futures.Future[list[torch.Tensor]]) -> None:
-        """The P callback: P̂, the client steps (their Q_i into Q), then the Q all-reduce may
-        start. Never waits; an error is kept for the Q callback, and Q is still sent (NaN), so
-        that no rank waits for this one."""
+        """The P callback: P̂ and Q_i = M_iᵀ P̂ of every compressed tensor from the held M_i,
+        into Q, which then starts at once (its transfer overlaps the rest); then (once the
+        previous bucket's are done: :func:`_after_turn`) the client steps, whose compressor
+        calls take those factors, and the server parts of the uncompressed tensors. Never
+        waits; an error is kept for the Q callback, and Q is still sent (NaN when the error
+        came first), so that no rank waits for this one."""
+        total: torch.Tensor | None = None
+        factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         try:
             total = result(f, "all-reduce (PowerSGD's P)", rank)
             if poisoned[0] or not bool(torch.isfinite(total).all()):
                 poisoned[0] = True  # some rank's bucket was not finite: so is every result
                 Q.fill_(float("nan"))
-                return
-            cb = state.callback_adapter
+                total = None
+            else:
+                for u in plan.compressed:
+                    C = u.compressor
+                    assert isinstance(C, PowerSGD)
+                    p_off, p_len, q_off, q_len = lay[u.uid]
+                    m, _ = C.matrix_shape(u.numel)
+                    p_hat = C.orthonormal_basis(total[p_off : p_off + p_len].view(m, C.r))
+                    q_i = C.factor_q(held[u.uid].view(1, -1), p_hat)  # (1, n, r), wire-rounded
+                    send[q_off : q_off + q_len].copy_(q_i.reshape(-1)).div_(n)
+                    factors[u.uid] = (p_hat, q_i)
+        except BaseException as e:
+            failed.append(e)
+            Q.fill_(float("nan"))
+            total = None
+        ready.set_result(None)  # the Q all-reduce starts (in bucket order: comm's reservation)
+        _after_turn(previous, lambda: client_steps(total, factors), mine, finished)
+
+    def client_steps(
+        total: torch.Tensor | None, factors: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        """The P callback's second part: every tensor's client step (the compressed ones' on
+        the factors formed above) and the uncompressed tensors' server parts."""
+        if total is None:
+            return
+        try:
             for u in plan.units:
                 st = by_uid[u.uid]
-                p_off, p_len, q_off, q_len = lay[u.uid]
                 C = u.compressor
                 if C is None:
+                    p_off, p_len, _, _ = lay[u.uid]
                     res = total[p_off : p_off + p_len]
                     agg = res if res.dtype == plan.wdtype else step.target(u).copy_(res)
                     _server_part(step, step.config(u), u, st, dense_clients[u.uid], agg)
                     continue
                 assert isinstance(C, PowerSGD)
-                m, _ = C.matrix_shape(u.numel)
-                p_hat = C.orthonormal_basis(total[p_off : p_off + p_len].view(m, C.r))
-                qseg = send[q_off : q_off + q_len]
+                p_hat, q_i = factors[u.uid]
                 dec = plan.work(1, u.numel)
                 carried: list[torch.Tensor] = []
 
@@ -166,15 +282,18 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
                     q: torch.Tensor,
                     C: PowerSGD = C,
                     p_hat: torch.Tensor = p_hat,
-                    qseg: torch.Tensor = qseg,
+                    q_i: torch.Tensor = q_i,
                     dec: torch.Tensor = dec,
                     carried: list[torch.Tensor] = carried,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-                    q_i = C.factor_q(p.reshape(1, -1), p_hat)  # (1, n, r), wire-rounded
-                    qseg.copy_(q_i.reshape(-1)).div_(n)
-                    c = C.factor_outputs(p_hat, q_i, p.shape[-1], p.dtype)
+                    # p is the held M_i again (the method is deterministic): its factors are
+                    # those sent; C(M_i) = P̂ Q_iᵀ is handed over as its factors (the method
+                    # adds it to its state in one pass) or formed in the work vector
                     carried.append(q)
-                    return dec.view(p.shape).copy_(c.view(p.shape)), q
+                    if fuse(C, p.shape[-1], p.dtype, p_hat):
+                        return _factored(C, p_hat, q_i, tuple(p.shape)), q  # type: ignore[return-value]
+                    c = C.factor_outputs(p_hat, q_i, p.shape[-1], p.dtype, out=dec)
+                    return c.view(p.shape), q
 
                 cfg = state.callback_config(u, plan)
                 clients, _msg, _ = cb.client_step(
@@ -183,14 +302,13 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
                 pending[u.uid] = (p_hat, clients, carried[0])
         except BaseException as e:
             failed.append(e)
-            Q.fill_(float("nan"))
-        finally:
-            ready.set_result(None)
 
     p_fut.add_done_callback(after_p)
 
-    def after_q(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        total = result(f, "all-reduce (PowerSGD's Q)", rank)
+    def after_q(both: torch.futures.Future[list[torch.futures.Future[Any]]]) -> torch.Tensor:
+        """The Q callback (once the P callback has finished too): Q̄, every rank's next Q, and
+        the aggregate P̂ Q̄ᵀ for the server parts."""
+        total = result(q_fut, "all-reduce (PowerSGD's Q)", rank)  # done (or failed) by now
         if failed:
             raise failed[0]
         out = step.output
@@ -207,8 +325,12 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
             )
             carried.copy_(q_bar.view_as(carried))  # every rank's next Q: the mean Q̄
             target = step.target(u)
-            agg = target.copy_(C.factor_outputs(p_hat, q_bar, u.numel, target.dtype)[0])
+            agg: torch.Tensor | LowRankMessage
+            if fuse(C, u.numel, target.dtype, p_hat):  # the server adds P̂ Q̄ᵀ in one pass
+                agg = _factored(C, p_hat, q_bar, (u.numel,))
+            else:
+                agg = C.factor_outputs(p_hat, q_bar, u.numel, target.dtype, out=target)[0]
             _server_part(step, step.config(u), u, by_uid[u.uid], clients, agg)
         return out
 
-    return q_fut.then(after_q)
+    return torch.futures.collect_all([q_fut, finished]).then(after_q)

@@ -84,6 +84,10 @@ class Plan:
     #: two work vectors of the largest tensor (the client step's scratch, decoded messages):
     #: preallocated, so that no multi-megabyte tensor is created per step
     scratch: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    #: PowerSGD's factor path (:mod:`.factors`): the vectors each tensor's client step
+    #: compresses (M_i), kept from the hook body to the P callback (bucket-sized, made at the
+    #: first factor iteration)
+    held: torch.Tensor | None = None
 
     def work(self, i: int, n: int) -> torch.Tensor:
         """The first ``n`` entries of work vector ``i``."""
