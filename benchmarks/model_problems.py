@@ -9,8 +9,8 @@ ratios, since noise on a shared machine only ever adds time):
 * ``client_grads`` of the registered network (a ``Sequential`` of Linear/ReLU: the hand-written
   ``linear_stack`` path of :mod:`shrinkgrad.problems.model_sequential`) against a per-client
   Python loop of ``torch.autograd.grad`` over the same data (target: ≥ 10× faster at n = 100);
-* the same network behind an opaque wrapper module, which takes the generic ``vmap(grad)`` path
-  (what every model used before the fast path);
+* the same network with ``model_problem(..., evaluation="vmap")``, the generic ``vmap(grad)``
+  path (what every model used before the fast path);
 * the cost per round at n = 1000 over that at n = 10 (target ≤ 3×);
 * floors: one forward and backward pass over all rows as a single batch (the gradient of f, no
   per-client split: every per-client method needs at least these products), the same with the
@@ -43,18 +43,6 @@ NS = (10, 100, 1000)
 HIDDEN = 64
 
 
-class Opaque(torch.nn.Module):
-    """The network behind a module the fast path does not recognise: the generic vmap path."""
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.inner(x)
-        return out
-
-
 def alternating(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
     """Seconds of one call of each function, in turn, ``rounds`` times (after a warm-up)."""
     for fn in fns.values():
@@ -73,13 +61,15 @@ def timeit(fn: Callable[[], object], repeat: int = 5) -> float:
     return min(alternating({"f": fn}, repeat)["f"])
 
 
-def network(generic: bool) -> torch.nn.Module:
-    net = keyed_init_(mlp_module(123, 2, HIDDEN), 0)
-    return Opaque(net) if generic else net
+def network() -> torch.nn.Module:
+    return keyed_init_(mlp_module(123, 2, HIDDEN), 0)
 
 
 def build(n: int, dtype: torch.dtype, device: str, generic: bool = False) -> ModelProblem:
-    return model_problem(network(generic), "a9a", n_clients=n, test=0, dtype=dtype, device=device)
+    return model_problem(
+        network(), "a9a", n_clients=n, test=0, dtype=dtype, device=device,
+        evaluation="vmap" if generic else "auto",
+    )  # fmt: skip
 
 
 def a9a(dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,18 +147,11 @@ def rss():  # peak resident set of this process (VmHWM; ru_maxrss survives exec)
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-class Opaque(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x):
-        return self.inner(x)
-
 n, dtype, generic = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "generic"
 out = {"import": rss()}
 net = keyed_init_(mlp_module(123, 2, 64), 0)
-p = model_problem(Opaque(net) if generic else net, "a9a", n_clients=n, test=0, dtype=dtype)
+p = model_problem(net, "a9a", n_clients=n, test=0, dtype=dtype,
+                  evaluation="vmap" if generic else "auto")
 out["built"] = rss()
 p.client_grads(p.x0())
 out["grads"] = rss()

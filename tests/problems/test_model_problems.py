@@ -182,18 +182,6 @@ def test_restricted_problem_is_exact_and_chunked_layouts_too() -> None:
 # --------------------------------------------------------------------------------------------
 # the fast path of Linear/activation stacks equals the generic vmap path
 # --------------------------------------------------------------------------------------------
-class Opaque(torch.nn.Module):
-    """The same network behind a module the fast path does not recognise: the generic path."""
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.inner(x)
-        return out
-
-
 def _stack(kind: str) -> tuple[torch.nn.Sequential, str]:
     """Linear/activation stacks on australian_scale (14 features), with the loss they use."""
     L, nn = torch.nn.Linear, torch.nn
@@ -226,7 +214,7 @@ def test_linear_stack_path_equals_the_generic_path(kind: str) -> None:
     net, loss = _stack(kind)
     kw: dict[str, object] = {"split": "dirichlet[alpha=0.5,seed=2]", "n_clients": 7, "loss": loss}
     fast = model_problem(net, "australian_scale", **kw)  # type: ignore[arg-type]
-    slow = model_problem(Opaque(net), "australian_scale", **kw)  # type: ignore[arg-type]
+    slow = model_problem(net, "australian_scale", evaluation="vmap", **kw)  # type: ignore[arg-type]
     assert fast.evaluation == "linear_stack" and slow.evaluation == "vmap"
     assert len(set(fast.client_sizes.tolist())) > 1 and len(fast._groups) > 1
     x, P = _points(fast, 6)[0], _points(fast, 7)
@@ -261,8 +249,10 @@ def test_linear_stack_path_chunked_and_restricted_is_exact(batch_size: int | Non
         p = model_problem(net, "australian_scale", n_clients=7, split=split, batch_size=batch_size)
         assert p.evaluation == "linear_stack"
         q = model_problem(
-            Opaque(net), "australian_scale", n_clients=7, split=split, batch_size=batch_size
-        )
+            net, "australian_scale", n_clients=7, split=split, batch_size=batch_size,
+            evaluation="vmap",
+        )  # fmt: skip
+        assert q.evaluation == "vmap"
         x = p.x0()
         G = p.client_grads(x)
         torch.testing.assert_close(G, q.client_grads(x), rtol=0, atol=1e-12)
@@ -596,3 +586,14 @@ def test_a_sweep_config_runs_a_model_problem(tmp_path: Path) -> None:
     theory = loads_config(SWEEP.replace("stepsizes = [0.1]", 'stepsizes = ["theory"]'))
     with pytest.raises(ValueError, match=r"ef21: L is not known for this problem; pass a number"):
         run_experiment(theory, tmp_path / "theory", jobs=1, progress=False)
+
+
+def test_an_unknown_evaluation_is_refused_in_one_line_and_vmap_survives_a_copy() -> None:
+    net, _ = _stack("relu, cross-entropy")
+    with pytest.raises(ValueError, match=r"evaluation must be one of 'auto', 'vmap', got 'fast'"):
+        model_problem(net, "australian_scale", n_clients=3, evaluation="fast")
+    p = model_problem(net, "australian_scale", n_clients=3, evaluation="vmap")
+    assert p.evaluation == "vmap" and p.to(dtype="float32").evaluation == "vmap"
+    assert model_problem(net, "australian_scale", n_clients=3).to(dtype="float32").evaluation == (
+        "linear_stack"
+    )

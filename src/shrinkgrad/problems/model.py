@@ -59,6 +59,9 @@ from .splits import Split
 
 __all__ = ["ModelProblem", "model_problem"]
 
+#: ``model_problem(evaluation=)``: ``"auto"`` (the fast path where it applies) or ``"vmap"``
+EVALUATIONS = ("auto", "vmap")
+
 
 class _Functional:
     """f_i(x) = Σ_j w_j ℓ(h(x; X_j), y_j) of one client, as a pure function of the flat x, and
@@ -69,6 +72,7 @@ class _Functional:
         module: torch.nn.Module,
         loss: ModelLoss,
         sample_shape: Sequence[int] | None = None,
+        evaluation: str = "auto",
     ) -> None:
         self.module = module
         self.loss = loss
@@ -87,7 +91,9 @@ class _Functional:
         self.grads_and_losses_flat: Callable[..., torch.Tensor] = self._grads_and_losses_flat
         self.hvps = vmap(self._hvp, in_dims=(None, 0, 0, 0, 0))
         #: the hand-written path of a Linear/activation stack (None: the vmap path above)
-        self.fast = SequentialGrads.of(module, loss, self.sample_shape)
+        self.fast = (
+            SequentialGrads.of(module, loss, self.sample_shape) if evaluation == "auto" else None
+        )
         if self.fast is not None:  # one implementation per oracle: the fast one replaces vmap
             self.losses_shared = self.fast.losses
             self.grads_shared = self.grads_each = self.fast.grads
@@ -479,7 +485,10 @@ class ModelProblem(Problem):
         dev = self.device if device is None else as_device(device)
         out = copy.copy(self)
         module = copy.deepcopy(self.module).to(device=dev, dtype=dt)
-        out._fn = _Functional(module, self._fn.loss, self._fn.sample_shape)
+        fn = self._fn
+        out._fn = _Functional(
+            module, fn.loss, fn.sample_shape, "auto" if fn.fast is not None else "vmap"
+        )
         out._groups = [dataclasses.replace(g, batch=g.batch.to(dt, dev)) for g in self._groups]
         out._test = None if self._test is None else self._test.to(dt, dev)
         out._x0 = self._x0.to(device=dev, dtype=dt)
@@ -531,6 +540,7 @@ def model_problem(
     device: str | torch.device | None = "cpu",
     input_shape: Sequence[int] | None = None,
     name: str | None = None,
+    evaluation: str = "auto",
 ) -> ModelProblem:
     """A torch model on a dataset split over clients, as a :class:`~shrinkgrad.problems.Problem`.
 
@@ -545,7 +555,10 @@ def model_problem(
     (seeded by ``seed``; default 0.2), explicit row indices, an ``(X, y)`` pair, or ``None``/0.
     ``input_shape``: the shape one sample is given to the model in (e.g. ``(1, 8, 8)`` for a CNN
     on digits; default: as stored). ``batch_size``: the most samples one batched evaluation
-    holds (memory; default all).
+    holds (memory; default all). ``evaluation``: ``"auto"`` (a Sequential of Linear layers and
+    activations takes the hand-written back-propagation, any other module ``vmap(grad)``) or
+    ``"vmap"`` (always the generic path: the same gradients to round-off, e.g. to check or time
+    the fast one); :attr:`ModelProblem.evaluation` says which one a problem uses.
 
     Example::
 
@@ -555,6 +568,10 @@ def model_problem(
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if evaluation not in EVALUATIONS:
+        raise ValueError(
+            f"evaluation must be one of {', '.join(map(repr, EVALUATIONS))}, got {evaluation!r}"
+        )
     params = list(model.parameters())
     if not params:
         raise ValueError("the model has no parameters: there is nothing to optimise")
@@ -576,7 +593,7 @@ def model_problem(
     module = copy.deepcopy(model).to(device=dev, dtype=dt).eval()
     for p in module.parameters():
         p.requires_grad_(False)
-    fn = _Functional(module, lf, tuple(prepared.groups[0].batch.X.shape[2:]))
+    fn = _Functional(module, lf, tuple(prepared.groups[0].batch.X.shape[2:]), evaluation)
     x0 = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
     _check_forward(fn, x0, prepared.groups, input_shape)
     return ModelProblem(
