@@ -253,8 +253,6 @@ def block_mean(part, n, out):  # type: ignore[no-untyped-def]  # pragma: no cove
 @_jit
 def _client_csr(indptr, indices, data, ones, lo, hi, base, x, y, w, logistic, reg, g, z, r, e):  # type: ignore[no-untyped-def]  # pragma: no cover
     """One client of :func:`_point_pass_csr`: z, r, e of its rows j at j − base, its row g."""
-    one = z.dtype.type(1.0)
-    two = z.dtype.type(2.0)
     for j in range(lo, hi):
         s = 0.0
         if ones:
@@ -264,16 +262,7 @@ def _client_csr(indptr, indices, data, ones, lo, hi, base, x, y, w, logistic, re
             for p in range(indptr[j], indptr[j + 1]):
                 s += data[p] * x[np.uint64(indices[p])]
         z[j - base] = s
-    wc = w[lo]
-    if logistic:
-        for j in range(lo, hi):
-            ny = -y[j]
-            ej = math.exp(-(ny * z[j - base]))
-            r[j - base] = (ny * (one / (one + ej))) * wc
-            e[j - base] = ej
-    else:
-        for j in range(lo, hi):
-            r[j - base] = (two * (z[j - base] - y[j])) * wc
+    _client_dphi(logistic, y, w[lo], lo, hi, base, z, r, e)
     for q in range(g.shape[0]):
         g[q] = 0.0
     for j in range(lo, hi):
@@ -288,6 +277,24 @@ def _client_csr(indptr, indices, data, ones, lo, hi, base, x, y, w, logistic, re
                 g[np.uint64(indices[p])] += rk * data[p]
     for q in range(g.shape[0]):
         g[q] = g[q] + reg[q]
+
+
+@_jit
+def _client_dphi(logistic, y, wc, lo, hi, base, z, r, e):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """r = φ'(z; y)·w_c for one client's rows lo … hi − 1 (at j − base in z, r, e) and, for the
+    logistic loss, e = exp(−t): the arithmetic of :func:`dphi_weighted` and
+    :func:`neg_margin_exp` (the same bits), shared by the sparse and dense one-point passes."""
+    one = z.dtype.type(1.0)
+    two = z.dtype.type(2.0)
+    if logistic:
+        for j in range(lo, hi):
+            ny = -y[j]
+            ej = math.exp(-(ny * z[j - base]))
+            r[j - base] = (ny * (one / (one + ej))) * wc
+            e[j - base] = ej
+    else:
+        for j in range(lo, hi):
+            r[j - base] = (two * (z[j - base] - y[j])) * wc
 
 
 @_jit
@@ -320,8 +327,6 @@ def _point_pass_dense(  # type: ignore[no-untyped-def]  # pragma: no cover
         z = np.empty(block_rows, dtype=dt)
         r = np.empty(block_rows, dtype=dt)
         e = np.empty(block_rows, dtype=dt)
-        one = z.dtype.type(1.0)
-        two = z.dtype.type(2.0)
         for c in range(c0, c1):
             lo, hi = offsets[c], offsets[c + 1]
             for j in range(lo, hi):
@@ -329,16 +334,7 @@ def _point_pass_dense(  # type: ignore[no-untyped-def]  # pragma: no cover
                 for q in range(d):
                     s += A[j, q] * x[q]
                 z[j - base] = s
-            wc = w[lo]
-            if logistic:
-                for j in range(lo, hi):
-                    ny = -y[j]
-                    ej = math.exp(-(ny * z[j - base]))
-                    r[j - base] = (ny * (one / (one + ej))) * wc
-                    e[j - base] = ej
-            else:
-                for j in range(lo, hi):
-                    r[j - base] = (two * (z[j - base] - y[j])) * wc
+            _client_dphi(logistic, y, w[lo], lo, hi, base, z, r, e)
             for q in range(d):
                 G[c, q] = 0.0
             for j in range(lo, hi):
