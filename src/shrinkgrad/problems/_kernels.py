@@ -63,38 +63,46 @@ _LN2 = 0.6931471805599453
 _SQRT2_M1 = 0.41421356237309503
 
 
+@numba.njit(cache=True, inline="always")
+def _row_dot(indptr, indices, data, ones, j, x):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """⟨a_j, x⟩ over row j's stored non-zeros, in their order (``ones``: data not read)."""
+    s = 0.0
+    if ones:
+        for p in range(indptr[j], indptr[j + 1]):
+            s += x[np.uint64(indices[p])]
+    else:
+        for p in range(indptr[j], indptr[j + 1]):
+            s += data[p] * x[np.uint64(indices[p])]
+    return s
+
+
+@numba.njit(cache=True, inline="always")
+def _row_scatter(indptr, indices, data, ones, j, rk, g):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """g += r_k a_j over row j's stored non-zeros, in their order (``ones``: data not read)."""
+    if ones:
+        for p in range(indptr[j], indptr[j + 1]):
+            g[np.uint64(indices[p])] += rk
+    else:
+        for p in range(indptr[j], indptr[j + 1]):
+            g[np.uint64(indices[p])] += rk * data[p]
+
+
 @_jit
 def rowdot_csr(indptr, indices, data, rows, client, X, ones, out):  # type: ignore[no-untyped-def]  # pragma: no cover
     """``ones``: every stored value is 1.0 (binary features, e.g. a9a), so ``data`` is not read
     (1.0·v = v exactly: the same result). Unsigned indices skip numba's negative-index check."""
     for k in range(rows.shape[0]):
-        j = rows[k]
-        xr = X[client[k]]
-        s = 0.0
-        if ones:
-            for p in range(indptr[j], indptr[j + 1]):
-                s += xr[np.uint64(indices[p])]
-        else:
-            for p in range(indptr[j], indptr[j + 1]):
-                s += data[p] * xr[np.uint64(indices[p])]
-        out[k] = s
+        out[k] = _row_dot(indptr, indices, data, ones, rows[k], X[client[k]])
 
 
 @_jit
 def scatter_csr(indptr, indices, data, rows, client, r, ones, G):  # type: ignore[no-untyped-def]  # pragma: no cover
     """``ones`` as in :func:`rowdot_csr` (r_k·1.0 = r_k exactly)."""
     for k in range(rows.shape[0]):
-        j = rows[k]
-        g = G[client[k]]
         rk = r[k]
         if rk == 0.0:
             continue
-        if ones:
-            for p in range(indptr[j], indptr[j + 1]):
-                g[np.uint64(indices[p])] += rk
-        else:
-            for p in range(indptr[j], indptr[j + 1]):
-                g[np.uint64(indices[p])] += rk * data[p]
+        _row_scatter(indptr, indices, data, ones, rows[k], rk, G[client[k]])
 
 
 @_jit
@@ -254,27 +262,14 @@ def block_mean(part, n, out):  # type: ignore[no-untyped-def]  # pragma: no cove
 def _client_csr(indptr, indices, data, ones, lo, hi, base, x, y, w, logistic, reg, g, z, r, e):  # type: ignore[no-untyped-def]  # pragma: no cover
     """One client of :func:`_point_pass_csr`: z, r, e of its rows j at j − base, its row g."""
     for j in range(lo, hi):
-        s = 0.0
-        if ones:
-            for p in range(indptr[j], indptr[j + 1]):
-                s += x[np.uint64(indices[p])]
-        else:
-            for p in range(indptr[j], indptr[j + 1]):
-                s += data[p] * x[np.uint64(indices[p])]
-        z[j - base] = s
+        z[j - base] = _row_dot(indptr, indices, data, ones, j, x)
     _client_dphi(logistic, y, w[lo], lo, hi, base, z, r, e)
     for q in range(g.shape[0]):
         g[q] = 0.0
     for j in range(lo, hi):
         rk = r[j - base]
-        if rk == 0.0:
-            continue
-        if ones:
-            for p in range(indptr[j], indptr[j + 1]):
-                g[np.uint64(indices[p])] += rk
-        else:
-            for p in range(indptr[j], indptr[j + 1]):
-                g[np.uint64(indices[p])] += rk * data[p]
+        if rk != 0.0:
+            _row_scatter(indptr, indices, data, ones, j, rk, g)
     for q in range(g.shape[0]):
         g[q] = g[q] + reg[q]
 
