@@ -38,6 +38,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from .._finite import all_finite
 from ..rng import Keys
 from .base import NonFiniteError, ProblemLike
 
@@ -118,7 +119,7 @@ class ProblemOracle:
 
     @staticmethod
     def _finite(x: torch.Tensor) -> None:
-        if not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             raise NonFiniteError(
                 "a gradient was requested at a point with NaN or inf entries: the method "
                 "diverged (try a smaller step size)"

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .._finite import all_finite
 from ..compressors import Compressor
 from ..methods.base import BoundMethod, Method, NonFiniteError, State, Traffic, make_method
 from ..methods.oracle import ProblemOracle
@@ -753,7 +754,7 @@ def _advance(
     t0 = time.perf_counter()
     try:
         new_state, traffic = runtime.step(setup.bound, prog.state, record=logged)
-        finite = bool(torch.isfinite(new_state.x).all())
+        finite = all_finite(new_state.x)
     except NonFiniteError:
         new_state, traffic, finite = prog.state, None, False
     elapsed = time.perf_counter() - t0 + runtime.prepaid_s()
