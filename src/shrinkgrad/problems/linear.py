@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .._sums import mean_value
 from ..rng import Keys, bits32_torch
 from . import _kernels as K
 from .base import PROBLEMS, Problem
@@ -622,8 +623,8 @@ class LinearModelProblem(Problem):
         return out.index_add_(0, t["client"], per)
 
     def loss(self, x: torch.Tensor) -> float:
-        """f(x) = (1/n) Σ_i f_i(x)."""
-        return float(self.client_losses(x).double().mean())
+        """f(x) = (1/n) Σ_i f_i(x) (in float64, the clients in order: ``shrinkgrad._sums``)."""
+        return mean_value(self.client_losses(x))
 
     def minibatch_rows(
         self, batch_sizes: torch.Tensor | int, keys: Keys
