@@ -12,6 +12,7 @@ import torch
 from methods_fixtures import LeastSquares
 
 from shrinkgrad.methods import METHODS, ProblemOracle, make_method
+from shrinkgrad.methods.rules import SparseMessage, add_message
 from shrinkgrad.problems import (
     LinearModelProblem,
     Problem,
@@ -200,6 +201,12 @@ def test_kept_metrics_hold_only_while_their_point_is_unchanged() -> None:
     assert torch.equal(m2.grad, p.grad(x)) and m2.loss == p.loss(x)
     x.add_(0.25)  # the kept client gradients were for the old values
     assert torch.equal(o.grads(x, torch.arange(p.n)), p.client_grads(x))
+    # a write through numpy (the sparse messages' numba sum) bumps the counter too
+    m5 = o.metrics(x)
+    one = SparseMessage(torch.tensor([3]), torch.tensor([0.5], dtype=x.dtype), tuple(x.shape))
+    add_message(x, one, inplace=True)
+    m6 = o.metrics(x)
+    assert m6 is not None and m6 is not m5 and m6.loss == p.loss(x)
     with torch.inference_mode():  # tensors without a version counter: a private copy
         y = torch.linspace(-1.0, 1.0, p.d, dtype=p.dtype)
         o2 = ProblemOracle(p)

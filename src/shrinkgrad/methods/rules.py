@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+from torch.autograd.graph import increment_version
 
 from ..compressors import _kernels as K
 
@@ -97,6 +98,7 @@ def add_message(
         else:
             y = x if inplace else x.clone()
             c.add(y.view(-1), c.left, c.right, alpha)
+            increment_version(y)  # written through numpy: tell torch (and the oracle's stamps)
             return y
     if isinstance(c, SparseMessage):
         y = x if inplace else x.clone()
@@ -105,6 +107,7 @@ def add_message(
             # numba's serial loop: index_add_'s values (and order) at a fraction of its cost
             if not K.sparse_add(flat.numpy(), c.indices.numpy(), c.values.numpy(), alpha < 0):
                 raise IndexError(f"a sparse message has an index outside [0, {flat.numel()})")
+            increment_version(y)  # written through numpy: tell torch (and the oracle's stamps)
             return y
         flat.index_add_(0, c.indices, c.values, alpha=alpha)
         return y
