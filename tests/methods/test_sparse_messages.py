@@ -85,9 +85,10 @@ def test_sorted_runs_are_added_block_by_block_with_index_add_bits(
     if layout == "same":
         lists = [base] * 4
     elif layout == "overlapping":
-        lists = [
-            torch.cat([base[i::2], edges]).unique() for i in range(2)
-        ] + [torch.randperm(d, generator=gen)[: d // 40].sort().values, edges]
+        lists = [torch.cat([base[i::2], edges]).unique() for i in range(2)] + [
+            torch.randperm(d, generator=gen)[: d // 40].sort().values,
+            edges,
+        ]
     elif layout == "one":
         lists = [base]
     else:  # unsorted pieces: more runs than ADD_MAX_RUNS
