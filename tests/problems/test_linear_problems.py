@@ -400,3 +400,83 @@ def test_the_pass_mean_gradient_is_the_block_sums_in_order_for_any_thread_count(
     assert torch.equal(mean, g1) and torch.equal(G3, torch.from_numpy(G))
     assert torch.equal(losses, one.client_losses(x))
     torch.testing.assert_close(g1, torch.from_numpy(G).mean(dim=0), rtol=1e-13, atol=1e-16)
+
+
+@pytest.mark.parametrize("reg", ["nonconvex", "l2"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_regularizer_kernel_has_the_torch_gradient_bits_and_an_in_order_value(
+    reg: str, dtype: torch.dtype
+) -> None:
+    """The numba backend's ψ in one call: its gradient equals the torch expression bit for bit
+    (random, tiny, huge and signed-zero entries), its value is the float64 sum in order times λ
+    (λ/2) in the dtype, and both backends' f_i agree to round-off."""
+    from shrinkgrad.problems import _kernels as PK
+
+    lam = 0.37
+    gen = torch.Generator().manual_seed(11)
+    big = 1e160 if dtype == torch.float64 else 1e20  # x² overflows, (1 + x²)² too
+    edge = [0.0, -0.0, 1e-30, -1e-30, 1e10, -3e17, 1.0, -1.0, big, -big]
+    x = torch.cat(
+        [
+            torch.randn(200, dtype=torch.float64, generator=gen) * 3.0,
+            torch.tensor(edge, dtype=torch.float64),
+        ]
+    ).to(dtype)
+    p = _build("logistic", reg, lam, "sparse", dtype=str(dtype).split(".")[1])
+    grad = np.empty(x.numel(), dtype=x.numpy().dtype)
+    PK.regularizer(reg == "nonconvex", lam, x.numpy(), grad, np.empty(0, dtype=grad.dtype))
+    ref = (2.0 * lam) * x / (1.0 + x * x) ** 2 if reg == "nonconvex" else lam * x
+    assert torch.equal(torch.from_numpy(grad), ref)  # the same bits, signed zeros included
+    assert torch.equal(torch.from_numpy(grad).signbit(), ref.signbit())
+    xn = x[:-2].numpy()  # ψ itself is finite: without the overflowing entries
+    value = np.empty(1, dtype=xn.dtype)
+    PK.regularizer(reg == "nonconvex", lam, xn, np.empty_like(xn), value)
+    xs = [float(v) for v in xn]
+    acc = 0.0
+    for v in xs:
+        q = np.asarray(v, dtype=xn.dtype)
+        acc += float(q * q / (1 + q * q)) if reg == "nonconvex" else float(q * q)
+    scale = np.asarray(lam if reg == "nonconvex" else 0.5 * lam, dtype=xn.dtype)
+    assert value[0] == scale * np.asarray(acc, dtype=xn.dtype)
+    # the problem's numba losses carry this value; the torch backend's differ by round-off only
+    y = 0.3 * x[: p.d]  # margins of a moderate size (the backends' loss kernels differ too)
+    f_numba = p.client_losses(y)
+    p.backend = "torch"
+    f_torch = p.client_losses(y)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(f_numba, f_torch, rtol=tol, atol=0)
+
+
+def test_the_loss_polynomial_is_within_a_few_ulps_of_logaddexp() -> None:
+    """The fused pass's logistic loss φ = log(1 + exp(t)) from e = exp(−t) (a vectorised
+    series with FMAs, no libm log) against numpy's logaddexp(0, t), relative to the value, for
+    t across the exponent range, around the branch points v = exp(−|t|) = √2 − 1, and at
+    e = 0 / inf (|t| past the range: φ = t and 0 exactly). Fails on a truncated series, a wrong
+    branch constant or an FMA-induced loss of accuracy."""
+    from shrinkgrad.problems import _kernels as PK
+
+    gen = np.random.default_rng(5)
+    b = -np.log(np.sqrt(2.0) - 1.0)  # |t| where v crosses √2 − 1
+    t = np.concatenate(
+        [
+            gen.uniform(-40, 40, 20000),
+            gen.uniform(-1, 1, 5000) * 1e-6 + b,
+            gen.uniform(-1, 1, 5000) * 1e-6 - b,
+            np.linspace(-700, 700, 5001),
+            [0.0, 1e-300, -1e-300, 36.0, -36.0, 745.0, -745.0],
+        ]
+    )
+    y = np.where(gen.random(t.size) < 0.5, 1.0, -1.0)
+    z = -t / y  # t = −y z exactly (y = ±1)
+    with np.errstate(over="ignore"):
+        e = np.exp(-t)
+    out = np.empty_like(t)
+    PK._sample_losses(True, z, y, e, out)
+    ref = np.logaddexp(0.0, t)
+    ulps = np.abs(out - ref) / np.spacing(np.abs(ref))
+    assert float(ulps.max()) <= 4.0, float(ulps.max())
+    huge = np.array([800.0, -800.0])  # e = 0 (t ≫ 0) and inf (t ≪ 0)
+    out2 = np.empty(2)
+    with np.errstate(over="ignore"):
+        PK._sample_losses(True, -huge, np.ones(2), np.exp(-huge), out2)
+    assert out2[0] == 800.0 and out2[1] == 0.0

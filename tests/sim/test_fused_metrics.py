@@ -71,6 +71,14 @@ def _step(p: Problem, method: str) -> float:
         return make_method("ef21").bind(p, "top_k[k=2]", "theory").stepsize
 
 
+def _squares_in_order(g: torch.Tensor) -> float:
+    """‖g‖² as the row defines it (shrinkgrad._sums): float64 squares added in index order."""
+    acc = 0.0
+    for v in g.tolist():
+        acc += v * v
+    return acc
+
+
 @pytest.mark.parametrize("problem", list(PROBLEMS))
 @pytest.mark.parametrize("method", _methods())
 def test_logged_metrics_equal_the_separate_evaluation_bit_for_bit(
@@ -86,8 +94,7 @@ def test_logged_metrics_equal_the_separate_evaluation_bit_for_bit(
     t = res.table
     assert res.status == "completed" and len(t) == 7
     for k, x in enumerate([p.x0(), *xs]):
-        g = p.grad(x)
-        assert t["grad_norm_sq"].iloc[k] == float(torch.dot(g, g)), k
+        assert t["grad_norm_sq"].iloc[k] == _squares_in_order(p.grad(x)), k
         assert t["loss"].iloc[k] == float(p.loss(x)), k
     # the cache changes no iterate: a run logging only its last round is the same run
     sparse = simulate(p, method, _compressor(method), step, rounds=6, seed=2, log_every=6)
@@ -176,3 +183,28 @@ def test_time_s_still_counts_the_gradient_pass_a_step_reused() -> None:
     assert m is not None
     oracle.grads(p.x0(), torch.arange(p.n))  # consumes the kept gradients
     assert oracle.take_prepaid() > 0 and oracle.take_prepaid() == 0.0
+
+
+def test_kept_metrics_hold_only_while_their_point_is_unchanged() -> None:
+    """The oracle keeps the point's tensor and its version counter, not a copy: the same
+    unchanged tensor or an equal one reuses the metrics; an in-place change of the point (or of
+    the gradients' point before the next step) makes them be recomputed, correctly."""
+    p = logistic_regression("a1a", n_clients=5)
+    o = ProblemOracle(p)
+    x = torch.linspace(-1.0, 1.0, p.d, dtype=p.dtype)
+    m = o.metrics(x)
+    assert m is not None and o.metrics(x) is m and o.metrics(x.clone()) is m
+    x.mul_(0.5)  # in place: the version moves, the kept values are not x's any more
+    m2 = o.metrics(x)
+    assert m2 is not None and m2 is not m
+    assert torch.equal(m2.grad, p.grad(x)) and m2.loss == p.loss(x)
+    x.add_(0.25)  # the kept client gradients were for the old values
+    assert torch.equal(o.grads(x, torch.arange(p.n)), p.client_grads(x))
+    with torch.inference_mode():  # tensors without a version counter: a private copy
+        y = torch.linspace(-1.0, 1.0, p.d, dtype=p.dtype)
+        o2 = ProblemOracle(p)
+        m3 = o2.metrics(y)
+        assert m3 is not None and m3.version == -1 and o2.metrics(y.clone()) is m3
+        y.mul_(2.0)
+        m4 = o2.metrics(y)
+        assert m4 is not None and m4 is not m3 and m4.loss == p.loss(y)

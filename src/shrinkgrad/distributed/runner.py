@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .._sums import squared_norm
 from ..compressors import Compressor
 from ..methods.base import BoundMethod, Method, NonFiniteError, State, Traffic
 from ..methods.oracle import ProblemOracle
@@ -131,9 +132,8 @@ class LocalOracle:
         """(‖∇f(x)‖², f(x)) of the full problem, which this rank holds (``sums`` is None)."""
         m = self._oracle.metrics(x)
         if m is not None:
-            return float(torch.dot(m.grad, m.grad)), m.loss
-        g = self.problem.grad(x)
-        return float(torch.dot(g, g)), float(self.problem.loss(x))
+            return squared_norm(m.grad), m.loss
+        return squared_norm(self.problem.grad(x)), float(self.problem.loss(x))
 
 
 # --------------------------------------------------------------------------------------------

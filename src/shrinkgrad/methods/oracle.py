@@ -38,6 +38,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from .._finite import all_finite
+from .._sums import mean_value
 from ..rng import Keys
 from .base import NonFiniteError, ProblemLike
 
@@ -57,12 +59,36 @@ class PointMetrics(NamedTuple):
 
     ``grad`` = (1/m) Σ_i ∇f_i(x) (the mean of ``client_grads(x)``'s rows, i.e. ``problem.grad(x)``
     bit for bit), ``loss`` = (1/m) Σ_i f_i(x) (``problem.loss(x)`` bit for bit), m = ``clients``.
+    ``x`` is the point's tensor itself and ``version`` its version counter then (an in-place
+    change of x bumps it: the metrics no longer hold); −1 when ``x`` is a private copy (a tensor
+    without a counter, made under ``torch.inference_mode``).
     """
 
     x: torch.Tensor
     grad: torch.Tensor
     loss: float
     clients: int
+    version: int = -1
+
+
+def _stamp(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x`` and its version counter, or a private copy and −1 where x has no counter.
+
+    Holding the tensor rather than a copy, a later request at the same unchanged tensor is an
+    identity test, not a copy and a comparison (two small torch calls that cost 10–30 µs each
+    right after a pass over the data)."""
+    try:
+        return x, int(x._version)
+    except RuntimeError:  # an inference tensor tracks no version
+        return x.clone(), -1
+
+
+def _holds(ref: torch.Tensor, version: int, x: torch.Tensor) -> bool:
+    """Whether ``x`` is the point that ``(ref, version)`` (:func:`_stamp`) recorded: the same
+    tensor unchanged since, or a tensor of equal values."""
+    if version >= 0 and int(ref._version) != version:
+        return False  # changed in place: its values at the stamp are gone
+    return ref is x or torch.equal(ref, x)
 
 
 #: ``client_grads_and_losses(x) -> (G (n, d), losses (n,))`` of a problem with a fused pass
@@ -101,8 +127,9 @@ class ProblemOracle:
         #: round's full-batch gradient pass
         self.record = False
         self._seen: PointMetrics | None = None
-        #: (x, client gradients at x, seconds they cost) left by a metric pass for the next step
-        self._ahead: tuple[torch.Tensor, torch.Tensor, float] | None = None
+        #: (x, its version, client gradients at x, seconds they cost) left by a metric pass
+        #: for the next step
+        self._ahead: tuple[torch.Tensor, int, torch.Tensor, float] | None = None
         self._prepaid = 0.0
 
     def _is_all(self, ids: torch.Tensor) -> bool:
@@ -118,7 +145,7 @@ class ProblemOracle:
 
     @staticmethod
     def _finite(x: torch.Tensor) -> None:
-        if not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             raise NonFiniteError(
                 "a gradient was requested at a point with NaN or inf entries: the method "
                 "diverged (try a smaller step size)"
@@ -128,7 +155,8 @@ class ProblemOracle:
     def _metrics_pass(
         self, x: torch.Tensor, grad: torch.Tensor, losses: torch.Tensor
     ) -> PointMetrics:
-        m = PointMetrics(x.clone(), grad, float(losses.double().mean()), self.n)
+        ref, version = _stamp(x)
+        m = PointMetrics(ref, grad, mean_value(losses), self.n, version)
         self._seen = m
         return m
 
@@ -139,14 +167,14 @@ class ProblemOracle:
         whose client gradients are kept for the next :meth:`grads` request at ``x``.
         """
         seen = self._seen
-        if seen is not None and torch.equal(seen.x, x):
+        if seen is not None and _holds(seen.x, seen.version, x):
             return seen
         if self._fused is None:
             return None
         t0 = time.perf_counter()
         G, losses, grad = self._fused(x)
         m = self._metrics_pass(x, grad, losses)
-        self._ahead = (m.x, G, time.perf_counter() - t0)
+        self._ahead = (m.x, m.version, G, time.perf_counter() - t0)
         return m
 
     def take_prepaid(self) -> float:
@@ -157,9 +185,9 @@ class ProblemOracle:
     def _at_point(self, x: torch.Tensor) -> torch.Tensor:
         """``client_grads(x)`` (every client), from a metric pass or recording its metrics."""
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and torch.equal(ahead[0], x):
-            self._prepaid += ahead[2]
-            return ahead[1]
+        if ahead is not None and _holds(ahead[0], ahead[1], x):
+            self._prepaid += ahead[3]
+            return ahead[2]
         if self.record and self._fused is not None:
             G, losses, grad = self._fused(x)
             self._metrics_pass(x, grad, losses)

@@ -47,6 +47,7 @@ __all__ = [
     "point_pass_csr_threads",
     "point_pass_dense",
     "point_pass_dense_threads",
+    "regularizer",
     "rowdot_csr",
     "rowdot_dense",
     "scatter_csr",
@@ -55,7 +56,10 @@ __all__ = [
 ]
 
 _jit: Any = numba.njit(cache=True, nogil=True)
-_jit_vec: Any = numba.njit(cache=True, nogil=True, error_model="numpy")
+#: the loss polynomial's kernel: vectorised (``error_model="numpy"``) with multiply-adds
+#: contracted into FMAs (``fastmath={"contract"}`` only: no reassociation, no finite-math
+#: assumptions), 0.07 against 0.10 ms on a9a's 32 561 samples
+_jit_vec: Any = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 _jit_par: Any = numba.njit(cache=True, nogil=True, parallel=True)
 
 #: log 2 and √2 − 1 (the split of the log1p argument range, below)
@@ -141,7 +145,10 @@ def _sample_losses(logistic, z, y, e, out):  # type: ignore[no-untyped-def]  # p
     omitted term). Each branch's s is one quotient of e_k: s = e/(2 + e), (e − 1)/(e + 3),
     1/(2e + 1) or (1 − e)/(3e + 1) (e ± 1 is exact where it is used, Sterbenz). So the loss is
     within a few ulps of ``numpy.logaddexp(0, t)`` for every t (tested), and e = 0 or inf (|t|
-    beyond the exponent range) give t and 0 exactly.
+    beyond the exponent range) give t and 0 exactly. The polynomial's multiply-adds are
+    contracted into FMAs where the CPU has them (one rounding instead of two per step: the
+    same bound, last bits that depend on the CPU, as ``exp`` from libm already does); the
+    fused and the separate losses use this one kernel, so they still agree bit for bit.
     Squared: φ = (z − y)² in z's dtype, as ``(z - y) ** 2``.
     """
     if not logistic:
@@ -187,6 +194,42 @@ def client_losses(logistic, z, y, e, offsets, inv_m, buf, out):  # type: ignore[
         for k in range(offsets[c], offsets[c + 1]):
             acc += buf[k]
         out[c] = acc * inv_m[c]
+
+
+@_jit
+def regularizer(nonconvex, lam, x, grad, value):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """ψ's gradient into ``grad`` and, when ``value`` has one entry, ψ(x) into it, in one pass
+    over x (d entries): ψ = λ Σ_j x_j²/(1 + x_j²) ([EF21] §5's nonconvex regularizer) or
+    λ/2 ‖x‖² (l2).
+
+    The gradient has the bits of the torch expressions it replaces, entry by entry in x's
+    dtype: ``(2λ)·x / (1 + x·x)²`` (torch squares by one product) and ``λ·x``. The value sums
+    x_j²/(1 + x_j²) (or x_j²) in order in float64 and multiplies by λ (λ/2) in x's dtype: the
+    numba backend's ψ(x) (``LinearModelProblem._reg_value``), for the fused and the separate
+    losses alike; a torch ``sum`` adds in another order, so the two backends agree to
+    round-off, not bit for bit.
+    """
+    dt = x.dtype.type
+    one = dt(1.0)
+    acc = 0.0
+    if nonconvex:
+        c = dt(2.0 * lam)
+        for q in range(x.shape[0]):
+            xq = x[q]
+            sq = xq * xq
+            t = one + sq
+            grad[q] = (c * xq) / (t * t)
+            acc += float(sq / t)
+        scale = dt(lam)
+    else:
+        c = dt(lam)
+        for q in range(x.shape[0]):
+            xq = x[q]
+            grad[q] = c * xq
+            acc += float(xq * xq)
+        scale = dt(0.5 * lam)
+    if value.shape[0] > 0:
+        value[0] = scale * dt(acc)
 
 
 #: clients per block of the one-point pass: each block (one prange iteration) allocates the

@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from .._finite import all_finite
 from ..registry import Registry, Spec
 from ..rng import Keys
 from ..theory import L_AM, L_QM, L_var
@@ -201,7 +202,7 @@ class Problem(abc.ABC):
     @staticmethod
     def check_finite(x: torch.Tensor, what: str) -> torch.Tensor:
         """``x``, or a ValueError when it has NaN or inf entries (a diverged method)."""
-        if not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             raise ValueError(
                 f"{what} contains NaN or inf (did the method diverge? try a smaller step size)"
             )

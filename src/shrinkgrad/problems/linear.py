@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .._sums import mean_value
 from ..rng import Keys, bits32_torch
 from . import _kernels as K
 from .base import PROBLEMS, Problem
@@ -376,6 +377,24 @@ class LinearModelProblem(Problem):
             return self.lam * (x * x / (1.0 + x * x)).sum(-1)
         return 0.5 * self.lam * (x * x).sum(-1)
 
+    def _reg_numba(self, xn: np.ndarray, value: bool) -> tuple[np.ndarray, float]:
+        """(∇ψ(x), ψ(x) or 0.0) of the numba backend in one call
+        (:func:`~shrinkgrad.problems._kernels.regularizer`: the gradient with the bits of
+        :meth:`_reg_grad`, the value summed in order); five small torch operations each cost
+        more than the whole call."""
+        grad = np.empty(self.d, dtype=self._A.dtype)
+        out = np.empty(1 if value else 0, dtype=self._A.dtype)
+        K.regularizer(self.reg == "nonconvex", self.lam, xn, grad, out)
+        return grad, (float(out[0]) if value else 0.0)
+
+    def _plus_reg(self, f_i: np.ndarray, value: float) -> torch.Tensor:
+        """f_i + ψ(x) in the problem's dtype, f_i the float64 losses without the regularizer:
+        rounded to the dtype first, then ψ added (the torch backend's order)."""
+        if f_i.dtype == self._A.dtype:
+            f_i += value
+            return torch.from_numpy(f_i)
+        return torch.from_numpy(f_i).to(self.dtype).add_(value)
+
     # -- the one-pass engine -----------------------------------------------------------------------
     def _tensors(self) -> dict[str, torch.Tensor]:
         """Device copies of the data for the torch backend (built on first use)."""
@@ -434,17 +453,17 @@ class LinearModelProblem(Problem):
 
     def _point_numba(
         self, x: torch.Tensor, losses: bool, mean: bool = False
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """(G, f_i, ∇f) at one point x, the regularizer's gradient included (its value not), in
-        one kernel call (:func:`~shrinkgrad.problems._kernels.point_pass_csr`: the values of
-        the row-list kernels and of :func:`client_losses` bit for bit); with ``threads`` > 1
-        the clients are spread over numba threads (same values). The losses (float64,
-        regularizer excluded) only when ``losses``, the mean gradient (1/n) Σ_i G[i] from the
-        pass's block sums (:func:`~shrinkgrad.problems._kernels.block_mean`) only when
-        ``mean``; else None.
+    ) -> tuple[np.ndarray, torch.Tensor | None, np.ndarray | None]:
+        """(G, f_i, ∇f) at one point x, the regularizer's gradient included, in one kernel call
+        (:func:`~shrinkgrad.problems._kernels.point_pass_csr`: the values of the row-list
+        kernels and of :func:`client_losses` bit for bit); with ``threads`` > 1 the clients are
+        spread over numba threads (same values). The losses f_i(x) (the regularizer's value
+        included, in the problem's dtype: :meth:`client_losses`' bits) only when ``losses``, the
+        mean gradient (1/n) Σ_i G[i] from the pass's block sums
+        (:func:`~shrinkgrad.problems._kernels.block_mean`) only when ``mean``; else None.
         """
         xn = self._numpy(x)
-        reg = self._numpy(self._reg_grad(x))
+        reg, reg_value = self._reg_numba(xn, losses)
         logistic = self.loss_kind == "logistic"
         out = np.empty(self.n, dtype=np.float64) if losses else self._no_loss
         G = np.empty((self.n, self.d), dtype=self._A.dtype)
@@ -469,10 +488,11 @@ class LinearModelProblem(Problem):
         if mean:
             g = np.empty(self.d, dtype=G.dtype)
             K.block_mean(part, self.n, g)
-        return G, (out if losses else None), g
+        return G, (self._plus_reg(out, reg_value) if losses else None), g
 
-    def _losses_numba(self, z: np.ndarray, e: np.ndarray | None) -> torch.Tensor:
-        """f_i(x) from the margins z (and exp(−t) of the logistic loss), regularizer excluded."""
+    def _losses_numba(self, z: np.ndarray, e: np.ndarray | None) -> np.ndarray:
+        """f_i(x) (float64) from the margins z (and exp(−t) of the logistic loss), regularizer
+        excluded."""
         logistic = self.loss_kind == "logistic"
         if logistic and e is None:
             e = np.empty_like(z)
@@ -481,7 +501,7 @@ class LinearModelProblem(Problem):
         out = np.empty(self.n, dtype=np.float64)
         e_arg = self._no_e if e is None else e
         K.client_losses(logistic, z, self._y, e_arg, self.offsets, self._inv_m, buf, out)
-        return torch.from_numpy(out).to(self.dtype)
+        return out
 
     def _grads_torch(
         self,
@@ -559,15 +579,12 @@ class LinearModelProblem(Problem):
         """
         x = self._point(x)
         if self.backend == "numba":
-            G, f_i, g = self._point_numba(x, True, True)
-            assert f_i is not None and g is not None
-            grads, losses = torch.from_numpy(G), torch.from_numpy(f_i).to(self.dtype)
-            mean = torch.from_numpy(g)
-        else:
-            grads, z = self._grads_torch(x.expand(self.n, self.d), None, None, keep_z=True)
-            grads, losses = grads.add_(self._reg_grad(x)), self._losses_torch(z)
-            mean = grads.mean(dim=0)
-        return grads, losses + self._reg_value(x), mean
+            G, losses, g = self._point_numba(x, True, True)
+            assert losses is not None and g is not None
+            return torch.from_numpy(G), losses, torch.from_numpy(g)
+        grads, z = self._grads_torch(x.expand(self.n, self.d), None, None, keep_z=True)
+        grads, losses = grads.add_(self._reg_grad(x)), self._losses_torch(z)
+        return grads, losses + self._reg_value(x), grads.mean(dim=0)
 
     def client_grads_at(self, X: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(X[i]), in one pass over the data."""
@@ -594,11 +611,10 @@ class LinearModelProblem(Problem):
         """(n,): f_i(x) (accumulated in float64, returned in the problem's dtype)."""
         x = self._point(x)
         if self.backend == "numba":
-            zn = self._rowdot(self._numpy(x)[None, :], self._rows, self._zeros_client)
-            out = self._losses_numba(zn, None)
-        else:
-            out = self._losses_torch(self._margins_torch(x))
-        return out + self._reg_value(x)
+            xn = self._numpy(x)
+            zn = self._rowdot(xn[None, :], self._rows, self._zeros_client)
+            return self._plus_reg(self._losses_numba(zn, None), self._reg_numba(xn, True)[1])
+        return self._losses_torch(self._margins_torch(x)) + self._reg_value(x)
 
     def _losses_torch(self, z: torch.Tensor) -> torch.Tensor:
         t = self._tensors()
@@ -607,8 +623,8 @@ class LinearModelProblem(Problem):
         return out.index_add_(0, t["client"], per)
 
     def loss(self, x: torch.Tensor) -> float:
-        """f(x) = (1/n) Σ_i f_i(x)."""
-        return float(self.client_losses(x).double().mean())
+        """f(x) = (1/n) Σ_i f_i(x) (in float64, the clients in order: ``shrinkgrad._sums``)."""
+        return mean_value(self.client_losses(x))
 
     def minibatch_rows(
         self, batch_sizes: torch.Tensor | int, keys: Keys

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch.func import functional_call, grad, grad_and_value, jvp, vmap
 
+from .._sums import mean_value
 from ..registry import Spec
 from ..rng import Keys, bits32_torch
 from .base import Problem
@@ -341,8 +342,8 @@ class ModelProblem(Problem):
             return self._batched(self._fn.losses_shared, self._point(x))
 
     def loss(self, x: torch.Tensor) -> float:
-        """f(x) = (1/n) Σ_i f_i(x)."""
-        return float(self.client_losses(x).double().mean())
+        """f(x) = (1/n) Σ_i f_i(x) (in float64, the clients in order: ``shrinkgrad._sums``)."""
+        return mean_value(self.client_losses(x))
 
     def client_grads(self, x: torch.Tensor) -> torch.Tensor:
         """(n, d): row i is ∇f_i(x), one batched ``vmap(grad)`` evaluation."""

@@ -30,6 +30,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ..._sums import squared_norm
 from ...methods.asynchronous import EVENT_RESUMED, TRACE_FILES
 from ...problems import Problem
 from ...sim import COLUMNS
@@ -216,7 +217,7 @@ def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem)
     for update, time_s, x, up, paper, down in log.snapshots:
         x = x.to(problem.dtype)
         g = problem.grad(x)
-        gns, loss = float(torch.dot(g, g)), float(problem.loss(x))
+        gns, loss = squared_norm(g), float(problem.loss(x))  # the simulator's row values
         if not (math.isfinite(gns) and math.isfinite(loss)):
             status, message = "diverged", f"non-finite metrics at update {update}"
             break

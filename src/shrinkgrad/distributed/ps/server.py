@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ..._sums import mean_value
 from ...compressors import Compressor
 from ...methods.asynchronous import (
     EVENT_INIT,
@@ -296,9 +297,9 @@ class _Server:
                 self.t,
                 self.now(),
                 self.x.clone(),
-                float(self.up.mean()),
-                float(self.up_paper.mean()),
-                float(self.down.mean()),
+                mean_value(self.up),  # the simulator's row values (shrinkgrad._sums)
+                mean_value(self.up_paper),
+                mean_value(self.down),
             )
         )
 
