@@ -63,3 +63,45 @@ def test_add_message_refuses_an_index_outside_the_vector() -> None:
     with pytest.raises(IndexError, match=r"outside \[0, 10\)"):
         add_message(x, bad, inplace=True)
     assert torch.equal(x, torch.zeros(10, dtype=torch.float64))  # untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [1.0, -1.0])
+@pytest.mark.parametrize("layout", ["same", "overlapping", "one", "many"])
+def test_sorted_runs_are_added_block_by_block_with_index_add_bits(
+    dtype: torch.dtype, alpha: float, layout: str
+) -> None:
+    """The hook's aggregate (n ranks' ascending Top-k lists one after the other) is added block
+    by block of x (``_kernels.sparse_add``'s run path), which must keep every index's additions
+    in message order: the bits of index_add_. Lists that are all equal (every index in every
+    run), that overlap partly (with indices on block boundaries and the last entry), one list
+    alone, and more runs than the run path takes (the loop in order)."""
+    from shrinkgrad.compressors import _kernels as K
+
+    d = 3 * K.ADD_BLOCK + 17
+    gen = torch.Generator().manual_seed(11)
+    base = torch.randperm(d, generator=gen)[: d // 50].sort().values
+    edges = torch.tensor([0, K.ADD_BLOCK - 1, K.ADD_BLOCK, 2 * K.ADD_BLOCK, d - 1])
+    if layout == "same":
+        lists = [base] * 4
+    elif layout == "overlapping":
+        lists = [torch.cat([base[i::2], edges]).unique() for i in range(2)] + [
+            torch.randperm(d, generator=gen)[: d // 40].sort().values,
+            edges,
+        ]
+    elif layout == "one":
+        lists = [base]
+    else:  # unsorted pieces: more runs than ADD_MAX_RUNS
+        lists = [torch.randperm(d, generator=gen)[:3] for _ in range(K.ADD_MAX_RUNS + 5)]
+    idx = torch.cat(lists)
+    # magnitudes far apart, so that any other order of the additions changes the rounding
+    vals = torch.randn(idx.numel(), dtype=dtype, generator=gen) * 10.0 ** torch.randint(
+        -6, 7, (idx.numel(),), generator=gen
+    ).to(dtype)
+    x = torch.randn(d, dtype=dtype, generator=gen)
+    ref = x.clone().index_add_(0, idx, vals, alpha=alpha)
+    out = add_message(x, SparseMessage(idx, vals, (d,)), alpha=alpha)
+    assert torch.equal(_bits(out), _bits(ref))
+    if layout == "same":  # (a sanity check of the test: the order matters for these values)
+        rev = x.clone().index_add_(0, idx.flip(0), vals.flip(0), alpha=alpha)
+        assert not torch.equal(_bits(rev), _bits(ref))

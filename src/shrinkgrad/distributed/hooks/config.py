@@ -19,7 +19,7 @@ from ...compressors import COMPRESSORS, Compressor
 from ...methods.base import Constants, Method, UnknownConstantError, make_method
 from ...methods.ef21 import EF21
 from ...methods.ef21_sgdm import EF21SGDM, ClientMomentum
-from ...rng import Keys
+from ...rng import Keys, KeyStream
 
 __all__ = [
     "ALIASES",
@@ -161,6 +161,8 @@ class Settings:
     _compressors: dict[tuple[int, tuple[int, ...], torch.dtype], Compressor | None] = (
         dataclasses.field(default_factory=dict)
     )
+    #: the key stream of every client id drawn from (the seed's part of the chain, once)
+    _streams: dict[int, KeyStream] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def build(
@@ -351,7 +353,10 @@ class Settings:
         if C.deterministic:
             return None
         client = 0 if getattr(C, "shared_seed", False) else rank
-        return Keys.derive(self.seed, round=iteration, client=client, stream=STREAM).fold(uid)
+        stream = self._streams.get(client)
+        if stream is None:  # Keys.derive's chain up to the round, computed once per client
+            stream = self._streams[client] = KeyStream(self.seed, client, stream=STREAM)
+        return stream.at(iteration).fold(uid)
 
     def describe(self) -> dict[str, Any]:
         """What a checkpoint must match (:mod:`.memory`)."""
