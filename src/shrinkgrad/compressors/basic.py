@@ -6,6 +6,7 @@ import numba
 import numpy as np
 import torch
 
+from .. import _buffers as buffers
 from ..rng import Keys
 from . import _kernels as K
 from ._wire import BitReader, BitWriter, float_width, paper_width
@@ -249,8 +250,8 @@ class TopK(Sparsifier):
             return super().shifted(x, h, keys)
         x2, h2 = _rows(x), _rows(h)
         d = x2.shape[1]
-        c = torch.empty(x.shape, dtype=x.dtype)
-        g = torch.empty(x.shape, dtype=x.dtype)
+        c = buffers.empty_tensor(tuple(x.shape), x.dtype)  # recycled at federated scale
+        g = buffers.empty_tensor(tuple(x.shape), x.dtype)
         c2, g2 = c.view(-1, d).numpy(), g.view(-1, d).numpy()
         if _shifted_top1(x2, h2, c2, g2) != K.OK:
             raise non_finite_error(self.name)

@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .. import _buffers as buffers
 from .._sums import mean_value
 from ..rng import Keys, bits32_torch
 from . import _kernels as K
@@ -466,7 +467,7 @@ class LinearModelProblem(Problem):
         reg, reg_value = self._reg_numba(xn, losses)
         logistic = self.loss_kind == "logistic"
         out = np.empty(self.n, dtype=np.float64) if losses else self._no_loss
-        G = np.empty((self.n, self.d), dtype=self._A.dtype)
+        G = buffers.empty((self.n, self.d), self._A.dtype)  # recycled at federated scale
         blocks = -(-self.n // K.PASS_BLOCK) if mean else 0
         part = np.empty((blocks, self.d), dtype=G.dtype)
         parallel = self.threads > 1
