@@ -64,14 +64,14 @@ def mean_value(t: torch.Tensor) -> float:
     """(1/n) Σ_i t_i of a 1-D tensor in float64, added in index order (NaN when empty)."""
     if _viewable(t):
         return float(_mean(t.numpy()))
-    return float(t.double().mean())
+    return float(t.detach().double().mean())
 
 
 def squared_norm(g: torch.Tensor) -> float:
     """Σ_j g_j² of a 1-D tensor in float64, added in index order."""
     if _viewable(g):
         return float(_squares(g.numpy()))
-    g64 = g.double()
+    g64 = g.detach().double()
     return float(torch.dot(g64, g64))
 
 
