@@ -251,7 +251,7 @@ class _RankRuntime:
         loss_sum, up, paper, down, time_s = buf[self.d :].tolist()
         return (
             p.state.round,
-            float(g @ g),
+            squared_norm(g),  # the simulator's definition (shrinkgrad._sums)
             loss_sum / n,
             up / n,
             paper / n,
