@@ -62,10 +62,9 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 def empty_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """:func:`empty` as a CPU torch tensor (float32 / float64)."""
-    np_dtype = np.float32 if dtype == torch.float32 else np.float64
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"empty_tensor takes float32 or float64, got {dtype}")
-    return torch.from_numpy(empty(shape, np_dtype))
+    return torch.from_numpy(empty(shape, np.float32 if dtype == torch.float32 else np.float64))
 
 
 def pooled_bytes() -> int:

@@ -10,7 +10,10 @@ does them all costs about a third of that. So the values are defined by these ke
 * :func:`mean_value`: (1/n) Σ_i t_i, accumulated in float64 in index order;
 * :func:`squared_norm`: Σ_j g_j², accumulated in float64 in index order;
 * :func:`row_values`: both for a row, ‖∇f‖² and the three means of the bit counters, in one
-  call.
+  call;
+* :func:`all_finite`: whether a tensor has no NaN or ±inf — the per-round checks of the iterate
+  (engine, oracle, problem), 3.5 µs through numpy against 9 µs for ``torch.isfinite(x).all()``
+  on a vector of a hundred entries; the same answer.
 
 Every runtime and every problem's ``loss`` use the same functions, so a logged value equals the
 separate evaluation bit for bit. Tensors that numpy cannot view (other devices, autograd, other
@@ -25,7 +28,7 @@ import numba
 import numpy as np
 import torch
 
-__all__ = ["mean_value", "row_values", "squared_norm"]
+__all__ = ["all_finite", "mean_value", "row_values", "squared_norm"]
 
 _jit: Any = numba.njit(cache=True, nogil=True)
 _NUMPY_FLOATS = (torch.float32, torch.float64)
@@ -53,11 +56,21 @@ def _row(g, up, paper, down):  # type: ignore[no-untyped-def]  # pragma: no cove
     return _squares(g), _mean(up), _mean(paper), _mean(down)
 
 
+def _numpy_ok(t: torch.Tensor) -> bool:
+    """Whether ``t.numpy()`` views t's values (is_cpu, not device.type: building a device object
+    costs a microsecond)."""
+    return t.is_cpu and not t.requires_grad and t.dtype in _NUMPY_FLOATS
+
+
 def _viewable(*ts: torch.Tensor) -> bool:
-    for t in ts:  # is_cpu, not device.type: building a device object costs a microsecond
-        if not (t.is_cpu and not t.requires_grad and t.dtype in _NUMPY_FLOATS and t.ndim == 1):
-            return False
-    return True
+    return all(t.ndim == 1 and _numpy_ok(t) for t in ts)
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every entry of ``x`` is finite (no NaN, no ±inf); True for an empty tensor."""
+    if _numpy_ok(x):
+        return bool(np.isfinite(x.numpy()).all())
+    return bool(torch.isfinite(x).all())
 
 
 def mean_value(t: torch.Tensor) -> float:

@@ -38,8 +38,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from .._finite import all_finite
-from .._sums import mean_value
+from .._sums import all_finite, mean_value
 from ..rng import Keys
 from .base import NonFiniteError, ProblemLike
 

@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from .._finite import all_finite
+from .._sums import all_finite
 from ..registry import Registry, Spec
 from ..rng import Keys
 from ..theory import L_AM, L_QM, L_var

@@ -33,8 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .._finite import all_finite
-from .._sums import row_values
+from .._sums import all_finite, row_values
 from ..compressors import Compressor
 from ..methods.base import BoundMethod, Method, NonFiniteError, State, Traffic, make_method
 from ..methods.oracle import ProblemOracle
