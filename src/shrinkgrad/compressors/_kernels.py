@@ -37,7 +37,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.cpython.unsafe.numbers import trailing_zeros
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .._numba_twin import twin
 from ..rng_numba import bits32, fill_words, mix32, mix32_u32
@@ -847,6 +847,46 @@ ROUND_NONE = 0
 ROUND_BF16 = 1
 
 
+@intrinsic
+def _widen_bf16(typingctx: Any, u: Any) -> Any:  # pragma: no cover - compiled
+    """The float32 that the bfloat16 of pattern ``u`` (uint16) is: u shifted up by 16 bits and
+    read as a float32 (zero-extend, shift, bitcast; exact, NaN payloads included)."""
+    if u != types.uint16:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        wide = builder.zext(args[0], ir.IntType(32))
+        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+def load(a: np.ndarray, i: int) -> Any:
+    """Entry ``i`` of ``a`` as a float: a float array's own entry, or for ``uint16`` (the bit
+    patterns of a bfloat16 tensor, ``t.view(torch.int16).numpy().view(np.uint16)``) the
+    float32 it widens to exactly — its 16 bits shifted up by 16, as torch's
+    ``.to(torch.float32)`` does. The kernels of a − b below read their minuend through this,
+    so a bfloat16 gradient is selected from without a float32 copy of it."""
+    if a.dtype == np.uint16:
+        return np.array([np.uint32(a[i]) << np.uint32(16)], dtype=np.uint32).view(np.float32)[0]
+    return a[i]
+
+
+@overload(load, inline="always")
+def _load_overload(a: Any, i: Any) -> Any:  # pragma: no cover - compiled
+    if isinstance(a, types.Array) and a.dtype == types.uint16:
+
+        def widen(a: Any, i: Any) -> Any:
+            return _widen_bf16(a[i])
+
+        return widen
+
+    def own(a: Any, i: Any) -> Any:
+        return a[i]
+
+    return own
+
+
 @njit(cache=True)
 def _round_bf16_block(u: np.ndarray) -> None:  # pragma: no cover - compiled
     """float32 patterns ``u`` rounded in place to the nearest bfloat16 (ties to even), NaN to
@@ -860,9 +900,10 @@ def _round_bf16_block(u: np.ndarray) -> None:  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _sub_block(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
-    """out = a − b (IEEE, element by element: torch.sub's values)."""
+    """out = a − b (IEEE, element by element: torch.sub's values; ``a`` may be bfloat16
+    patterns, widened by :func:`load`)."""
     for i in range(out.size):
-        out[i] = a[i] - b[i]
+        out[i] = load(a, i) - b[i]
 
 
 @njit(cache=True, inline="always")
@@ -889,12 +930,12 @@ def _flag_diff_block(  # pragma: no cover - compiled
     threshold pattern; four interleaved streams of each operand, as there)."""
     q = a.size // 4
     for i in range(q):
-        flags[i] = np.uint8(not (abs(a[i] - b[i]) < tau))
-        flags[q + i] = np.uint8(not (abs(a[q + i] - b[q + i]) < tau))
-        flags[2 * q + i] = np.uint8(not (abs(a[2 * q + i] - b[2 * q + i]) < tau))
-        flags[3 * q + i] = np.uint8(not (abs(a[3 * q + i] - b[3 * q + i]) < tau))
+        flags[i] = np.uint8(not (abs(load(a, i) - b[i]) < tau))
+        flags[q + i] = np.uint8(not (abs(load(a, q + i) - b[q + i]) < tau))
+        flags[2 * q + i] = np.uint8(not (abs(load(a, 2 * q + i) - b[2 * q + i]) < tau))
+        flags[3 * q + i] = np.uint8(not (abs(load(a, 3 * q + i) - b[3 * q + i]) < tau))
     for i in range(4 * q, a.size):
-        flags[i] = np.uint8(not (abs(a[i] - b[i]) < tau))
+        flags[i] = np.uint8(not (abs(load(a, i) - b[i]) < tau))
 
 
 @njit(cache=True, inline="always")
@@ -926,7 +967,7 @@ def _candidates_diff_chunk(  # pragma: no cover - compiled
         word = f64[q]
         while word:
             i = (q << 3) + (np.int64(trailing_zeros(word)) >> 3)  # type: ignore[call-arg]
-            one[0] = a[i] - b[i]
+            one[0] = load(a, i) - b[i]
             if rnd == ROUND_BF16:
                 _round_bf16_block(one_u)
             v = one_u[0]
@@ -948,8 +989,8 @@ def topk_thresholds_diff(  # pragma: no cover - compiled
     n, d = a2.shape
     m = TOPK_SAMPLE
     sa = np.empty(m, dtype=a2.dtype)
-    sb = np.empty(m, dtype=a2.dtype)
-    sample = np.empty(m, dtype=a2.dtype)
+    sb = np.empty(m, dtype=b2.dtype)
+    sample = np.empty(m, dtype=b2.dtype)
     su = sample.view(tb.dtype)
     for r in range(n):
         for i in range(m):
@@ -983,11 +1024,11 @@ def topk_candidates_diff(  # pragma: no cover - compiled
     d = a2.shape[1]
     nch = counts.shape[1]
     flags = np.zeros(CHUNK + 8, dtype=np.uint8)
-    scratch = np.empty(CHUNK, dtype=a2.dtype)
+    scratch = np.empty(CHUNK, dtype=b2.dtype)
     su = scratch.view(tb.dtype)
     one = scratch[:1]
     one_u = su[:1]
-    taus = np.empty(tb.size, dtype=a2.dtype)
+    taus = np.empty(tb.size, dtype=b2.dtype)
     tu = taus.view(tb.dtype)
     tu[:] = tb  # the thresholds as floats (patterns of non-negative floats)
     if rnd == ROUND_BF16:
@@ -1060,7 +1101,7 @@ def topk_select(  # pragma: no cover - compiled
     hist = np.empty(1 << _TOPK_BUCKET_BITS, dtype=np.int64)
     est = np.empty(nch, dtype=np.int64)
     diff = b2.shape[0] > 0
-    scratch = np.empty(CHUNK if diff else 0, dtype=x2.dtype)
+    scratch = np.empty(CHUNK if diff else 0, dtype=b2.dtype)  # (b2: x2's dtype, or floats)
     su = scratch.view(xu.dtype)
     for r in range(n):
         row = xu[r]
@@ -1071,16 +1112,18 @@ def topk_select(  # pragma: no cover - compiled
             if counts[r, c] > slots:
                 ext_n += counts[r, c]
         if total < k:
-            xr = x2[r]
             if diff:  # the whole difference, once (a misleading sample: rare)
-                xr = np.empty(d, dtype=x2.dtype)
+                xr = np.empty(d, dtype=b2.dtype)
                 for c in range(nch):
                     j0 = c * CHUNK
                     j1 = min(d, j0 + CHUNK)
                     _diff_chunk(x2[r, j0:j1], b2[r, j0:j1], scratch, su, rnd)
                     xr[j0:j1] = scratch[: j1 - j0]
                 row = xr.view(xu.dtype)
-            if not _topk_row(xr, k, idx[r]):
+                found = _topk_row(xr, k, idx[r])
+            else:
+                found = _topk_row(x2[r], k, idx[r])
+            if not found:
                 return NON_FINITE
             c = 0
             starts[r, 0] = 0
@@ -1603,7 +1646,8 @@ def sparse_gather(  # pragma: no cover - compiled
     checks x finite (NON_FINITE), then the chunk's kept values (:func:`bucket_by_chunk` with
     ``positions``) are
     read while the chunk is in cache, vals[r, i] = x[r, idx[r, i]] · scale[0] (OVERFLOW if a
-    product leaves the dtype's range)."""
+    product leaves the dtype's range). ``x2`` may be bfloat16 patterns (:func:`load`; then
+    ``scale`` and ``vals`` are float32: the products of the widened values)."""
     d = x2.shape[1]
     nch = (d + CHUNK - 1) // CHUNK
     sc = scale[0]
@@ -1615,7 +1659,7 @@ def sparse_gather(  # pragma: no cover - compiled
         row = x2[r]
         for t in range(starts[r, c], starts[r, c + 1]):
             i = order[r, t]
-            v = row[idx[r, i]] * sc
+            v = load(row, idx[r, i]) * sc
             if not (abs(v) < np.inf) and st == OK:
                 st = OVERFLOW
             vals[r, i] = v
@@ -1671,20 +1715,21 @@ def _zero_check_block(xs: np.ndarray, os: np.ndarray) -> bool:  # pragma: no cov
 
 @njit(cache=True)
 def _check_block(xs: np.ndarray) -> bool:  # pragma: no cover - compiled
-    """Whether xs holds inf or nan, in one vectorizable pass (four interleaved streams)."""
+    """Whether xs holds inf or nan, in one vectorizable pass (four interleaved streams; xs may
+    be bfloat16 patterns, :func:`load`)."""
     q = xs.size // 4
     b0 = b1 = b2 = b3 = np.uint8(0)
     for i in range(q):
-        v0 = xs[i]
-        v1 = xs[q + i]
-        v2 = xs[2 * q + i]
-        v3 = xs[3 * q + i]
+        v0 = load(xs, i)
+        v1 = load(xs, q + i)
+        v2 = load(xs, 2 * q + i)
+        v3 = load(xs, 3 * q + i)
         b0 |= np.uint8((v0 - v0) != 0)
         b1 |= np.uint8((v1 - v1) != 0)
         b2 |= np.uint8((v2 - v2) != 0)
         b3 |= np.uint8((v3 - v3) != 0)
     for i in range(4 * q, xs.size):
-        v0 = xs[i]
+        v0 = load(xs, i)
         b0 |= np.uint8((v0 - v0) != 0)
     return bool((b0 | b1 | b2 | b3) != 0)
 
@@ -2063,3 +2108,25 @@ def sparse_replace(  # pragma: no cover - compiled
         out[old[t]] = z
     for t in range(idx.size):
         out[idx[t]] += vals[t]
+
+
+@njit(cache=True, nogil=True)
+def bf16_at(  # pragma: no cover - compiled
+    out: np.ndarray, src: np.ndarray, idx: np.ndarray
+) -> bool:
+    """out[j] = bfloat16(src[j]) for the positions j of ``idx`` (repeats allowed): ``out``
+    the bit patterns (uint16) of a bfloat16 vector, ``src`` the float32 patterns (uint32) of
+    one of the same length, rounded to nearest even with NaN as 0x7FC0 (:func:`_round_bf16_block`:
+    the values of torch's ``.to(torch.bfloat16)``). O(k): a float32 vector that changed only
+    at ``idx`` is mirrored into its bfloat16 copy without a dense pass. False (nothing
+    written) when an index is outside [0, len)."""
+    n = out.size
+    for t in range(idx.size):
+        if idx[t] < 0 or idx[t] >= n:
+            return False
+    for t in range(idx.size):
+        v = src[idx[t]]
+        r = (v + np.uint32(0x7FFF) + ((v >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        nan = (v & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        out[idx[t]] = np.uint16(0x7FC0) if nan else np.uint16(r)
+    return True

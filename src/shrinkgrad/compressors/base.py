@@ -349,13 +349,21 @@ class Compressor(abc.ABC):
         self._check_input(x)
         keys = self._prepare_keys(x, keys)
         if x.dtype in HALF_DTYPES:
-            idx, vals = self._sparse(x.float(), keys)
+            got = self._sparse_bf16(x, keys) if x.dtype == torch.bfloat16 else None
+            idx, vals = self._sparse(x.float(), keys) if got is None else got
             return idx, self._to_half(vals, x.dtype)
         return self._sparse(x, keys)
 
     def _sparse(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The sparse form of validated input (default: the fixed-size selection)."""
         return self._select(x, keys)
+
+    def _sparse_bf16(
+        self, x: torch.Tensor, keys: Keys | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``_sparse(x.float(), keys)`` of a bfloat16 ``x`` read in place (no float32 copy of
+        it), bit for bit, or None where a compressor has no such path (default)."""
+        return None
 
     def sparse_difference(
         self,

@@ -35,17 +35,27 @@ def _no_rows(x2: np.ndarray) -> np.ndarray:
 
 def _diff_rounding(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype | None) -> int | None:
     """The kernels' rounding mode for Top-k of a − b rounded to ``dtype``, or None when the
-    fused kernels do not apply (they take CPU float32/float64 rows of the same shape, and round
-    to bfloat16 from float32 only)."""
-    if not (_use_numba(a) and b.device == a.device and b.shape == a.shape):
+    fused kernels do not apply (they take CPU float32/float64 rows of the same shape, or a
+    bfloat16 ``a`` with a float32 ``b``, and round to bfloat16 from float32 only)."""
+    if not (_use_numba(b) and b.device == a.device and b.shape == a.shape and b.ndim <= 2):
         return None
-    if a.dtype != b.dtype or a.dtype not in (torch.float32, torch.float64) or a.ndim > 2:
+    if b.dtype not in (torch.float32, torch.float64):
         return None
-    if dtype is None or dtype == a.dtype:
+    if a.dtype != b.dtype and not (a.dtype == torch.bfloat16 and b.dtype == torch.float32):
+        return None
+    if dtype is None or dtype == b.dtype:
         return int(K.ROUND_NONE)
-    if dtype == torch.bfloat16 and a.dtype == torch.float32:
+    if dtype == torch.bfloat16 and b.dtype == torch.float32:
         return int(K.ROUND_BF16)
     return None
+
+
+def _minuend_rows(a: torch.Tensor) -> np.ndarray:
+    """:func:`_rows` of the minuend of a fused difference; a bfloat16 tensor as its bit
+    patterns (uint16), which the kernels widen to float32 exactly (``_kernels.load``)."""
+    if a.dtype == torch.bfloat16:
+        return _rows(a.contiguous().view(torch.int16)).view(np.uint16)
+    return _rows(a)
 
 
 @COMPRESSORS.register("identity")
@@ -268,8 +278,12 @@ class TopK(Sparsifier):
         """Top-k of a − b (rounded to ``dtype``: bfloat16 from float32, or none) selected from
         the difference chunk by chunk, while each chunk of a and b is in cache: the sampled
         threshold, the candidate pass and the exact selection of :meth:`_topk_numba` on the
-        difference's patterns, whose kept patterns are the values (no gather). Falls back to
-        forming a − b where that path does not apply (short rows, other devices and dtypes)."""
+        difference's patterns, whose kept patterns are the values (no gather). ``a`` may be
+        bfloat16 with a float32 ``b`` (a 16-bit gradient and EF21's float32 g_i): its entries
+        are widened to float32 as they are read (exact: a bfloat16 is the top half of a
+        float32), so the result is that of ``a.float() − b`` without the float32 copy. Falls
+        back to forming a − b where that path does not apply (short rows, other devices and
+        dtypes; a float16 ``a`` is promoted by torch)."""
         rnd = _diff_rounding(a, b, dtype)
         if rnd is None:
             return super().sparse_difference(a, b, keys, dtype=dtype)
@@ -278,12 +292,12 @@ class TopK(Sparsifier):
         plan = K.topk_plan(d, k)
         if plan is None:
             return super().sparse_difference(a, b, keys, dtype=dtype)
-        a2, b2 = _rows(a), _rows(b)
+        a2, b2 = _minuend_rows(a), _rows(b)
         n = a2.shape[0]
         rank, slots = plan
-        utype = np.uint32 if a2.dtype == np.float32 else np.uint64
-        tau = np.empty(n, dtype=a2.dtype)
-        inf_bits = np.array(np.inf, dtype=a2.dtype).view(utype)
+        utype = np.uint32 if b2.dtype == np.float32 else np.uint64
+        tau = np.empty(n, dtype=b2.dtype)
+        inf_bits = np.array(np.inf, dtype=b2.dtype).view(utype)
         K.topk_thresholds_diff(a2, b2, rnd, rank, tau, inf_bits.reshape(1))
         tb = np.clip(np.abs(tau).view(utype), 1, inf_bits)
         nch = -(-d // K.CHUNK)
@@ -295,14 +309,14 @@ class TopK(Sparsifier):
         vals = np.empty((n, k), dtype=utype)
         if status == K.OK:
             starts = np.empty((n, nch + 1), dtype=np.int64)
-            xu = a2.view(utype)
+            xu = b2.view(utype)  # (the patterns' type and shape: the rows are recomputed)
             status = K.topk_select(
                 a2, xu, k, tb, slots, cand, craw, counts, idx, vals, starts, b2, rnd
             )
         if status != K.OK:
             raise non_finite_error(self.name)
         shape = (*a.shape[:-1], k)
-        values = torch.from_numpy(vals.view(a2.dtype)).reshape(shape)
+        values = torch.from_numpy(vals.view(b2.dtype)).reshape(shape)
         if dtype is not None and dtype != values.dtype:
             values = values.to(dtype)  # exact: the patterns are rounded to dtype already
         return torch.from_numpy(idx).reshape(shape), values

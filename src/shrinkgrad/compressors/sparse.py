@@ -144,20 +144,7 @@ class _RandKBase(Sparsifier):
         assert keys is not None
         d = x.shape[-1]
         if _use_numba(x):  # no dense output: one pass checks x and reads the kept values
-            idx = self._idx(keys, d, True)
-            ik = idx.reshape(-1, self._k(d)).numpy()
-            x2 = _rows(x)
-            order = np.empty_like(ik)
-            starts = np.empty((ik.shape[0], -(-d // K.CHUNK) + 1), dtype=np.int64)
-            K.bucket_by_chunk(ik, order, starts, True)
-            out = np.empty(ik.shape, dtype=x2.dtype)
-            sc = np.array([self._scale(d)], dtype=x2.dtype)
-            status = K.run(K.sparse_gather, x2, x2, ik, order, starts, sc, out)
-            if status == K.NON_FINITE:
-                raise non_finite_error(self.name)
-            if status == K.OVERFLOW:
-                raise _overflow_error(self.name, x.dtype)
-            return idx, torch.from_numpy(out).reshape(idx.shape)
+            return self._gather(x, keys, x, None)
         _require_finite(x, self.name)
         idx = self._idx(keys, d, False)
         vals = take(x, idx)
@@ -166,6 +153,41 @@ class _RandKBase(Sparsifier):
             if not bool(torch.isfinite(vals).all()):
                 raise _overflow_error(self.name, x.dtype)
         return idx, vals
+
+    def _sparse_bf16(
+        self, x: torch.Tensor, keys: Keys | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The kernel path of :meth:`_select` on the bit patterns of a bfloat16 ``x``: the
+        check and the gather read 2 bytes an entry, widening the kept values to float32 exactly
+        before scaling them in float32 — the values of ``_select(x.float(), keys)``."""
+        if not _use_numba(x):
+            return None
+        assert keys is not None
+        return self._gather(x, keys, x.contiguous().view(torch.int16), np.uint16)
+
+    def _gather(
+        self, x: torch.Tensor, keys: Keys, src: torch.Tensor, view: type | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept values of ``x`` (float32/float64, or bfloat16 read as the patterns ``src``
+        viewed as ``view``) by one checking pass of the kernels (:func:`K.sparse_gather`)."""
+        d = x.shape[-1]
+        idx = self._idx(keys, d, True)
+        ik = idx.reshape(-1, self._k(d)).numpy()
+        x2 = _rows(src)
+        if view is not None:
+            x2 = x2.view(view)
+        vdtype = np.float32 if view is not None else x2.dtype
+        order = np.empty_like(ik)
+        starts = np.empty((ik.shape[0], -(-d // K.CHUNK) + 1), dtype=np.int64)
+        K.bucket_by_chunk(ik, order, starts, True)
+        out = np.empty(ik.shape, dtype=vdtype)
+        sc = np.array([self._scale(d)], dtype=vdtype)
+        status = K.run(K.sparse_gather, x2, x2, ik, order, starts, sc, out)
+        if status == K.NON_FINITE:
+            raise non_finite_error(self.name)
+        if status == K.OVERFLOW:
+            raise _overflow_error(self.name, torch.float32 if view is not None else x.dtype)
+        return idx, torch.from_numpy(out).reshape(idx.shape)
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         assert keys is not None
