@@ -21,6 +21,7 @@ from shrinkgrad.methods.base import (
     Config,
     Constants,
     Method,
+    NonFiniteError,
     State,
     UnknownConstantError,
     methods_for,
@@ -252,3 +253,145 @@ def _leaves_of(value: Any) -> list[torch.Tensor]:
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return [t for k in value._fields for t in _leaves_of(getattr(value, k))]
     return [value] if isinstance(value, torch.Tensor) else []
+
+
+# --------------------------------------------------------------------------------------------
+# compresses_gradient_first: the gradient is read first by the compressor call
+# --------------------------------------------------------------------------------------------
+class _LazyOracle:
+    """Hands out the gradient as a NaN tensor; :class:`_LazyConfig` fills it at the compressor
+    call (as the hook's port does): a method that reads it before that call sees NaN."""
+
+    fresh = True
+
+    def __init__(self, oracle: ProblemOracle) -> None:
+        self.oracle = oracle
+        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        g = self.oracle.grads(x, ids)
+        p = torch.full_like(g, float("nan"))
+        self.pending = (p, g)
+        return p
+
+    def fill(self, t: torch.Tensor) -> None:
+        if self.pending is not None and t.data_ptr() == self.pending[0].data_ptr():
+            self.pending[0].copy_(self.pending[1])
+        self.pending = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _LazyConfig(Config):
+    lazy: Any = None
+
+    def compress(
+        self, x: torch.Tensor, ids: torch.Tensor, round: int, *, sent_only: bool = False
+    ) -> torch.Tensor:
+        self.lazy.fill(x)
+        return super().compress(x, ids, round, sent_only=sent_only)
+
+    def compress_difference(
+        self, a: torch.Tensor, b: torch.Tensor, ids: torch.Tensor, round: int
+    ) -> torch.Tensor | None:
+        self.lazy.fill(a)
+        return super().compress_difference(a, b, ids, round)
+
+
+def _lazy_round(method: Method[Any, Any], compressor: str) -> tuple[bool, bool]:
+    """One client round with the NaN-until-compressed gradient against the plain one: (the
+    results are equal bit for bit, they are finite)."""
+    problem = logistic_regression("a1a", n_clients=3, lam=LAM)
+    bound = method.bind(problem, compressor, 1.0)
+    oracle = ProblemOracle(problem)
+    state, _ = bound.init(problem.x0(), oracle)
+    for _ in range(2):
+        state, _ = bound.step(state, oracle)
+    base = {
+        f.name: getattr(bound.cfg, f.name)
+        for f in dataclasses.fields(Config)
+        if not f.name.startswith("_")
+    }
+    r = state.round + 1
+    x = torch.zeros(problem.d, dtype=torch.float64)
+    lazy = _LazyOracle(oracle)
+    results = []
+    for cfg, orc in (
+        (Config(**{**base, "inplace": True}), oracle),
+        (_LazyConfig(**{**base, "inplace": True}, lazy=lazy), lazy),
+    ):
+        server = method.server_pre(cfg, _copy(state.server), r)._replace(x=x)
+        try:
+            clients, msg = method.client_step(cfg, server, _copy(state.clients), orc, r)
+        except NonFiniteError:  # the NaN gradient reached the compressor: read too early
+            return False, False
+        assert msg.values is not None
+        results.append([*_leaves_of(clients), _dense(msg.values)])
+    same = all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    return same, all(bool(torch.isfinite(t).all()) for t in results[1])
+
+
+@pytest.mark.parametrize("label", [c[0] for c in _cases() if c[1].compresses_gradient_first])
+def test_compresses_gradient_first_holds(label: str) -> None:
+    """A method declaring ``compresses_gradient_first`` reads the oracle's gradient first
+    through the compressor call: with a gradient that is NaN until that call, its client round
+    is bit for bit the plain one (the DDP hook leaves a bfloat16 gradient's float32 copy
+    unfilled on that promise)."""
+    method, compressor = next((m, c) for lab, m, c in _cases() if lab == label)
+    same, finite = _lazy_round(method, compressor)
+    assert same and finite, f"{label} reads its gradient before compressing it"
+
+
+def test_the_lazy_gradient_check_catches_an_early_read() -> None:
+    """The check above fails for methods that read the gradient first (client momentum, EF21+
+    and EF21-W do), so a wrong declaration cannot pass it."""
+    for method in (ClientMomentum(make_method("ef21"), 0.5), make_method("ef21_plus")):
+        assert not method.compresses_gradient_first
+        same, finite = _lazy_round(method, "top_k[k=5]")
+        assert not (same and finite), method.name
+    assert make_method("ef21").compresses_gradient_first
+    assert not make_method("ef21_w").compresses_gradient_first
+
+
+# --------------------------------------------------------------------------------------------
+# direction_changes: the direction changes only at the reported entries
+# --------------------------------------------------------------------------------------------
+def _sparse_aggregate(values: torch.Tensor) -> SparseMessage:
+    flat = values.reshape(-1)
+    kept = flat.nonzero().reshape(-1)
+    return SparseMessage(kept, flat[kept], (flat.numel(),))
+
+
+@pytest.mark.parametrize("label", [c[0] for c in _cases() if c[1].sparse_messages])
+def test_direction_changes_name_every_changed_entry(label: str) -> None:
+    """Where ``direction_changes`` answers, two consecutive server steps' directions (the hook's
+    in-place state, sparse aggregates) differ only at the reported entries, and do differ
+    there somewhere; a method that answers None is converted densely (nothing to check)."""
+    method, compressor = next((m, c) for lab, m, c in _cases() if lab == label)
+    problem = logistic_regression("a1a", n_clients=3, lam=LAM)
+    bound = method.bind(problem, compressor, 1.0)
+    oracle = ProblemOracle(problem)
+    state, _ = bound.init(problem.x0(), oracle)
+    for _ in range(2):
+        state, _ = bound.step(state, oracle)
+    base = {
+        f.name: getattr(bound.cfg, f.name)
+        for f in dataclasses.fields(Config)
+        if not f.name.startswith("_")
+    }
+    cfg = Config(**{**base, "inplace": True})
+    r0 = state.round
+    server = method.server_pre(cfg, _copy(state.server), r0 + 1)  # away from x⁰: ∇f_i ≠ g_i
+    clients = _copy(state.clients)
+    directions, changes = [], []
+    for r in (r0 + 1, r0 + 2):
+        clients, msg = method.client_step(cfg, server, clients, oracle, r)
+        assert msg.values is not None and msg.weights is not None
+        agg = _sparse_aggregate(msg.weights @ _dense(msg.values))
+        server, direction = method.server_direction(cfg, server, agg, r)
+        directions.append(_dense(direction).reshape(-1).clone())
+        changes.append(method.direction_changes(cfg, agg))
+    if changes[1] is None:
+        pytest.skip(f"{label} does not report its changes (dense conversion)")
+    differ = (directions[1] != directions[0]).nonzero().reshape(-1)
+    assert differ.numel() > 0
+    assert set(differ.tolist()) <= set(changes[1].tolist()), label

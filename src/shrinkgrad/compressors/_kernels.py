@@ -877,7 +877,7 @@ def _load_overload(a: Any, i: Any) -> Any:  # pragma: no cover - compiled
     if isinstance(a, types.Array) and a.dtype == types.uint16:
 
         def widen(a: Any, i: Any) -> Any:
-            return _widen_bf16(a[i])
+            return _widen_bf16(a[i])  # type: ignore[call-arg]
 
         return widen
 

@@ -589,6 +589,18 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
     carries_compressor_state: ClassVar[bool] = False
 
     @property
+    def compresses_gradient_first(self) -> bool:
+        """True when the client step's first use of the oracle's gradient is to hand that very
+        tensor to ``cfg.compress`` or, as the first operand, to ``cfg.compress_difference``
+        (DCGD's C(∇f_i), EF21's C(∇f_i − g_i)), before anything else reads it. A runtime may
+        then hand out a gradient whose values it provides only at that call: the DDP hook lets
+        the compressor read a bfloat16 gradient itself there, without a float32 copy, and
+        fills the copy only when the call cannot (``compress_difference`` answers None). A
+        declared property, checked by tests/distributed/test_hooks_methods.py with a gradient
+        that is NaN until that call."""
+        return False
+
+    @property
     def name(self) -> str:
         """The canonical name: the registry spec, or one built from the parameters."""
         return self.spec or self.default_spec()
@@ -792,6 +804,16 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         post = self.server_post(cfg, server, aggregate, r)
         pre = self.server_pre(cfg, post, r + 1)
         return _recentre(server.x, pre, cfg.stepsize)
+
+    def direction_changes(self, cfg: Config, aggregate: Any) -> torch.Tensor | None:
+        """The flat positions (int64; repeats allowed) outside which the direction D that
+        :meth:`server_direction` returns for ``aggregate`` equals, bit for bit, the direction
+        of the round before (the previous ``server_direction`` or ``init_direction``), when
+        the method can name them at the aggregate's size; None (this default): D may change
+        anywhere. A runtime that keeps D in another dtype (the DDP hook's bfloat16/float16
+        output of a float32 method) then converts only these entries instead of all of D.
+        Checked for every method that answers by tests/distributed/test_hooks_methods.py."""
+        return None
 
     def init_direction(
         self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -45,7 +45,7 @@ from .base import (
     Runtime,
     UnknownConstantError,
 )
-from .rules import add_message, ef21_update
+from .rules import SparseMessage, add_message, ef21_update
 from .stepsize import StepSize, parse_stepsize, theory_function
 
 __all__ = ["EF21", "EF21Clients", "EF21Server"]
@@ -183,6 +183,13 @@ class EF21(Method[EF21Server, EF21Clients]):
             memo = (self.p, bool((self.p < 1).any()))
             self.__dict__["_partial_of"] = memo
         return bool(memo[1])
+
+    @property
+    def compresses_gradient_first(self) -> bool:
+        """Exact gradients, unweighted, everybody every round: the client step's first use of
+        ∇f_i is C(∇f_i − g_i) (``rules.ef21_update``'s ``difference``); EF21-W scales ∇f_i
+        first, a minibatch or partial round reads it otherwise."""
+        return not self.weighted and self.batch is None and not self.partial
 
     @property
     def identity_is_gd(self) -> bool:
@@ -449,6 +456,11 @@ class EF21(Method[EF21Server, EF21Clients]):
         −γ g^r, so the direction is g^r itself (no arithmetic on x)."""
         post = self.server_post(cfg, server, aggregate, r)
         return post, post.g
+
+    def direction_changes(self, cfg: Config, aggregate: Any) -> torch.Tensor | None:
+        """D = g^r = g^{r−1} + Σ_i w_i c_i (:meth:`server_post`): with a sparse aggregate only
+        its entries change (O(n k) of them for Top-k/rand-k); a dense one may change any."""
+        return aggregate.indices if isinstance(aggregate, SparseMessage) else None
 
     def unsupported(self, runtime: Runtime) -> str | None:
         if runtime == "ps":

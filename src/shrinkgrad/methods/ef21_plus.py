@@ -65,6 +65,11 @@ class EF21Plus(EF21):
             params.append(f"rule={self.rule}")
         return "ef21_plus" + (f"[{','.join(params)}]" if params else "")
 
+    @property
+    def compresses_gradient_first(self) -> bool:
+        """No: the client step forms ∇f_i − g_i itself (and compares with ∇f_i)."""
+        return False
+
     def unsupported(self, runtime: Runtime) -> str | None:
         if runtime == "hook":
             return (

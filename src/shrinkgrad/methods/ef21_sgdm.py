@@ -208,6 +208,9 @@ class ClientMomentum(Method[Any, MomentumClients]):
     ) -> tuple[Any, torch.Tensor]:
         return self.inner.server_direction(cfg, server, aggregate, r)
 
+    def direction_changes(self, cfg: Config, aggregate: Any) -> torch.Tensor | None:
+        return self.inner.direction_changes(cfg, aggregate)
+
     def init_direction(
         self, cfg: Config, x0: torch.Tensor, aggregate: torch.Tensor | None
     ) -> tuple[Any, torch.Tensor]:

@@ -161,6 +161,11 @@ class DCGD(DelayRule[XState, Group], _GradientStep):
             )
         return dcgd_theory(cfg)
 
+    @property
+    def compresses_gradient_first(self) -> bool:
+        """The client step is C(∇f_i): the gradient goes to ``cfg.compress`` and nowhere else."""
+        return True
+
     def client_step(
         self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int
     ) -> tuple[Group, Message]:

@@ -56,6 +56,10 @@ class Port:
         self.scratch_vector: torch.Tensor | None = None
         self.result: torch.Tensor | SparseMessage | None = None  # what compress returned
         self.method = ""
+        #: a gradient handed out unfilled (``lazy``, the method's dtype) and the 16-bit tensor
+        #: it stands for (``source``): see :meth:`open`
+        self.lazy: torch.Tensor | None = None
+        self.source: torch.Tensor | None = None
 
     def open(
         self,
@@ -63,9 +67,38 @@ class Port:
         scratch: torch.Tensor,
         method: str,
         stateful: StatefulEncoder | None = None,
+        lazy: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
+        """Route the next compressor call to ``encoder``. ``lazy = (x, source)``: the oracle's
+        gradient ``x`` is not filled yet; it holds ``source`` (the bucket's 16-bit slice, of
+        x's shape), which ``encoder`` reads itself when the method compresses x (or x − b)
+        directly — a method with ``compresses_gradient_first`` does so before anything else
+        reads x. Any other use fills x first (:meth:`materialise`)."""
         self.encoder, self.scratch_vector, self.result, self.method = encoder, scratch, None, method
         self.stateful = stateful
+        self.lazy, self.source = lazy if lazy is not None else (None, None)
+
+    def materialise(self) -> None:
+        """Fill the unfilled gradient from its 16-bit source (once)."""
+        if self.lazy is not None and self.source is not None:
+            self.lazy.copy_(self.source)
+        self.lazy = self.source = None
+
+    def _direct(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The 16-bit source when ``t`` is the unfilled gradient itself; else None, after
+        filling it (whatever the method does next may read it)."""
+        lazy, source = self.lazy, self.source
+        if (
+            lazy is not None
+            and source is not None
+            and t.data_ptr() == lazy.data_ptr()
+            and t.shape == lazy.shape
+            and t.dtype == lazy.dtype
+        ):
+            self.lazy = self.source = None  # the encoder reads the source: never filled
+            return source
+        self.materialise()
+        return None
 
     def _once(self) -> None:
         if self.result is not None:
@@ -78,7 +111,12 @@ class Port:
         if self.encoder is None:
             raise RuntimeError("the hook's compressor port is not open (internal error)")
         self._once()
-        out = self.encoder(x, sent_only)
+        source = self._direct(x)
+        if source is None:
+            out = self.encoder(x, sent_only)
+        else:  # the encoder reads the 16-bit gradient; "p itself" is the method's x
+            out = self.encoder(source, sent_only)
+            out = x if out is source else out
         self.result = out
         return out
 
@@ -89,6 +127,7 @@ class Port:
         if self.stateful is None:
             raise RuntimeError("the hook's port has no stateful encoder open (internal error)")
         self._once()
+        self.materialise()
         out, new_state = self.stateful(x, state)
         self.result = out
         return out, new_state
@@ -100,13 +139,17 @@ class Port:
         ``difference`` attribute), or None (the caller forms a − b and calls :meth:`compress`)."""
         fused = getattr(self.encoder, "difference", None)
         if fused is None:
+            self.materialise()  # the method forms a − b itself
             return None
         if self.result is not None:
             raise ValueError(
                 f"{self.method} compresses twice in one round; a DDP hook sends one message per "
                 "tensor and round"
             )
-        out: torch.Tensor | SparseMessage | None = fused(a, b)
+        source = self._direct(a)
+        out: torch.Tensor | SparseMessage | None = fused(a if source is None else source, b)
+        if out is None and source is not None:  # declined: the method forms a − b from a
+            a.copy_(source)
         self.result = out
         return out
 
@@ -124,6 +167,7 @@ class Port:
     def close(self) -> None:
         self.encoder = self.scratch_vector = self.result = None
         self.stateful = None
+        self.lazy = self.source = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -305,12 +349,19 @@ class Adapter:
         scratch: torch.Tensor,
         *,
         stateful: StatefulEncoder | None = None,
+        source: torch.Tensor | None = None,
     ) -> tuple[Any, Message, bool]:
         """One round of the method's client part on ``x`` (d,): (new client state, message,
         whether the message is on the wire already, i.e. it is what ``cfg.compress`` returned).
-        A stateful compressor's call goes to ``stateful`` (:mod:`.factors`)."""
+        A stateful compressor's call goes to ``stateful`` (:mod:`.factors`). ``source``: the
+        16-bit gradient that ``x`` (unfilled) stands for, which ``encoder`` reads itself
+        (only for methods with ``compresses_gradient_first``; :meth:`Port.open`)."""
         self.oracle.load(x, copy=False)
-        self.port.open(encoder, scratch, self.method.name, stateful)
+        lazy = None
+        if source is not None:
+            assert self.oracle.x is not None and self.method.compresses_gradient_first
+            lazy = (self.oracle.x, source.view(self.oracle.x.shape))
+        self.port.open(encoder, scratch, self.method.name, stateful, lazy)
         try:
             clients, msg = self.method.client_step(
                 cfg, state.server, state.clients, self.oracle, state.round + 1
@@ -371,3 +422,10 @@ class Adapter:
         SparseMessage aggregate (methods with ``sparse_messages``) may give a sparse D."""
         agg = cast("torch.Tensor | None", aggregate)
         return self.method.server_direction(cfg, state.server, agg, state.round + 1)
+
+    def direction_changes(
+        self, cfg: HookConfig, aggregate: torch.Tensor | SparseMessage | LowRankMessage | None
+    ) -> torch.Tensor | None:
+        """Where the last :meth:`server_step`'s direction can differ from the round before's
+        (``Method.direction_changes``), or None: anywhere."""
+        return self.method.direction_changes(cfg, aggregate)

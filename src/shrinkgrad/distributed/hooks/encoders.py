@@ -11,6 +11,11 @@ plan's send buffer, or a payload tensor) and returns what the method sees as C(p
   :class:`~shrinkgrad.methods.rules.SparseMessage`, never a dense compressed tensor;
 * ``p`` itself when the method only sends the result (``sent_only``, DCGD).
 
+The packed-payload and shared-seed encoders (:class:`PayloadEncoder`, :func:`values_encoder`)
+also take ``p`` in the bucket's 16-bit dtype (the bfloat16 gradient the port hands them in
+place of the method's unfilled float32 copy, :meth:`.adapter.Port.open`): the compressor then
+reads it itself, and what they return is still in the method's dtype (their ``dec``'s).
+
 Nothing here is a method's arithmetic: C is the compressor's, the rounding is the wire's.
 """
 
@@ -140,7 +145,7 @@ def values_encoder(
         drawn[uid] = idx
         if sent_only:
             return p
-        got = _rounded(vals, seg.dtype, p.dtype)
+        got = _rounded(vals, seg.dtype, dec.dtype)
         if sparse:
             return SparseMessage(idx, got, tuple(p.shape))
         out = dec.zero_()
@@ -173,31 +178,34 @@ class PayloadEncoder:
         self.C, self.keys, self.box, self.dest, self.dec = C, keys, box, dest, dec
         self.wire, self.sparse = wire, sparse
         self.pairs = sparse and C.encodes_pairs
+        self.dtype = dec.dtype  # the method's
 
     def __call__(self, p: torch.Tensor, sent_only: bool) -> torch.Tensor | SparseMessage:
         C, keys, wire = self.C, self.keys, self.wire
         d = p.numel()
         if self.pairs:
             idx, vals = sparse_form(C, _on_wire(p.reshape(-1), wire), keys)
-            return self._pairs(idx, vals, d, tuple(p.shape), p.dtype, sent_only, p)
+            return self._pairs(idx, vals, d, tuple(p.shape), self.dtype, sent_only, p)
         payload = encode(C, p, keys, self.dest, wire)
         self.box.append(payload)
         if sent_only:
             return p
         if self.sparse:
             idx, vals = C.decode_sparse(payload, d, wire, keys)
-            return SparseMessage(idx, _rounded(vals, wire, p.dtype), tuple(p.shape))
+            return SparseMessage(idx, _rounded(vals, wire, self.dtype), tuple(p.shape))
         return decode(C, payload, d, wire, keys, self.dec).view(p.shape)
 
     def difference(self, a: torch.Tensor, b: torch.Tensor) -> SparseMessage | None:
         """C(a − b) (a − b rounded to a 16-bit wire's dtype first, as :func:`encode` rounds
-        its input), or None where C has no pair encoding (then the method forms a − b)."""
+        its input), or None where C has no pair encoding (then the method forms a − b). ``b``
+        is in the method's dtype; ``a`` too, or the 16-bit gradient (a − b is then that of
+        ``a`` widened, exactly: ``C.sparse_difference``)."""
         if not self.pairs:
             return None
         a1, b1 = a.reshape(-1), b.reshape(-1)
-        rounding = self.wire if self.wire in HALF and a.dtype != self.wire else None
+        rounding = self.wire if self.wire in HALF and b.dtype != self.wire else None
         idx, vals = self.C.sparse_difference(a1, b1, self.keys, dtype=rounding)
-        msg = self._pairs(idx, vals, a1.numel(), tuple(a.shape), a.dtype, False, a)
+        msg = self._pairs(idx, vals, a1.numel(), tuple(a.shape), b.dtype, False, a)
         assert isinstance(msg, SparseMessage)
         return msg
 

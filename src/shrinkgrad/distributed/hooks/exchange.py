@@ -62,6 +62,9 @@ class Step:
     buf: torch.Tensor  # DDP's bucket: this rank's gradients (and the dense collectives' buffer)
     x: torch.Tensor  # the gradients in the method's dtype (the bucket, or the plan's copy)
     bad: bool
+    #: the plan's copy ``x`` is filled tensor by tensor (:meth:`gradient`), and not at all for
+    #: the tensors whose compressor reads the bucket itself (:attr:`.plan.Plan.reads_half`)
+    deferred: bool = False
     #: the iteration this bucket belongs to, fixed when the hook body starts: the collectives'
     #: callbacks may run after the last bucket's body has advanced ``state.iteration``, and
     #: a keyed decode there must use the keys of the round the message was encoded in
@@ -86,6 +89,18 @@ class Step:
     def output(self) -> torch.Tensor:
         return self.plan.output(self.buf)
 
+    def gradient(self, u: Unit, direct: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``u``'s gradient in the method's dtype for its client step, and the bucket's 16-bit
+        slice that stands for it unfilled when its encoder reads that itself (``direct``: a
+        packed-payload or shared-seed encoder of a compressed tensor) — else None, and the
+        copy is filled now (if it was deferred)."""
+        x = u.slice(self.x)
+        if not self.deferred:
+            return x, None
+        if direct:
+            return x, u.slice(self.buf)
+        return self.plan.fill(u, self.buf), None
+
     def target(self, u: Unit) -> torch.Tensor:
         """Where a dense aggregate of ``u`` is formed, in the method's dtype: the output slice
         (then the direction of DCGD and EF is there already), unless the method keeps its state
@@ -100,9 +115,19 @@ class Step:
 
 def exchange(state: CompressionState, plan: Plan, buf: torch.Tensor, bad: bool) -> Fut:
     """Run the bucket's iteration (see the module docstring); returns DDP's future."""
-    step = Step(state, plan, buf, plan.gradients(buf), bad)
     entries = [state.memory.get(u.uid) for u in plan.units]
-    if all(e is None for e in entries):
+    fresh = all(e is None for e in entries)
+    # a compressed round of a method whose first use of the gradient is its compressor call:
+    # the bfloat16 bucket is read by the compressors themselves, the copy filled where needed
+    deferred = (
+        plan.reads_half
+        and not (fresh or bad)
+        and plan.mode in ("allgather", "values")
+        and state.iteration >= state.settings.warmup_steps
+        and state.adapter.method.compresses_gradient_first
+    )
+    step = Step(state, plan, buf, plan.gradients(buf, fill=not deferred), bad, deferred)
+    if fresh:
         fut = _initialise(step)
         if fut is not None:
             return fut
@@ -148,21 +173,32 @@ def _server_part(
     step: Step, cfg: HookConfig, u: Unit, st: State[Any, Any], clients: Any, aggregate: Aggregate
 ) -> None:
     """The method's server part on the aggregate; its direction D goes into the output."""
-    server, direction = step.state.adapter.server_step(cfg, st, aggregate)
+    adapter = step.state.adapter
+    server, direction = adapter.server_step(cfg, st, aggregate)
     step.state.memory.put(u.uid, State(st.round + 1, server, clients))
-    _deliver(step, u, direction)
+    _deliver(step, u, direction, adapter.direction_changes(cfg, aggregate))
 
 
-def _deliver(step: Step, u: Unit, direction: torch.Tensor | SparseMessage | LowRankMessage) -> None:
+def _deliver(
+    step: Step,
+    u: Unit,
+    direction: torch.Tensor | SparseMessage | LowRankMessage,
+    changed: torch.Tensor | None = None,
+) -> None:
     """D into ``u``'s slice of the output: a sparse D at O(k); a dense one copied, unless it is
-    there already. A D that is a tensor of the method's server state is moved there once (the
-    state keeps the output slice as that tensor; the plan's own output only)."""
+    there already, or only at the entries ``changed`` (the method's
+    ``direction_changes``) when the output holds the conversion of D from the round before
+    (:meth:`.plan.Plan.write_changes`). A D that is a tensor of the method's server state is
+    moved there once (the state keeps the output slice as that tensor; the plan's own output
+    only)."""
     plan = step.plan
     o = u.slice(step.output)
     if isinstance(direction, LowRankMessage):  # (EF's and DCGD's D: the aggregate itself)
         direction = direction.dense().reshape(-1)
     if isinstance(direction, SparseMessage):
         plan.write_sparse(u, o, direction.indices, direction.values)
+        return
+    if changed is not None and plan.write_changes(u, o, direction, changed):
         return
     moved = direction.data_ptr() != o.data_ptr()
     plan.write(u, o, direction)
@@ -300,12 +336,14 @@ def _reduce(step: Step, states: list[State[Any, Any]]) -> Fut:
         seg = send[u.soff : u.soff + u.nbytes // esize]
         keys = step.keys(u, C)
         dec = plan.work(1, u.numel)
-        if values and u.compressor is not None:
+        direct = values and u.compressor is not None
+        if direct:
             encoder = encoders.values_encoder(C, keys, seg, dec, u.sparse, drawn, u.uid)
         else:
             encoder = encoders.dense_encoder(C, keys, seg, dec)
+        x, source = step.gradient(u, direct)
         clients, msg, sent = state.adapter.client_step(
-            cfg, st, u.slice(step.x), encoder, plan.work(0, u.numel)
+            cfg, st, x, encoder, plan.work(0, u.numel), source=source
         )
         if not sent:
             raw = _dense_values(msg)
@@ -329,6 +367,7 @@ def _reduce(step: Step, states: list[State[Any, Any]]) -> Fut:
             seg = total[u.soff : u.soff + u.nbytes // esize]
             if step.bad:  # this rank sent NaN: every rank's result is NaN, the iteration is undone
                 u.slice(out).fill_(float("nan"))
+                u.mirror = None
                 continue
             agg: Aggregate
             if values and u.compressor is not None:
@@ -377,7 +416,7 @@ def _gather(step: Step, states: list[State[Any, Any]]) -> Fut:
         clients, msg, sent = adapter.client_step(
             cfg,
             st,
-            u.slice(step.x),
+            step.gradient(u)[0],
             encoders.raw_encoder(slot, plan.dtype, plan.work(1, u.numel)),
             plan.work(0, u.numel),
         )
@@ -400,8 +439,9 @@ def _gather(step: Step, states: list[State[Any, Any]]) -> Fut:
         encoder = encoders.PayloadEncoder(
             C, step.keys(u, C), box, dest, plan.work(1, u.numel), plan.dtype, u.sparse
         )
+        x, source = step.gradient(u, True)
         clients, msg, sent = adapter.client_step(
-            cfg, st, u.slice(step.x), encoder, plan.work(0, u.numel)
+            cfg, st, x, encoder, plan.work(0, u.numel), source=source
         )
         if not sent:
             raise RuntimeError(_unsent(step, u))
@@ -467,6 +507,8 @@ def _exchange(step: Step, send: torch.Tensor, block: int, variable: bool, server
         result(f, "all-gather", rank)  # raises a clear error if the collective failed
         out = step.output
         if state.flag_bytes and bool(recv.view(n, block)[:, block - 1].any()):
+            for u in plan.units:
+                u.mirror = None
             return out.fill_(float("nan"))  # some rank overflowed: nothing to decode
         server(_combine(step, recv, block, variable))
         return out

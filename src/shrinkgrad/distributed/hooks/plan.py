@@ -6,14 +6,22 @@ whether its messages travel as sparse (index, value) pairs) and holds the preall
 
 * ``x``: what the method reads as the gradient — the bucket itself, or for 16-bit buckets whose
   method state is kept in float32 (``state_dtype="float32"``, the default) a float32 copy
-  (``wide``), filled once per iteration;
+  (``wide``), filled tensor by tensor before the method reads it. For a bfloat16 bucket and a
+  method whose first use of the gradient is its compressor call
+  (``Method.compresses_gradient_first``: DCGD, EF21) a compressed tensor's copy is not filled
+  at all: the compressor reads the bfloat16 gradient itself (:attr:`Plan.reads_half`; Top-k's
+  fused C(∇f_i − g_i) and rand-k's gather widen each entry as they read it), and the copy is
+  filled only if that call declines;
 * ``send`` / ``recv``: the collective's buffers (``uint8`` payloads, or values in the bucket's
   dtype: the wire carries the gradient's dtype);
 * ``out``: the tensor DDP receives (the method's direction D in the bucket's dtype). Without a
   loss scaler it is a buffer of the plan's own, which DDP only reads: a method whose direction
   is part of its state (EF21's g) then keeps that state in ``out`` itself (no copy per step),
   and a sparse direction only rewrites its k entries (the previous ones are zeroed, O(k));
-  with a scaler it is the bucket (the scaler's unscaling writes into it);
+  a 16-bit output of a float32 direction that the method reports changed only at some
+  entries since the round before (``Method.direction_changes``: EF21's g at the aggregate's
+  n·k indices) has only those entries converted (:meth:`Plan.write_changes`, O(n k) instead of
+  a dense downcast); with a scaler it is the bucket (the scaler's unscaling writes into it);
 * two work vectors of the largest tensor (the client step's scratch, decoded messages).
 
 Plans are keyed by the bucket's index and rebuilt whenever the bucket's parameters change (DDP
@@ -29,6 +37,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch._C._distributed_c10d import GradBucket  # = torch.distributed.GradBucket
 
@@ -59,6 +68,10 @@ class Unit:
     #: the plan's ``out`` slice is zero except at these flat positions (None: unknown); a
     #: sparse direction then only zeroes those before writing its own
     zero_except: torch.Tensor | None = None
+    #: the float32 direction whose conversion the plan's 16-bit ``out`` slice holds entry for
+    #: entry (None: none known): a direction that is this tensor again, changed only where its
+    #: method says (``Method.direction_changes``), is written at those entries only
+    mirror: torch.Tensor | None = None
 
     def slice(self, t: torch.Tensor) -> torch.Tensor:
         """This tensor's part of a bucket-sized vector."""
@@ -98,12 +111,28 @@ class Plan:
         """Bytes of the raw values that open every all-gathered block."""
         return sum(u.nbytes for u in self.dense)
 
-    def gradients(self, buf: torch.Tensor) -> torch.Tensor:
+    #: the compressors of this plan may read its gradients in the bucket's own dtype instead of
+    #: the method's copy (a bfloat16 bucket, float32 method: :mod:`.exchange` then leaves a
+    #: compressed tensor's copy unfilled for methods that declare
+    #: ``compresses_gradient_first``); float16 always widens (its widening is no bit shift)
+    reads_half: bool = False
+    #: convert only the changed entries of a float32 direction into a 16-bit output
+    #: (:meth:`write_changes`); False: always the dense conversion
+    sparse_downcast: bool = False
+
+    def gradients(self, buf: torch.Tensor, fill: bool = True) -> torch.Tensor:
         """What the method reads as this iteration's gradients: the bucket, or its copy in the
-        method's dtype (one conversion pass)."""
+        method's dtype — filled in one conversion pass, or (``fill=False``) left for the
+        exchange to fill tensor by tensor (:meth:`fill`) where a compressor does not read the
+        bucket itself."""
         if self.wide is None:
             return buf
-        return self.wide.copy_(buf)
+        return self.wide.copy_(buf) if fill else self.wide
+
+    def fill(self, u: Unit, buf: torch.Tensor) -> torch.Tensor:
+        """``u``'s slice of the method-dtype copy, filled from the bucket ``buf``."""
+        assert self.wide is not None
+        return u.slice(self.wide).copy_(u.slice(buf))
 
     def output(self, buf: torch.Tensor) -> torch.Tensor:
         """The bucket-sized tensor DDP receives."""
@@ -115,6 +144,47 @@ class Plan:
         if direction.data_ptr() != target.data_ptr() or direction.dtype != target.dtype:
             target.copy_(direction.reshape(-1))
         u.zero_except = None
+        # the output slice now holds the conversion of this direction, entry for entry
+        u.mirror = direction if self.out is not None and direction.dtype != target.dtype else None
+
+    def write_changes(
+        self, u: Unit, target: torch.Tensor, direction: torch.Tensor, changed: torch.Tensor
+    ) -> bool:
+        """Convert only the entries ``changed`` of ``direction`` into ``target`` (O(n k)),
+        when ``target`` holds the conversion of this same tensor from the round before
+        (:attr:`Unit.mirror`, set by a dense :meth:`write`) and its method reported that it
+        changed at most there. Returns False (nothing written) when that is not known: the
+        caller then writes it densely. The entries get the bits of the dense conversion:
+        bfloat16 by the rounding of torch's conversion (numba, O(n k)), float16 by torch's
+        own ``to``."""
+        if (
+            not self.sparse_downcast
+            or self.out is None
+            or u.mirror is not direction
+            or direction.dtype == target.dtype
+            or direction.dtype != torch.float32
+        ):
+            return False
+        flat = direction.reshape(-1)
+        idx = changed.reshape(-1)
+        if (
+            target.dtype == torch.bfloat16
+            and target.device.type == "cpu"
+            and flat.device.type == "cpu"
+            and target.is_contiguous()
+            and flat.is_contiguous()
+            and idx.dtype == torch.int64
+        ):
+            ok = K.bf16_at(
+                target.view(torch.int16).numpy().view(np.uint16),
+                flat.view(torch.int32).numpy().view(np.uint32),
+                idx.contiguous().numpy(),
+            )
+            if not ok:
+                raise IndexError(f"a direction's changed entries lie outside [0, {target.numel()})")
+        else:
+            target.index_copy_(0, idx, flat.index_select(0, idx).to(target.dtype))
+        return True
 
     def write_sparse(
         self, u: Unit, target: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
@@ -130,11 +200,13 @@ class Plan:
                 old = u.zero_except.numpy()
                 K.sparse_replace(target.numpy(), old, indices.numpy(), values.numpy())
                 u.zero_except = indices
+                u.mirror = None
                 return
             target.index_fill_(0, u.zero_except, 0.0)
         else:
             target.zero_()
         target.index_add_(0, indices, values)
+        u.mirror = None
         if self.out is not None:
             u.zero_except = indices
 
@@ -167,6 +239,12 @@ class Planner:
         #: set after this process's first iteration: every parameter has been seen (DDP's later
         #: bucket rebuilds regroup the same parameters), so an unknown one is a mistake
         self.sealed = False
+        #: the half-precision fast paths (for tests and A/B runs: False gives the paths before
+        #: them, which compute the same bits): a bfloat16 bucket read by the compressors
+        #: themselves (:attr:`Plan.reads_half`), and the changed entries of a direction only
+        #: converted into a 16-bit output (:attr:`Plan.sparse_downcast`)
+        self.direct_half = True
+        self.sparse_downcast = True
 
     @property
     def plans(self) -> list[Plan]:
@@ -267,6 +345,8 @@ class Planner:
             out=torch.zeros(n, dtype=buf.dtype, device=device) if self.own_output else None,
             wide=None if wdtype == buf.dtype else torch.empty(n, dtype=wdtype, device=device),
         )
+        plan.reads_half = self.direct_half and plan.wide is not None and buf.dtype == torch.bfloat16
+        plan.sparse_downcast = self.sparse_downcast
         most = max((u.numel for u in units), default=0)
         plan.scratch = [torch.empty(most, dtype=wdtype, device=device) for _ in range(2)]
         for u in units:
