@@ -1,8 +1,8 @@
 """CPU time of the shrinkgrad DDP hook per step, in one process, with a fake n-rank payload set.
 
 Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm randk qsgd] [--world 4] [--steps 5]
-[--dtype float32|bfloat16] [--profile]``. ``benchmarks/ab_ddp_hook.py`` runs it alternately
-against an older version of the library (A/B).
+[--dtype float32|bfloat16] [--no-half-paths] [--profile]``. ``benchmarks/ab_ddp_hook.py`` runs
+it alternately against an older version of the library (A/B).
 
 The model is ``benchmarks/ddp.py``'s MLP (1024 → 2048 → 2048 → 2048 → 16, 10.5 M parameters,
 batch 32, float32, one thread). DDP runs on a one-process gloo group; the hook's state is
@@ -29,7 +29,10 @@ in the same units. A hook cannot be cheaper than its compressor's own pass. Two 
 baselines of the same run: a cold read of two float32 vectors of the gradient's size
 (``torch.dot``: the traffic of EF21's client step, which reads ∇f_i and g_i once each) and, for
 16-bit models, the casts of the gradient to float32 and back (the two conversion passes of
-``state_dtype="float32"``: a 16-bit hook costs at least the float32 one plus these).
+``state_dtype="float32"`` without the 16-bit fast paths). ``--no-half-paths`` turns those fast
+paths off (``Planner.direct_half``, ``Planner.sparse_downcast``: the compressors reading a
+bfloat16 bucket themselves, and the direction converted at its changed entries only), for
+an A/B of a 16-bit model against the dense conversions (the same bits).
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
@@ -200,6 +203,10 @@ def _steps(ddp: DDP, n: int, times: list[float] | None = None) -> list[float]:
     return out
 
 
+#: the 16-bit fast paths of the hook (``--no-half-paths``: off)
+HALF_PATHS = [True]
+
+
 def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
     hook: Any = compression_hook
     if key in TORCH:  # torch's PowerSGD, one bucket, on the one-process group
@@ -216,6 +223,8 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
         state.world_size = world  # a fake n-rank payload set (see the module docstring)
         if hasattr(state, "weights"):  # older versions keep the weights on the state
             state.weights = torch.full((world,), 1.0 / world, dtype=torch.float64)
+        if not HALF_PATHS[0] and hasattr(state.planner, "direct_half"):
+            state.planner.direct_half = state.planner.sparse_downcast = False
     times: list[float] = []
 
     def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -249,7 +258,13 @@ def main() -> None:
     ap.add_argument("--json", help="also write the numbers (seconds) to this file")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    ap.add_argument(
+        "--no-half-paths",
+        action="store_true",
+        help="16-bit models: the dense conversions instead of the hook's 16-bit fast paths",
+    )
     args = ap.parse_args()
+    HALF_PATHS[0] = not args.no_half_paths
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     DTYPE[0] = getattr(torch, args.dtype)
     torch.set_num_threads(1)
@@ -263,7 +278,9 @@ def main() -> None:
         read2, cast = read2_baseline(), cast_baseline()
         print(
             f"shrinkgrad DDP hook, {sum(p.numel() for p in _model().parameters()) / 1e6:.2f} M "
-            f"parameters ({args.dtype}), fake {args.world}-rank payload set, 1 thread, "
+            f"parameters ({args.dtype}"
+            + (", dense conversions" if args.no_half_paths else "")
+            + f"), fake {args.world}-rank payload set, 1 thread, "
             f"{args.clock} clock; baselines: a step without hook, median {step * 1e3:.0f} ms; a "
             f"cache-cold memcpy of the gradient, median {copy['median'] * 1e3:.1f} ms, min "
             f"{copy['min'] * 1e3:.1f} ms; a cold read of two float32 gradient-sized vectors "

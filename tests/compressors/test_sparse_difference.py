@@ -132,3 +132,119 @@ def test_bfloat16_midpoints_at_the_threshold_round_to_even(threshold_bits: int) 
     a[3::199] = 8.0
     for k in (K_ // 2, K_, 2 * K_):
         _check(a, b, k=k, dtype=torch.bfloat16)
+
+
+# --------------------------------------------------------------------------------------------
+# a bfloat16 minuend read in place (the DDP hook's bfloat16 gradient against EF21's float32 g_i)
+# --------------------------------------------------------------------------------------------
+def _special_bf16(seed: int) -> torch.Tensor:
+    """bfloat16 values over the whole exponent range, with signed zeros and subnormals."""
+    g = torch.Generator().manual_seed(seed)
+    pat = torch.randint(0, 1 << 16, (D,), generator=g, dtype=torch.int32)
+    x = pat.to(torch.int16).view(torch.bfloat16)
+    x = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=torch.bfloat16))  # finite only
+    scale = torch.randn(D, generator=g).abs().to(torch.bfloat16)
+    # mostly ordinary gradients, a few entries from the full range (subnormals, huge, ±0)
+    keep = torch.rand(D, generator=g) < 0.01
+    return torch.where(keep, x, scale * torch.randn(D, generator=g).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("rounding", [None, torch.bfloat16], ids=["float32", "bf16-wire"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_bfloat16_minuend_gives_the_bits_of_its_float32_copy(
+    seed: int, rounding: torch.dtype | None
+) -> None:
+    a = _special_bf16(seed)
+    b = 0.5 * torch.randn(D, generator=torch.Generator().manual_seed(seed + 9))
+    c = make_compressor(f"top_k[k={K_}]")
+    want = c.sparse_difference(a.float(), b, dtype=rounding)
+    got = c.sparse_difference(a, b, dtype=rounding)
+    assert torch.equal(got[0], want[0])
+    assert got[1].dtype == want[1].dtype and torch.equal(_bits(got[1]), _bits(want[1]))
+    # and both are the selection from the formed difference
+    _check(a.float(), b, dtype=rounding)
+
+
+def test_a_bfloat16_minuend_with_a_non_finite_entry_is_an_error() -> None:
+    a = _special_bf16(3)
+    a[D // 3] = float("inf")
+    b = torch.zeros(D)
+    with pytest.raises(ValueError, match="non-finite"):
+        make_compressor(f"top_k[k={K_}]").sparse_difference(a, b)
+
+
+def test_the_bfloat16_widening_is_exact() -> None:
+    """``_kernels.load`` of every bfloat16 pattern (inside the compiled a − b): a − 0 is each
+    finite value's float32 bit for bit (signed zeros, subnormals), NaN stays NaN."""
+    pats = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+    out = torch.empty(1 << 16, dtype=torch.float32)
+    K._sub_block(pats.numpy().view("uint16"), torch.zeros(1 << 16).numpy(), out.numpy())
+    want = pats.view(torch.bfloat16).float()
+    nan = want.isnan()
+    assert torch.equal(out.isnan(), nan)
+    assert torch.equal(out.view(torch.int32)[~nan], want.view(torch.int32)[~nan])
+
+
+def test_converting_changed_entries_gives_the_dense_conversion() -> None:
+    """``_kernels.bf16_at``: the bfloat16 of a float32 vector at given (repeated, run-ordered)
+    positions, the rest untouched, equals torch's conversion there (ties to even, overflow to
+    inf, subnormals; NaN to a NaN)."""
+    g = torch.Generator().manual_seed(4)
+    n = 3 * (1 << 15) + 17
+    src = torch.randn(n, generator=g) * torch.logspace(-40, 38, n).float()
+    src[5] = float("nan")
+    src[6] = 3.3961e38  # rounds to inf in bfloat16
+    ties = torch.tensor([0x3F808000, 0x3F818000], dtype=torch.int32).view(torch.float32)
+    src[7:9] = ties  # exact ties: to even
+    runs = [torch.sort(torch.randperm(n, generator=g)[: n // 10]).values for _ in range(3)]
+    idx = torch.cat([*runs, torch.tensor([5, 6, 7, 8])])
+    for order in (idx, idx.flip(0)):  # a few runs (block-wise) and many runs (in order)
+        out = torch.full((n,), 7.0, dtype=torch.bfloat16)
+        assert K.bf16_at(
+            out.view(torch.int16).numpy().view("uint16"),
+            src.view(torch.int32).numpy().view("uint32"),
+            order.numpy(),
+        )
+        want = torch.full((n,), 7.0, dtype=torch.bfloat16)
+        want[idx] = src[idx].to(torch.bfloat16)
+        # NaN stays NaN (its payload is torch's choice: 0xFFFF vectorized, 0x7FC0 scalar)
+        nan = want.isnan()
+        assert torch.equal(out.isnan(), nan) and int(nan.sum()) == 1
+        assert torch.equal(out.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+    assert not K.bf16_at(
+        out.view(torch.int16).numpy().view("uint16"),
+        src.view(torch.int32).numpy().view("uint32"),
+        torch.tensor([n]).numpy(),
+    )
+
+
+def test_a_sparse_replace_in_bfloat16_is_index_fill_then_index_add() -> None:
+    """``_kernels.sparse_replace_bf16`` (the hook's sparse directions into a bfloat16 output)
+    gives the bits of torch's ``index_fill_(0)`` then ``index_add_`` on the bfloat16 tensor:
+    one addition in float32 per entry, rounded each time, repeated indices in order."""
+    g = torch.Generator().manual_seed(6)
+    n = 50_000
+    out = (torch.randn(n, generator=g) * 3).to(torch.bfloat16)
+    old = torch.randperm(n, generator=g)[:3000]
+    idx = torch.cat([torch.sort(torch.randperm(n, generator=g)[:2000]).values for _ in range(4)])
+    idx = torch.cat([idx, old[:50], torch.tensor([7, 7, 7])])
+    vals = (torch.randn(idx.numel(), generator=g) * torch.logspace(-3, 3, idx.numel())).to(
+        torch.bfloat16
+    )
+    want = out.clone().index_fill_(0, old, 0.0).index_add_(0, idx, vals)
+    got = out.clone()
+    assert K.sparse_replace_bf16(
+        got.view(torch.int16).numpy().view("uint16"),
+        old.numpy(),
+        idx.numpy(),
+        vals.view(torch.int16).numpy().view("uint16"),
+    )
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    once = out.clone().index_fill_(0, old, 0.0).float().index_add_(0, idx, vals.float())
+    assert not torch.equal(once.to(torch.bfloat16).view(torch.int16), want.view(torch.int16))
+    assert not K.sparse_replace_bf16(
+        got.view(torch.int16).numpy().view("uint16"),
+        old.numpy(),
+        torch.tensor([n]).numpy(),
+        vals[:1].view(torch.int16).numpy().view("uint16"),
+    )

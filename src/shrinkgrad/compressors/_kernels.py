@@ -2110,23 +2110,114 @@ def sparse_replace(  # pragma: no cover - compiled
         out[idx[t]] += vals[t]
 
 
+@njit(cache=True, inline="always")
+def _bf16_of(v: Any) -> Any:  # pragma: no cover - compiled
+    """The bfloat16 pattern of the float32 pattern ``v`` (uint32): round to nearest even, NaN
+    as 0x7FC0 (:func:`_round_bf16_block`: torch's ``.to(torch.bfloat16)`` bit for bit on
+    every number; torch's vectorized loop writes its NaNs as 0xFFFF, its scalar one as
+    0x7FC0, so a NaN only stays a NaN)."""
+    r = (v + np.uint32(0x7FFF) + ((v >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    nan = (v & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.uint16(0x7FC0) if nan else np.uint16(r)
+
+
 @njit(cache=True, nogil=True)
 def bf16_at(  # pragma: no cover - compiled
     out: np.ndarray, src: np.ndarray, idx: np.ndarray
 ) -> bool:
     """out[j] = bfloat16(src[j]) for the positions j of ``idx`` (repeats allowed): ``out``
     the bit patterns (uint16) of a bfloat16 vector, ``src`` the float32 patterns (uint32) of
-    one of the same length, rounded to nearest even with NaN as 0x7FC0 (:func:`_round_bf16_block`:
-    the values of torch's ``.to(torch.bfloat16)``). O(k): a float32 vector that changed only
-    at ``idx`` is mirrored into its bfloat16 copy without a dense pass. False (nothing
-    written) when an index is outside [0, len)."""
+    one of the same length (:func:`_bf16_of`: the values of torch's ``.to(torch.bfloat16)``).
+    O(k): a float32 vector that changed only at ``idx`` is mirrored into its bfloat16 copy
+    without a dense pass. Indices made of a few ascending runs (the hook's aggregate: the n
+    ranks' sorted Top-k lists) are converted block by block (ADD_BLOCK entries), as in
+    :func:`sparse_add`: the runs' entries of a block are marked in a bitmap, then converted in
+    one ascending sweep (each entry once; the result does not depend on the order), which the
+    hardware prefetcher follows as it follows a single run. False (nothing written) when an
+    index is outside [0, len)."""
     n = out.size
+    m = idx.size
+    runs = 1
+    for t in range(m):
+        j = idx[t]
+        if j < 0 or j >= n:
+            return False
+        if t > 0 and j < idx[t - 1]:
+            runs += 1
+    if runs == 1 or runs > ADD_MAX_RUNS:
+        for t in range(m):
+            out[idx[t]] = _bf16_of(src[idx[t]])
+        return True
+    cur = np.empty(runs, dtype=np.int64)
+    end = np.empty(runs, dtype=np.int64)
+    r = 0
+    cur[0] = 0
+    for t in range(1, m):
+        if idx[t] < idx[t - 1]:
+            end[r] = t
+            r += 1
+            cur[r] = t
+    end[runs - 1] = m
+    marks = np.zeros(ADD_BLOCK // 64, dtype=np.uint64)  # the block's changed entries, 1 bit each
+    while True:
+        lo = n  # the next block: the one of the smallest pending index
+        for r in range(runs):
+            if cur[r] < end[r] and idx[cur[r]] < lo:
+                lo = idx[cur[r]]
+        if lo == n:
+            return True
+        b0 = (lo // ADD_BLOCK) * ADD_BLOCK
+        hi = b0 + ADD_BLOCK
+        for r in range(runs):
+            t = cur[r]
+            e = end[r]
+            while t < e and idx[t] < hi:
+                q = idx[t] - b0
+                marks[q >> 6] |= np.uint64(1) << np.uint64(q & 63)
+                t += 1
+            cur[r] = t
+        # one ascending sweep over the marked entries (each once: repeats merged)
+        for w in range(marks.size):
+            word = marks[w]
+            while word:
+                j = b0 + (w << 6) + np.int64(trailing_zeros(word))  # type: ignore[call-arg]
+                out[j] = _bf16_of(src[j])
+                word &= word - np.uint64(1)
+            marks[w] = 0
+
+
+@intrinsic
+def _bits_of_f32(typingctx: Any, v: Any) -> Any:  # pragma: no cover - compiled
+    """The bit pattern (uint32) of the float32 ``v`` (an LLVM bitcast)."""
+    if v != types.float32:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@njit(cache=True, nogil=True)
+def sparse_replace_bf16(  # pragma: no cover - compiled
+    out: np.ndarray, old: np.ndarray, idx: np.ndarray, vals: np.ndarray
+) -> bool:
+    """:func:`sparse_replace` on bfloat16 vectors given by their patterns (uint16 ``out`` and
+    ``vals``): out[old] = +0, then out[idx] += vals in order, each addition in float32 and
+    rounded to bfloat16 (:func:`_bf16_of`) — what torch's ``index_fill_`` and ``index_add_``
+    compute on a bfloat16 tensor, one rounded addition per entry. False (nothing written)
+    when an index is outside [0, out.size)."""
+    n = out.size
+    for t in range(old.size):
+        if old[t] < 0 or old[t] >= n:
+            return False
     for t in range(idx.size):
         if idx[t] < 0 or idx[t] >= n:
             return False
+    for t in range(old.size):
+        out[old[t]] = np.uint16(0)
     for t in range(idx.size):
-        v = src[idx[t]]
-        r = (v + np.uint32(0x7FFF) + ((v >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-        nan = (v & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-        out[idx[t]] = np.uint16(0x7FC0) if nan else np.uint16(r)
+        j = idx[t]
+        s = _widen_bf16(out[j]) + _widen_bf16(vals[t])  # type: ignore[call-arg,var-annotated]
+        out[j] = _bf16_of(_bits_of_f32(s))
     return True

@@ -494,6 +494,18 @@ class BitReader:
                 f"the wire format carries float32, float64 or 16-bit values, got {dtype}"
             )
         if dtype in HALF_DTYPES:
+            if self.fast:  # the 16-bit fields' patterns themselves (a memcpy when aligned)
+                assert self._np is not None
+                start = self._advance(16 * count)
+                if start % 8 == 0:
+                    raw = self._np[start // 8 : start // 8 + 2 * count].copy()
+                    pat = raw.view(np.uint16)
+                else:
+                    words = np.empty(count, dtype=np.uint32)
+                    unpack_bits(self._np, start, 16, words)
+                    pat = words.astype(np.uint16)
+                res = torch.from_numpy(pat.view(np.int16)).view(dtype)
+                return res if out is None else out.copy_(res)
             w16 = self.read(count, 16)
             w16 = torch.where(w16 >= 1 << 15, w16 - (1 << 16), w16)
             res = w16.to(torch.int16).view(dtype)

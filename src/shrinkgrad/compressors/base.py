@@ -493,9 +493,20 @@ class Compressor(abc.ABC):
         keys = self._check_decode(payload, d, dtype, keys)
         half = dtype in HALF_DTYPES
         r = BitReader(payload, fast=_fast_wire(payload.device), value_dtype=dtype if half else None)
+        if half and self.verbatim_pairs:
+            # the sent 16-bit values themselves: nothing is rounded, so nothing can leave the
+            # dtype's range (as for float32 messages, whose decoding checks nothing either)
+            pairs = self._decode_pairs(r, d, dtype, keys)
+            assert pairs is not None
+            return pairs
         pairs = self._decode_pairs(r, d, torch.float32 if half else dtype, keys)
         assert pairs is not None
         return (pairs[0], self._to_half(pairs[1], dtype)) if half else pairs
+
+    #: True when :meth:`_decode_pairs` returns the sent value fields as they are (no
+    #: arithmetic on them): a 16-bit message's values are then decoded in their own dtype,
+    #: which is what the float32 decoding rounded back to (Top-k, rand-k)
+    verbatim_pairs: bool = False
 
     def _check_decode(
         self, payload: torch.Tensor, d: int, dtype: torch.dtype, keys: Keys | None
@@ -612,6 +623,9 @@ class Sparsifier(Compressor):
         self._encode_indices(w, indices.reshape(-1), d)
         w.add_float(values.reshape(-1))
         return w.to_bytes(out)
+
+    #: (the values are read as they were sent: :meth:`_decode_pairs` below)
+    verbatim_pairs = True
 
     def _decode_pairs(
         self, r: BitReader, d: int, dtype: torch.dtype, keys: Keys | None

@@ -174,11 +174,10 @@ class Plan:
             and target.is_contiguous()
             and flat.is_contiguous()
             and idx.dtype == torch.int64
+            and idx.is_contiguous()
         ):
             ok = K.bf16_at(
-                target.view(torch.int16).numpy().view(np.uint16),
-                flat.view(torch.int32).numpy().view(np.uint32),
-                idx.contiguous().numpy(),
+                _patterns(target), flat.view(torch.int32).numpy().view(np.uint32), idx.numpy()
             )
             if not ok:
                 raise IndexError(f"a direction's changed entries lie outside [0, {target.numel()})")
@@ -194,6 +193,21 @@ class Plan:
         entries are zeroed (O(k)); the bucket (with a scaler) is zeroed in full."""
         values = values.to(target.dtype)
         if self.out is not None and u.zero_except is not None:
+            if (
+                target.dtype == torch.bfloat16
+                and target.device.type == "cpu"
+                and target.is_contiguous()
+                and indices.is_contiguous()
+                and values.is_contiguous()
+            ):
+                # the same kernel in bfloat16 arithmetic (each addition rounded, as index_add_)
+                if not K.sparse_replace_bf16(
+                    _patterns(target), u.zero_except.numpy(), indices.numpy(), _patterns(values)
+                ):
+                    raise IndexError(f"a sparse direction's index is outside [0, {target.numel()})")
+                u.zero_except = indices
+                u.mirror = None
+                return
             if _kernel_dtype(target) and indices.is_contiguous() and values.is_contiguous():
                 # one numba kernel: the old entries zeroed, the new ones added (O(k), serial:
                 # the order of index_add_, so the same sums for repeated indices)
@@ -209,6 +223,11 @@ class Plan:
         u.mirror = None
         if self.out is not None:
             u.zero_except = indices
+
+
+def _patterns(t: torch.Tensor) -> np.ndarray:
+    """The bit patterns (uint16) of a contiguous bfloat16 CPU tensor, as a numpy view."""
+    return t.view(torch.int16).numpy().view(np.uint16)
 
 
 def _kernel_dtype(t: torch.Tensor) -> bool:
