@@ -2205,19 +2205,18 @@ def sparse_replace_bf16(  # pragma: no cover - compiled
     """:func:`sparse_replace` on bfloat16 vectors given by their patterns (uint16 ``out`` and
     ``vals``): out[old] = +0, then out[idx] += vals in order, each addition in float32 and
     rounded to bfloat16 (:func:`_bf16_of`) — what torch's ``index_fill_`` and ``index_add_``
-    compute on a bfloat16 tensor, one rounded addition per entry. False (nothing written)
-    when an index is outside [0, out.size)."""
+    compute on a bfloat16 tensor, one rounded addition per entry. False when an index is
+    outside [0, out.size) (checked as it is used: the entries before it are written)."""
     n = out.size
     for t in range(old.size):
-        if old[t] < 0 or old[t] >= n:
+        j = old[t]
+        if j < 0 or j >= n:
             return False
-    for t in range(idx.size):
-        if idx[t] < 0 or idx[t] >= n:
-            return False
-    for t in range(old.size):
-        out[old[t]] = np.uint16(0)
+        out[j] = np.uint16(0)
     for t in range(idx.size):
         j = idx[t]
+        if j < 0 or j >= n:
+            return False
         s = _widen_bf16(out[j]) + _widen_bf16(vals[t])  # type: ignore[call-arg,var-annotated]
         out[j] = _bf16_of(_bits_of_f32(s))
     return True
