@@ -153,6 +153,7 @@ def ef21_update(
     *,
     inplace: bool = False,
     scratch: torch.Tensor | None = None,
+    sparse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EF21's client update: c = C(target − g); g ← g + c. Returns ``(c, new g)``.
 
@@ -168,12 +169,16 @@ def ef21_update(
     with the same bits. Otherwise a ``compress`` with a ``difference(a, b)`` attribute (the
     DDP hook's) is asked for C(target − g): it may select from the difference without forming
     it (None: it cannot, and target − g is formed).
+
+    ``sparse=True``: the caller takes c as a :class:`SparseMessage` (it only sends c and adds
+    it to state), which the shifted form then may return
+    (:meth:`~shrinkgrad.methods.base.StatefulCompress.shifted`).
     """
     shifted = getattr(compress, "shifted", None)
     if shifted is not None and not inplace:
-        both = shifted(target, g)
+        both = shifted(target, g, sparse=True) if sparse else shifted(target, g)
         if both is not None:
-            c_new: torch.Tensor = both[0]
+            c_new: torch.Tensor = both[0]  # or a SparseMessage (``sparse``), as from the hook
             return c_new, both[1]
     fused = getattr(compress, "difference", None)
     c = fused(target, g) if fused is not None else None
