@@ -43,9 +43,11 @@ class SparseMessage(NamedTuple):
     positions ``indices`` (int64), zeros elsewhere (Top-k's and rand-k's messages).
 
     One client's message has distinct indices; an aggregate of several clients' messages (the
-    hook's Σ_i w_i c_i) may repeat an index, and its values then add up. Only the DDP hook builds
+    hook's Σ_i w_i c_i) may repeat an index, and its values then add up. The DDP hook builds
     these (its sparse path), for methods whose client and server parts merely add C(p) to their
-    state or pass it on (``Method.sparse_messages``).
+    state or pass it on (``Method.sparse_messages``); so do the simulator and the runner for
+    EF21's messages, as batches of shape (m, d) whose reduction ``methods.base.weighted_sum``
+    adds the pairs (``Config.sparse_batches``).
     """
 
     indices: torch.Tensor
