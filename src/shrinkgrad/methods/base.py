@@ -43,7 +43,7 @@ from ..compressors import _kernels as K
 from ..compressors._wire import HALF_DTYPES, paper_width
 from ..registry import Registry
 from ..rng import Keys, KeyStream
-from .rules import SparseMessage
+from .rules import SparseMessage, kernel_ready
 from .stepsize import StepSize, parse_stepsize
 
 __all__ = [
@@ -114,17 +114,7 @@ def _sparse_weighted_sum(c: SparseMessage, weights: torch.Tensor) -> torch.Tenso
     m, d = c.shape
     v, f = c.values, c.indices
     out = torch.empty(d, dtype=v.dtype, device=v.device)
-    if (
-        v.device.type == "cpu"
-        and v.dtype in (torch.float32, torch.float64)
-        and weights.dtype == v.dtype
-        and weights.device.type == "cpu"
-        and f.dtype == torch.int64
-        and f.is_contiguous()
-        and v.is_contiguous()
-        and weights.is_contiguous()
-        and not (v.requires_grad or weights.requires_grad)
-    ):
+    if kernel_ready(f, v, weights):
         if not K.weighted_rows_sum(f.numpy(), v.numpy(), weights.numpy(), out.numpy()):
             raise IndexError(f"a sparse message has a position outside its shape ({m}, {d})")
         return out

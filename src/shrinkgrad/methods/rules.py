@@ -121,20 +121,23 @@ def add_message(
 
 
 def _kernel_ready(flat: torch.Tensor, c: SparseMessage) -> bool:
-    """Whether :func:`~shrinkgrad.compressors._kernels.sparse_add` may do ``flat[c] += c``: CPU
-    float32/float64 tensors of one dtype, contiguous, int64 indices, no autograd."""
-    v, i = c.values, c.indices
+    """Whether :func:`~shrinkgrad.compressors._kernels.sparse_add` may do ``flat[c] += c``."""
+    return kernel_ready(c.indices, flat, c.values)
+
+
+def kernel_ready(indices: torch.Tensor, *floats: torch.Tensor) -> bool:
+    """Whether numba kernels may work on these tensors through numpy: CPU, contiguous, int64
+    ``indices``, ``floats`` of one dtype (float32/float64) without autograd."""
+    dt = floats[0].dtype
     return (
-        flat.device.type == "cpu"
-        and flat.dtype in (torch.float32, torch.float64)
-        and v.dtype == flat.dtype
-        and v.device.type == "cpu"
-        and i.dtype == torch.int64
-        and i.device.type == "cpu"
-        and flat.is_contiguous()
-        and v.is_contiguous()
-        and i.is_contiguous()
-        and not (flat.requires_grad or v.requires_grad)
+        indices.dtype == torch.int64
+        and indices.device.type == "cpu"
+        and indices.is_contiguous()
+        and dt in (torch.float32, torch.float64)
+        and all(
+            t.dtype == dt and t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
+            for t in floats
+        )
     )
 
 
