@@ -95,3 +95,69 @@ def test_fused_top1_on_threads_gives_the_serial_bits_and_finds_a_late_nan(
     with pytest.raises(ValueError, match="non-finite"):
         C.shifted(x, h)
     assert calls["threads"] == (2 if threads == "2" else 0)
+
+
+def _sparse_reference(
+    C: Compressor, x: torch.Tensor, h: torch.Tensor, keys: Keys | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(flat positions, values, h with the values added there), written out from C.sparse."""
+    idx, vals = C.sparse(x - h, keys)
+    d = x.shape[-1]
+    rows = x.numel() // d
+    flat = [r * d + int(j) for r in range(rows) for j in idx.reshape(rows, -1)[r]]
+    g = h.clone().reshape(-1)
+    for f, v in zip(flat, vals.reshape(-1).tolist(), strict=True):
+        g[f] = g[f] + v
+    return torch.tensor(flat), vals.reshape(-1), g.reshape(h.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", [(200, 123), (7, 1), (3, 5), (2, 3, 8)])
+def test_sparse_shifted_top1_keeps_the_entries_of_the_dense_form(
+    dtype: torch.dtype, shape: tuple[int, ...]
+) -> None:
+    """The fused pass's sparse form: the kept entries of C(x − h) at flat positions r·d + j,
+    and h changed at those positions only (h_j itself elsewhere: −0 stays −0, unlike h + 0)."""
+    C = make_compressor("top_k[k=1]")
+    gen = torch.Generator().manual_seed(sum(shape) + 1)
+    x = torch.randn(*shape, dtype=dtype, generator=gen)
+    h = torch.randn(*shape, dtype=dtype, generator=gen)
+    h[..., -1] = -0.0
+    x[..., -1] = 0.0
+    if shape[-1] > 2:
+        x[..., 1] = h[..., 1] + 2.0  # a tie: the lower index wins, as in the dense form
+        x[..., 2] = h[..., 2] - 2.0
+    flat, vals, g = C.shifted_sparse(x, h)
+    ref_flat, ref_vals, ref_g = _sparse_reference(C, x, h, None)
+    assert torch.equal(flat, ref_flat)
+    assert torch.equal(_bits(vals), _bits(ref_vals)) and torch.equal(_bits(g), _bits(ref_g))
+    dense = torch.zeros(x.numel(), dtype=dtype).index_add_(0, flat, vals).reshape(shape)
+    assert torch.equal(_bits(dense), _bits(C.shifted(x, h)[0]))  # the dense message's bits
+    # the default (no fused pass) gives the same
+    f0, v0, g0 = Compressor.shifted_sparse(C, x, h)
+    assert torch.equal(f0, flat) and torch.equal(_bits(v0), _bits(vals))
+    assert torch.equal(_bits(g0), _bits(g))
+
+
+@pytest.mark.parametrize("spec", ["top_k[k=3]", "rand_k[k=2]", "rand_k[k=2,shared_seed=true]"])
+def test_sparse_shifted_form_of_other_fixed_size_sparsifiers(spec: str) -> None:
+    C = make_compressor(spec)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 10, generator=gen, dtype=torch.float64)
+    h = torch.randn(6, 10, generator=gen, dtype=torch.float64)
+    keys = None if C.deterministic else Keys.derive(0, round=3, client=torch.arange(6).numpy())
+    flat, vals, g = C.shifted_sparse(x, h, keys)
+    ref_flat, ref_vals, ref_g = _sparse_reference(C, x, h, keys)
+    assert torch.equal(flat, ref_flat) and torch.equal(vals, ref_vals) and torch.equal(g, ref_g)
+    dense = torch.zeros(60, dtype=torch.float64).index_add_(0, flat, vals).reshape(6, 10)
+    assert torch.equal(dense, C(x - h, keys))
+
+
+def test_sparse_shifted_form_refuses_dense_and_random_size_messages_and_non_finite_input() -> None:
+    x, h = torch.zeros(4, 6, dtype=torch.float64), torch.zeros(4, 6, dtype=torch.float64)
+    for spec in ("identity", "bernoulli[p=0.5]"):
+        with pytest.raises(TypeError, match="fixed-size sparse messages"):
+            make_compressor(spec).shifted_sparse(x, h)
+    x[1, 2] = float("inf")
+    with pytest.raises(ValueError, match="non-finite"):
+        make_compressor("top_k[k=1]").shifted_sparse(x, h)

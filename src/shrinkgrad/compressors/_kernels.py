@@ -1305,7 +1305,14 @@ SHIFTED_BLOCK = 128
 
 
 def _shifted_top1_rows(  # pragma: no cover - compiled
-    x2: np.ndarray, h2: np.ndarray, buf: np.ndarray, bu: np.ndarray, c2: np.ndarray, g2: np.ndarray
+    x2: np.ndarray,
+    h2: np.ndarray,
+    buf: np.ndarray,
+    bu: np.ndarray,
+    c2: np.ndarray,
+    g2: np.ndarray,
+    flat: np.ndarray,
+    vals: np.ndarray,
 ) -> int:
     """The shifted Top-1 of every row in one pass (``TopK.shifted``): c = Top-1(x − h) into
     ``c2`` and h + c into ``g2``, with the values of ``torch.sub``, :func:`top1_rows` and
@@ -1315,8 +1322,16 @@ def _shifted_top1_rows(  # pragma: no cover - compiled
     :data:`SHIFTED_BLOCK` rows, each with its scratch row ``buf[b]`` of x − h (``buf`` of shape
     (blocks, d), ``bu`` its bit patterns, the same memory); every row's result depends on that
     row only, so the threaded twin (``shifted_top1_rows_threads``, ``prange`` over the blocks)
-    gives the same bits."""
+    gives the same bits.
+
+    The sparse form (``TopK.shifted_sparse``): when ``flat`` has one entry per row, row r's
+    kept entry goes there as its flat position r·d + j in the (n, d) batch, with its value in
+    ``vals[r]``; an empty ``c2`` (no rows) then skips the dense c, and g = h except
+    g[r, j] = h[r, j] + c[r, j] (``rules.add_message`` of a SparseMessage: h_j itself, not
+    h_j + 0, elsewhere)."""
     n, d = x2.shape
+    dense = c2.shape[0] == n
+    sparse = flat.shape[0] == n
     blocks = (n + SHIFTED_BLOCK - 1) // SHIFTED_BLOCK
     status = np.zeros(blocks, dtype=np.int64)
     for b in prange(blocks):
@@ -1331,12 +1346,20 @@ def _shifted_top1_rows(  # pragma: no cover - compiled
             if j < 0:
                 status[b] = NON_FINITE
                 break
-            cr = c2[r]
-            _zero_row(cr)
-            cr[j] = sb[j]
+            if sparse:
+                flat[r] = r * d + j
+                vals[r] = sb[j]
             gr = g2[r]
-            for q in range(d):
-                gr[q] = hr[q] + cr[q]
+            if dense:
+                cr = c2[r]
+                _zero_row(cr)
+                cr[j] = sb[j]
+                for q in range(d):
+                    gr[q] = hr[q] + cr[q]
+            else:
+                for q in range(d):
+                    gr[q] = hr[q]
+                gr[j] = hr[j] + sb[j]
     for b in range(blocks):
         if status[b] != OK:
             return NON_FINITE
@@ -2219,4 +2242,28 @@ def sparse_replace_bf16(  # pragma: no cover - compiled
             return False
         s = _widen_bf16(out[j]) + _widen_bf16(vals[t])  # type: ignore[call-arg,var-annotated]
         out[j] = _bf16_of(_bits_of_f32(s))
+    return True
+
+
+@njit(cache=True, nogil=True)
+def weighted_rows_sum(  # pragma: no cover - compiled
+    flat: np.ndarray, vals: np.ndarray, w: np.ndarray, out: np.ndarray
+) -> bool:
+    """out = Σ_t w[r_t] · vals[t] at column q_t, where the flat position flat[t] = r_t·d + q_t
+    of an (m, d) batch (d = out.size) names the row r_t and column q_t: the weighted sum over
+    the rows of a batch of sparse messages (``methods.base.weighted_sum`` of a SparseMessage),
+    each product rounded, then added in the order of ``flat``: the values of
+    ``out.zero_().index_add_(0, q, vals * w[r])``. False when a position lies outside
+    [0, m·d) (m = w.size)."""
+    d = out.size
+    lim = d * w.size
+    z = out.dtype.type(0)
+    for q in range(d):
+        out[q] = z
+    for t in range(flat.size):
+        f = flat[t]
+        if f < 0 or f >= lim:
+            return False
+        r = f // d
+        out[f - r * d] += w[r] * vals[t]
     return True

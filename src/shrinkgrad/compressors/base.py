@@ -332,6 +332,36 @@ class Compressor(abc.ABC):
         c = self(x - h, keys)
         return c, h + c
 
+    def shifted_sparse(
+        self, x: torch.Tensor, h: torch.Tensor, keys: Keys | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`shifted` with the message in its sparse form: ``(flat, values, h + c)``, the
+        kept entries of c = C(x − h, keys) at their flat positions (r·d + j for row r of the
+        batch, int64, row by row) and h + c, which differs from h at those positions only
+        (there h_j + c_j; elsewhere h_j itself, not h_j + 0, which differs in the sign of a
+        zero only). Fixed-size sparse messages only (``sparse_message`` and not
+        ``variable_size``): the simulator's reduction of EF21's Top-k messages then reads
+        m·k pairs instead of an (m, d) tensor (``methods.base.weighted_sum``). This default
+        selects by :meth:`sparse` on x − h; Top-1 on CPU fuses the pass."""
+        if not self.sparse_message or self.variable_size:
+            raise TypeError(
+                f"{self.name}: shifted_sparse needs fixed-size sparse messages (top_k, rand_k)"
+            )
+        if not isinstance(h, torch.Tensor) or h.shape != x.shape or h.dtype != x.dtype:
+            raise ValueError(
+                f"{self.name}.shifted_sparse: the shift h must match x (shape "
+                f"{tuple(x.shape)}, {x.dtype}), got {type(h).__name__}"
+            )
+        idx, vals = self.sparse(x - h, keys)
+        d = x.shape[-1]
+        rows = x.numel() // d if d else 0
+        offsets = torch.arange(rows, device=x.device).mul_(d).unsqueeze(1)
+        flat = idx.reshape(rows, -1).add(offsets).reshape(-1)
+        vals = vals.reshape(-1)
+        g = h.clone()
+        g.view(-1).index_add_(0, flat, vals)
+        return flat, vals, g
+
     # -- sparse form ----------------------------------------------------------------------------
     def sparse(
         self, x: torch.Tensor, keys: Keys | None = None

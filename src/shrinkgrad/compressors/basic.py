@@ -127,17 +127,30 @@ def topk_indices_torch(x: torch.Tensor, k: int) -> torch.Tensor:
 SHIFTED_THREADED_ROWS = 2 * K.SHIFTED_BLOCK
 
 
-def _shifted_top1(x2: np.ndarray, h2: np.ndarray, c2: np.ndarray, g2: np.ndarray) -> int:
+def _shifted_top1(
+    x2: np.ndarray,
+    h2: np.ndarray,
+    c2: np.ndarray,
+    g2: np.ndarray,
+    flat: np.ndarray | None = None,
+    vals: np.ndarray | None = None,
+) -> int:
     """:func:`~shrinkgrad.compressors._kernels.shifted_top1_rows`, over :func:`K.threads`
-    numba threads when there are enough rows (the same bits: rows are independent)."""
+    numba threads when there are enough rows (the same bits: rows are independent); with
+    ``flat`` and ``vals`` (one entry per row) and an empty ``c2``, its sparse form."""
     n, d = x2.shape
     buf = np.empty(((n + K.SHIFTED_BLOCK - 1) // K.SHIFTED_BLOCK, d), dtype=x2.dtype)
     bu = buf.view(np.uint32 if x2.dtype == np.float32 else np.uint64)
+    if flat is None or vals is None:
+        flat, vals = _NO_FLAT, np.empty(0, dtype=x2.dtype)
     t = K.threads()
     if t > 1 and n >= SHIFTED_THREADED_ROWS:
         numba.set_num_threads(min(t, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
-        return int(K.shifted_top1_rows_threads(x2, h2, buf, bu, c2, g2))
-    return int(K.shifted_top1_rows(x2, h2, buf, bu, c2, g2))
+        return int(K.shifted_top1_rows_threads(x2, h2, buf, bu, c2, g2, flat, vals))
+    return int(K.shifted_top1_rows(x2, h2, buf, bu, c2, g2, flat, vals))
+
+
+_NO_FLAT = np.empty(0, dtype=np.int64)
 
 
 @COMPRESSORS.register("top_k")
@@ -240,12 +253,9 @@ class TopK(Sparsifier):
         idx = self._indices(x)
         return idx, take(x, idx)
 
-    def shifted(
-        self, x: torch.Tensor, h: torch.Tensor, keys: Keys | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`Compressor.shifted`; for k = 1 on CPU one pass over x and h
-        (:func:`~shrinkgrad.compressors._kernels.shifted_top1_rows`, the same bits)."""
-        fast = (
+    def _fast_shifted(self, x: torch.Tensor, h: torch.Tensor) -> bool:
+        """Whether :func:`_shifted_top1` computes the shifted Top-k of ``x`` and ``h``."""
+        return (
             self.k == 1
             and _use_numba(x)
             and x.dtype in (torch.float32, torch.float64)
@@ -256,7 +266,13 @@ class TopK(Sparsifier):
             and x.ndim >= 1
             and x.shape[-1] > 0
         )
-        if not fast:
+
+    def shifted(
+        self, x: torch.Tensor, h: torch.Tensor, keys: Keys | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`Compressor.shifted`; for k = 1 on CPU one pass over x and h
+        (:func:`~shrinkgrad.compressors._kernels.shifted_top1_rows`, the same bits)."""
+        if not self._fast_shifted(x, h):
             return super().shifted(x, h, keys)
         x2, h2 = _rows(x), _rows(h)
         d = x2.shape[1]
@@ -266,6 +282,24 @@ class TopK(Sparsifier):
         if _shifted_top1(x2, h2, c2, g2) != K.OK:
             raise non_finite_error(self.name)
         return c, g
+
+    def shifted_sparse(
+        self, x: torch.Tensor, h: torch.Tensor, keys: Keys | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`Compressor.shifted_sparse`; for k = 1 on CPU the one pass of :meth:`shifted`
+        writing the kept entries instead of a dense c (the same values)."""
+        if not self._fast_shifted(x, h):
+            return super().shifted_sparse(x, h, keys)
+        x2, h2 = _rows(x), _rows(h)
+        n, d = x2.shape
+        g = buffers.empty_tensor(tuple(x.shape), x.dtype)  # recycled at federated scale
+        flat = torch.empty(n, dtype=torch.int64)
+        vals = torch.empty(n, dtype=x.dtype)
+        none = np.empty((0, d), dtype=x2.dtype)
+        status = _shifted_top1(x2, h2, none, g.view(-1, d).numpy(), flat.numpy(), vals.numpy())
+        if status != K.OK:
+            raise non_finite_error(self.name)
+        return flat, vals, g
 
     def sparse_difference(
         self,

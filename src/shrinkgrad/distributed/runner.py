@@ -34,8 +34,9 @@ import torch.distributed as dist
 
 from .._sums import squared_norm
 from ..compressors import Compressor
-from ..methods.base import BoundMethod, Method, NonFiniteError, State, Traffic
+from ..methods.base import BoundMethod, Method, NonFiniteError, State, Traffic, weighted_sum
 from ..methods.oracle import ProblemOracle
+from ..methods.rules import SparseMessage
 from ..methods.stepsize import StepSize
 from ..problems import Problem
 from ..rng import Keys
@@ -160,8 +161,8 @@ class AllReduce:
         self.bytes += t.numel() * t.element_size()
         dist.all_reduce(t, group=self.group)
 
-    def __call__(self, values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        local = weights @ values
+    def __call__(self, values: torch.Tensor | SparseMessage, weights: torch.Tensor) -> torch.Tensor:
+        local = weighted_sum(values, weights)
         buf = torch.cat([local, local.new_zeros(1)])
         self.sum(buf)
         if float(buf[-1]) > 0:

@@ -39,9 +39,11 @@ import numpy as np
 import torch
 
 from ..compressors import Compressor, ConstantUnknownError, make_compressor
+from ..compressors import _kernels as K
 from ..compressors._wire import HALF_DTYPES, paper_width
 from ..registry import Registry
 from ..rng import Keys, KeyStream
+from .rules import SparseMessage, kernel_ready
 from .stepsize import StepSize, parse_stepsize
 
 __all__ = [
@@ -92,12 +94,32 @@ class UnknownConstantError(ValueError):
     know (a neural network): design.md principle 14, unknown constants are a state."""
 
 
-def weighted_sum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def weighted_sum(values: torch.Tensor | SparseMessage, weights: torch.Tensor) -> torch.Tensor:
     """The default reduction: Σ_j weights[j] · values[j] over the local client axis (one gemv).
 
     With weights 1/n this is the average (1/n) Σ_i c_i of [EF21]; with w_i, Σ_i w_i c_i of [EFR].
+
+    ``values`` may be a :class:`~.rules.SparseMessage` of shape (m, d) (a runtime with
+    ``Config.sparse_batches``: EF21's Top-k messages in the simulator and the runner): the
+    products w_j · c_j[q] of its kept entries are added in the order of its positions, row by
+    row (:func:`~shrinkgrad.compressors._kernels.weighted_rows_sum`): O(m·k) instead of a
+    pass over m·d entries, the same sum in another order than the gemv's (round-off).
     """
+    if isinstance(values, SparseMessage):
+        return _sparse_weighted_sum(values, weights)
     return weights @ values
+
+
+def _sparse_weighted_sum(c: SparseMessage, weights: torch.Tensor) -> torch.Tensor:
+    m, d = c.shape
+    v, f = c.values, c.indices
+    out = torch.empty(d, dtype=v.dtype, device=v.device)
+    if kernel_ready(f, v, weights):
+        if not K.weighted_rows_sum(f.numpy(), v.numpy(), weights.numpy(), out.numpy()):
+            raise IndexError(f"a sparse message has a position outside its shape ({m}, {d})")
+        return out
+    rows = torch.div(f, d, rounding_mode="floor")
+    return out.zero_().index_add_(0, f - rows * d, v * weights[rows])
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,6 +347,12 @@ class Config:
     #: tensors in place instead of returning new ones. False (the simulator, the runner): the
     #: parts are pure functions of their inputs.
     inplace: bool = False
+    #: the runtime's reduction takes :class:`~.rules.SparseMessage` batches of shape (m, d)
+    #: (:func:`weighted_sum`: the simulator and the runner): a client step that only hands its
+    #: compressed vectors to its Message and to :mod:`.rules` (EF21's, ``ef21_update(...,
+    #: sparse=True)``) may then receive a fixed-size sparse compressor's messages in that form
+    #: (``Compressor.shifted_sparse``) instead of a dense (m, d) tensor
+    sparse_batches: bool = False
     _streams: dict[tuple[str, bytes], KeyStream] = dataclasses.field(
         default_factory=dict, repr=False
     )
@@ -473,7 +501,8 @@ class Config:
     def compressed_traffic(
         self, c: torch.Tensor, active: torch.Tensor | None = None, *, down: bool = True
     ) -> Traffic:
-        """Each client of the group sends its row of the compressed tensor ``c`` (m, d).
+        """Each client of the group sends its row of the compressed tensor ``c`` (m, d), dense
+        or a :class:`~.rules.SparseMessage` batch.
 
         ``active`` (bool, (m,)) marks the clients that actually sent (others count 0 bits).
         Random-size messages are counted by the compressor's ``message_bits`` on the message
@@ -485,6 +514,8 @@ class Config:
             getattr(C, "variable_size", False)
             or type(C).message_bits is not Compressor.message_bits
         ):
+            if isinstance(c, SparseMessage):
+                c = c.dense()
             up = C.message_bits(c.to(self.wire_dtype)).to(torch.float64).to(self.device)
         elif active is None:  # a fixed-size message: the same counts every round
             key = ("compressed", m, down)
@@ -536,18 +567,30 @@ class StatefulCompress:
         c, self.state = self.cfg.compress_with_state(p, self.ids, self.round, self.state)
         return c
 
-    def shifted(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def shifted(
+        self, x: torch.Tensor, h: torch.Tensor, *, sparse: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(C(x − h), h + C(x − h))`` by the compressor's shifted form (one fused pass where
         it has one: :meth:`~shrinkgrad.compressors.Compressor.shifted`), or None for a stateful
         compressor or a runtime whose Config applies C its own way (the DDP hook's wire): the
         caller then applies C itself. Non-finite x − h raises :class:`NonFiniteError`, as
-        :meth:`Config.compress` does."""
+        :meth:`Config.compress` does.
+
+        ``sparse=True`` (the caller takes a :class:`~.rules.SparseMessage`): where the
+        runtime's reduction takes one (``Config.sparse_batches``) and the compressor's
+        messages are sparse and of fixed size, C(x − h) comes as a SparseMessage of x's shape
+        (:meth:`~shrinkgrad.compressors.Compressor.shifted_sparse`)."""
         cfg = self.cfg
         C = cfg.compressor
         if C.stateful or type(cfg).compress is not Config.compress:
             return None
         keys = None if C.deterministic else cfg.keys("compressor", self.ids, self.round)
         try:
+            if sparse and cfg.sparse_batches and C.sparse_message and not C.variable_size:
+                flat, vals, g = C.shifted_sparse(x, h, keys)
+                # typed as the dense form, as the hook's SparseMessages are (rules.Compress)
+                sm: Any = SparseMessage(flat, vals, tuple(x.shape))
+                return sm, g
             return C.shifted(x, h, keys)
         except ValueError:
             cfg._raise_if_diverged(x - h, self.round)

@@ -427,6 +427,7 @@ class EF21(Method[EF21Server, EF21Clients]):
                 comp,
                 inplace=cfg.inplace,
                 scratch=target if owned else cfg.scratch(target),
+                sparse=True,  # c only goes to the Message (the server adds it to g)
             )
             return EF21Clients(ids, g_new, comp.state), cfg.message(
                 c, ids, cfg.compressed_traffic(c)

@@ -43,9 +43,11 @@ class SparseMessage(NamedTuple):
     positions ``indices`` (int64), zeros elsewhere (Top-k's and rand-k's messages).
 
     One client's message has distinct indices; an aggregate of several clients' messages (the
-    hook's Σ_i w_i c_i) may repeat an index, and its values then add up. Only the DDP hook builds
+    hook's Σ_i w_i c_i) may repeat an index, and its values then add up. The DDP hook builds
     these (its sparse path), for methods whose client and server parts merely add C(p) to their
-    state or pass it on (``Method.sparse_messages``).
+    state or pass it on (``Method.sparse_messages``); so do the simulator and the runner for
+    EF21's messages, as batches of shape (m, d) whose reduction ``methods.base.weighted_sum``
+    adds the pairs (``Config.sparse_batches``).
     """
 
     indices: torch.Tensor
@@ -119,20 +121,23 @@ def add_message(
 
 
 def _kernel_ready(flat: torch.Tensor, c: SparseMessage) -> bool:
-    """Whether :func:`~shrinkgrad.compressors._kernels.sparse_add` may do ``flat[c] += c``: CPU
-    float32/float64 tensors of one dtype, contiguous, int64 indices, no autograd."""
-    v, i = c.values, c.indices
+    """Whether :func:`~shrinkgrad.compressors._kernels.sparse_add` may do ``flat[c] += c``."""
+    return kernel_ready(c.indices, flat, c.values)
+
+
+def kernel_ready(indices: torch.Tensor, *floats: torch.Tensor) -> bool:
+    """Whether numba kernels may work on these tensors through numpy: CPU, contiguous, int64
+    ``indices``, ``floats`` of one dtype (float32/float64) without autograd."""
+    dt = floats[0].dtype
     return (
-        flat.device.type == "cpu"
-        and flat.dtype in (torch.float32, torch.float64)
-        and v.dtype == flat.dtype
-        and v.device.type == "cpu"
-        and i.dtype == torch.int64
-        and i.device.type == "cpu"
-        and flat.is_contiguous()
-        and v.is_contiguous()
-        and i.is_contiguous()
-        and not (flat.requires_grad or v.requires_grad)
+        indices.dtype == torch.int64
+        and indices.device.type == "cpu"
+        and indices.is_contiguous()
+        and dt in (torch.float32, torch.float64)
+        and all(
+            t.dtype == dt and t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
+            for t in floats
+        )
     )
 
 
@@ -153,6 +158,7 @@ def ef21_update(
     *,
     inplace: bool = False,
     scratch: torch.Tensor | None = None,
+    sparse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EF21's client update: c = C(target − g); g ← g + c. Returns ``(c, new g)``.
 
@@ -168,12 +174,16 @@ def ef21_update(
     with the same bits. Otherwise a ``compress`` with a ``difference(a, b)`` attribute (the
     DDP hook's) is asked for C(target − g): it may select from the difference without forming
     it (None: it cannot, and target − g is formed).
+
+    ``sparse=True``: the caller takes c as a :class:`SparseMessage` (it only sends c and adds
+    it to state), which the shifted form then may return
+    (:meth:`~shrinkgrad.methods.base.StatefulCompress.shifted`).
     """
     shifted = getattr(compress, "shifted", None)
     if shifted is not None and not inplace:
-        both = shifted(target, g)
+        both = shifted(target, g, sparse=True) if sparse else shifted(target, g)
         if both is not None:
-            c_new: torch.Tensor = both[0]
+            c_new: torch.Tensor = both[0]  # or a SparseMessage (``sparse``), as from the hook
             return c_new, both[1]
     fused = getattr(compress, "difference", None)
     c = fused(target, g) if fused is not None else None

@@ -465,6 +465,12 @@ def setup_run(
         device=prob.device,
         wire_dtype=options.wire_dtype,
     )
+    # both runtimes reduce with methods.base.weighted_sum (the runner's AllReduce adds an
+    # all-reduce), which takes sparse message batches; on the CPU only, where its sum is the
+    # serial in-order one (CUDA's index_add_ adds in no fixed order: a seed would no longer
+    # fix the last bits)
+    sparse = bound.cfg.device.type == "cpu"
+    bound = BoundMethod(bound.method, dataclasses.replace(bound.cfg, sparse_batches=sparse))
     cfg = bound.cfg
     x_start = _x0(prob, x0, cfg.dtype, cfg.device)
     info = prob.info()
