@@ -208,6 +208,25 @@ def _rows(value: Any, ids: torch.Tensor) -> Any:
     return value
 
 
+def _after_rounds(
+    method: Method[Any, Any], compressor: str, rounds: int
+) -> tuple[Any, ProblemOracle, State[Any, Any], dict[str, Any]]:
+    """(problem, oracle, the simulator's state after ``rounds`` rounds, the fields of its
+    bound Config) for one-round checks of a method's parts (3 clients of a1a, γ = 1)."""
+    problem = logistic_regression("a1a", n_clients=3, lam=LAM)
+    bound = method.bind(problem, compressor, 1.0)
+    oracle = ProblemOracle(problem)
+    state, _ = bound.init(problem.x0(), oracle)
+    for _ in range(rounds):
+        state, _ = bound.step(state, oracle)
+    base = {
+        f.name: getattr(bound.cfg, f.name)
+        for f in dataclasses.fields(Config)
+        if not f.name.startswith("_")
+    }
+    return problem, oracle, state, base
+
+
 @pytest.mark.parametrize("label", [c[0] for c in _cases() if c[1].sparse_messages])
 def test_sparse_messages_give_the_dense_results(label: str) -> None:
     """``sparse_messages`` promises that C(p) only reaches the rules of methods.rules, the
@@ -215,17 +234,7 @@ def test_sparse_messages_give_the_dense_results(label: str) -> None:
     server's direction with SparseMessages equal the dense ones (a kept coordinate x_j ± c_j,
     the others x_j)."""
     method, compressor = next((m, c) for lab, m, c in _cases() if lab == label)
-    problem = logistic_regression("a1a", n_clients=3, lam=LAM)
-    bound = method.bind(problem, compressor, 1.0)
-    oracle = ProblemOracle(problem)
-    state, _ = bound.init(problem.x0(), oracle)
-    for _ in range(3):
-        state, _ = bound.step(state, oracle)
-    base = {
-        f.name: getattr(bound.cfg, f.name)
-        for f in dataclasses.fields(Config)
-        if not f.name.startswith("_")
-    }
+    problem, oracle, state, base = _after_rounds(method, compressor, 3)
     r, ids = state.round + 1, torch.tensor([1])
     x = torch.zeros(problem.d, dtype=torch.float64)
     results = []
@@ -300,17 +309,7 @@ class _LazyConfig(Config):
 def _lazy_round(method: Method[Any, Any], compressor: str) -> tuple[bool, bool]:
     """One client round with the NaN-until-compressed gradient against the plain one: (the
     results are equal bit for bit, they are finite)."""
-    problem = logistic_regression("a1a", n_clients=3, lam=LAM)
-    bound = method.bind(problem, compressor, 1.0)
-    oracle = ProblemOracle(problem)
-    state, _ = bound.init(problem.x0(), oracle)
-    for _ in range(2):
-        state, _ = bound.step(state, oracle)
-    base = {
-        f.name: getattr(bound.cfg, f.name)
-        for f in dataclasses.fields(Config)
-        if not f.name.startswith("_")
-    }
+    problem, oracle, state, base = _after_rounds(method, compressor, 2)
     r = state.round + 1
     x = torch.zeros(problem.d, dtype=torch.float64)
     lazy = _LazyOracle(oracle)
@@ -367,17 +366,7 @@ def test_direction_changes_name_every_changed_entry(label: str) -> None:
     in-place state, sparse aggregates) differ only at the reported entries, and do differ
     there somewhere; a method that answers None is converted densely (nothing to check)."""
     method, compressor = next((m, c) for lab, m, c in _cases() if lab == label)
-    problem = logistic_regression("a1a", n_clients=3, lam=LAM)
-    bound = method.bind(problem, compressor, 1.0)
-    oracle = ProblemOracle(problem)
-    state, _ = bound.init(problem.x0(), oracle)
-    for _ in range(2):
-        state, _ = bound.step(state, oracle)
-    base = {
-        f.name: getattr(bound.cfg, f.name)
-        for f in dataclasses.fields(Config)
-        if not f.name.startswith("_")
-    }
+    _, oracle, state, base = _after_rounds(method, compressor, 2)
     cfg = Config(**{**base, "inplace": True})
     r0 = state.round
     server = method.server_pre(cfg, _copy(state.server), r0 + 1)  # away from x⁰: ∇f_i ≠ g_i
