@@ -2055,6 +2055,52 @@ ADD_BLOCK = 1 << 14
 ADD_MAX_RUNS = 256
 
 
+@njit(cache=True, inline="always")
+def _count_runs(idx: np.ndarray, n: int, strict: bool) -> int:  # pragma: no cover - compiled
+    """The number of ascending runs of ``idx`` (strictly ascending with ``strict``, else
+    non-decreasing), or −1 when an index lies outside [0, n)."""
+    runs = 1
+    for t in range(idx.size):
+        j = idx[t]
+        if j < 0 or j >= n:
+            return -1
+        if t > 0 and (j < idx[t - 1] or (strict and j == idx[t - 1])):
+            runs += 1
+    return runs
+
+
+@njit(cache=True, inline="always")
+def _run_bounds(  # pragma: no cover - compiled
+    idx: np.ndarray, runs: int, strict: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(first entry, end) of each of the ``runs`` ascending runs of ``idx``
+    (:func:`_count_runs`): the runs' cursors of the block-wise kernels."""
+    cur = np.empty(runs, dtype=np.int64)
+    end = np.empty(runs, dtype=np.int64)
+    r = 0
+    cur[0] = 0
+    for t in range(1, idx.size):
+        if idx[t] < idx[t - 1] or (strict and idx[t] == idx[t - 1]):
+            end[r] = t
+            r += 1
+            cur[r] = t
+    end[runs - 1] = idx.size
+    return cur, end
+
+
+@njit(cache=True, inline="always")
+def _next_pending(  # pragma: no cover - compiled
+    idx: np.ndarray, cur: np.ndarray, end: np.ndarray, n: int
+) -> int:
+    """The smallest index not yet visited by any run (n when all are done): the block-wise
+    kernels go on with the block that holds it."""
+    lo = n
+    for r in range(cur.size):
+        if cur[r] < end[r] and idx[cur[r]] < lo:
+            lo = idx[cur[r]]
+    return lo
+
+
 @njit(cache=True, nogil=True)
 def sparse_add(  # pragma: no cover - compiled
     out: np.ndarray, idx: np.ndarray, vals: np.ndarray, negate: bool
@@ -2072,13 +2118,9 @@ def sparse_add(  # pragma: no cover - compiled
     their order: the same bits as the loop in order."""
     n = out.size
     m = idx.size
-    runs = 1
-    for t in range(m):
-        j = idx[t]
-        if j < 0 or j >= n:
-            return False
-        if t > 0 and j <= idx[t - 1]:
-            runs += 1
+    runs = _count_runs(idx, n, True)
+    if runs < 0:
+        return False
     if runs == 1 or runs > ADD_MAX_RUNS:
         if negate:
             for t in range(m):
@@ -2087,21 +2129,9 @@ def sparse_add(  # pragma: no cover - compiled
             for t in range(m):
                 out[idx[t]] += vals[t]
         return True
-    cur = np.empty(runs, dtype=np.int64)  # each run's next entry
-    end = np.empty(runs, dtype=np.int64)
-    r = 0
-    cur[0] = 0
-    for t in range(1, m):
-        if idx[t] <= idx[t - 1]:
-            end[r] = t
-            r += 1
-            cur[r] = t
-    end[runs - 1] = m
+    cur, end = _run_bounds(idx, runs, True)  # each run's next entry, and its end
     while True:
-        lo = n  # the next block: the one of the smallest pending index
-        for r in range(runs):
-            if cur[r] < end[r] and idx[cur[r]] < lo:
-                lo = idx[cur[r]]
+        lo = _next_pending(idx, cur, end, n)  # the next block: the one that holds it
         if lo == n:
             return True
         hi = (lo // ADD_BLOCK + 1) * ADD_BLOCK
@@ -2160,33 +2190,17 @@ def bf16_at(  # pragma: no cover - compiled
     index is outside [0, len)."""
     n = out.size
     m = idx.size
-    runs = 1
-    for t in range(m):
-        j = idx[t]
-        if j < 0 or j >= n:
-            return False
-        if t > 0 and j < idx[t - 1]:
-            runs += 1
+    runs = _count_runs(idx, n, False)  # repeats allowed within a run
+    if runs < 0:
+        return False
     if runs == 1 or runs > ADD_MAX_RUNS:
         for t in range(m):
             out[idx[t]] = _bf16_of(src[idx[t]])
         return True
-    cur = np.empty(runs, dtype=np.int64)
-    end = np.empty(runs, dtype=np.int64)
-    r = 0
-    cur[0] = 0
-    for t in range(1, m):
-        if idx[t] < idx[t - 1]:
-            end[r] = t
-            r += 1
-            cur[r] = t
-    end[runs - 1] = m
+    cur, end = _run_bounds(idx, runs, False)
     marks = np.zeros(ADD_BLOCK // 64, dtype=np.uint64)  # the block's changed entries, 1 bit each
     while True:
-        lo = n  # the next block: the one of the smallest pending index
-        for r in range(runs):
-            if cur[r] < end[r] and idx[cur[r]] < lo:
-                lo = idx[cur[r]]
+        lo = _next_pending(idx, cur, end, n)  # the next block: the one that holds it
         if lo == n:
             return True
         b0 = (lo // ADD_BLOCK) * ADD_BLOCK
