@@ -313,6 +313,37 @@ def test_sparse_difference_is_the_sparse_form_of_the_difference(
         assert got[1].dtype == want[1].dtype and torch.equal(_bits(got[1]), _bits(want[1]))
 
 
+@pytest.mark.parametrize("spec", [s for s in ALL if make_compressor(s).sparse_batches])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sparse_shifted_form_is_the_shifted_form(spec: str, dtype: torch.dtype) -> None:
+    """C.shifted_sparse(x, h, keys) = (flat positions, values, h + c) of c = C(x − h, keys) for
+    a batch (the simulator's sparse message batches): the pairs scatter to ``shifted``'s dense
+    c bit for bit, and the new h equals ``shifted``'s except that −0 entries of h away from
+    the kept positions stay −0 (h_j itself instead of h_j + 0)."""
+    c = make_compressor(spec)
+    x, h = _x((5, D), dtype, seed=11), _x((5, D), dtype, seed=12)
+    h[:, 1] = -0.0
+    keys = _keys(5, seed=6)
+    flat, vals, g = c.shifted_sparse(x, h, keys)
+    dense_c, dense_g = c.shifted(x, h, keys)
+    assert flat.dtype == torch.int64 and flat.ndim == 1 and vals.shape == flat.shape
+    assert ((flat // D) == torch.arange(5).repeat_interleave(flat.numel() // 5)).all()  # by row
+    scattered = torch.zeros(5 * D, dtype=dtype).scatter_(0, flat, vals).view(5, D)
+    assert torch.equal(_bits(scattered), _bits(dense_c))
+    kept = torch.zeros(5 * D, dtype=torch.bool)
+    kept[flat] = True
+    kept = kept.view(5, D)
+    assert torch.equal(_bits(g[kept]), _bits(dense_g[kept]))
+    assert torch.equal(_bits(g[~kept]), _bits(h[~kept]))
+
+
+@pytest.mark.parametrize("spec", [s for s in ALL if not make_compressor(s).sparse_batches])
+def test_other_compressors_have_no_sparse_shifted_form(spec: str) -> None:
+    x = _x((2, D), torch.float64)
+    with pytest.raises(TypeError, match="sparse form of batches"):
+        make_compressor(spec).shifted_sparse(x, x, _keys(2))
+
+
 @pytest.mark.parametrize("spec", [s for s in ALL if make_compressor(s).encodes_pairs])
 @pytest.mark.parametrize("dtype", DTYPES + HALF)
 def test_encode_pairs_is_encode(spec: str, dtype: torch.dtype) -> None:

@@ -156,7 +156,7 @@ def test_sparse_shifted_form_of_other_fixed_size_sparsifiers(spec: str) -> None:
 def test_sparse_shifted_form_refuses_dense_and_random_size_messages_and_non_finite_input() -> None:
     x, h = torch.zeros(4, 6, dtype=torch.float64), torch.zeros(4, 6, dtype=torch.float64)
     for spec in ("identity", "bernoulli[p=0.5]"):
-        with pytest.raises(TypeError, match="fixed-size sparse messages"):
+        with pytest.raises(TypeError, match="sparse form of batches"):
             make_compressor(spec).shifted_sparse(x, h)
     x[1, 2] = float("inf")
     with pytest.raises(ValueError, match="non-finite"):

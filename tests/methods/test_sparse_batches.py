@@ -89,6 +89,8 @@ def _dense_run(problem: Any, method: str, comp: str, rounds: int) -> tuple[list[
         ("ef21", "top_k[k=3]"),  # the default shifted_sparse
         ("ef21_w", "top_k[k=1]"),
         ("ef21", "scaled(rand_k[k=2])"),  # keyed draws
+        # random-size messages: the bits counted from the pairs made dense (message_bits)
+        ("ef21", "compose(top_k[k=6],bernoulli[p=0.7])"),
         ("ef21_sgdm", "top_k[k=2]"),
     ],
 )

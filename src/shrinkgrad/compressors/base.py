@@ -339,13 +339,15 @@ class Compressor(abc.ABC):
         kept entries of c = C(x − h, keys) at their flat positions (r·d + j for row r of the
         batch, int64, row by row) and h + c, which differs from h at those positions only
         (there h_j + c_j; elsewhere h_j itself, not h_j + 0, which differs in the sign of a
-        zero only). Fixed-size sparse messages only (``sparse_message`` and not
-        ``variable_size``): the simulator's reduction of EF21's Top-k messages then reads
-        m·k pairs instead of an (m, d) tensor (``methods.base.weighted_sum``). This default
-        selects by :meth:`sparse` on x − h; Top-1 on CPU fuses the pass."""
-        if not self.sparse_message or self.variable_size:
+        zero only). Compressors whose :meth:`sparse` takes batches only (``sparse_batches``:
+        the same number of pairs in every row): the simulator's reduction of EF21's Top-k
+        messages then reads m·k pairs instead of an (m, d) tensor
+        (``methods.base.weighted_sum``). This default selects by :meth:`sparse` on x − h;
+        Top-1 on CPU fuses the pass."""
+        if not self.sparse_batches:
             raise TypeError(
-                f"{self.name}: shifted_sparse needs fixed-size sparse messages (top_k, rand_k)"
+                f"{self.name}: shifted_sparse needs a sparse form of batches (sparse_batches: "
+                "top_k, rand_k and their compositions)"
             )
         if not isinstance(h, torch.Tensor) or h.shape != x.shape or h.dtype != x.dtype:
             raise ValueError(

@@ -350,7 +350,8 @@ class Config:
     #: the runtime's reduction takes :class:`~.rules.SparseMessage` batches of shape (m, d)
     #: (:func:`weighted_sum`: the simulator and the runner): a client step that only hands its
     #: compressed vectors to its Message and to :mod:`.rules` (EF21's, ``ef21_update(...,
-    #: sparse=True)``) may then receive a fixed-size sparse compressor's messages in that form
+    #: sparse=True)``) may then receive the messages of a compressor whose sparse form takes
+    #: batches (``Compressor.sparse_batches``) in that form
     #: (``Compressor.shifted_sparse``) instead of a dense (m, d) tensor
     sparse_batches: bool = False
     _streams: dict[tuple[str, bytes], KeyStream] = dataclasses.field(
@@ -577,16 +578,16 @@ class StatefulCompress:
         :meth:`Config.compress` does.
 
         ``sparse=True`` (the caller takes a :class:`~.rules.SparseMessage`): where the
-        runtime's reduction takes one (``Config.sparse_batches``) and the compressor's
-        messages are sparse and of fixed size, C(x − h) comes as a SparseMessage of x's shape
-        (:meth:`~shrinkgrad.compressors.Compressor.shifted_sparse`)."""
+        runtime's reduction takes one (``Config.sparse_batches``) and the compressor's sparse
+        form takes batches (``Compressor.sparse_batches``), C(x − h) comes as a SparseMessage
+        of x's shape (:meth:`~shrinkgrad.compressors.Compressor.shifted_sparse`)."""
         cfg = self.cfg
         C = cfg.compressor
         if C.stateful or type(cfg).compress is not Config.compress:
             return None
         keys = None if C.deterministic else cfg.keys("compressor", self.ids, self.round)
         try:
-            if sparse and cfg.sparse_batches and C.sparse_message and not C.variable_size:
+            if sparse and cfg.sparse_batches and C.sparse_batches:
                 flat, vals, g = C.shifted_sparse(x, h, keys)
                 # typed as the dense form, as the hook's SparseMessages are (rules.Compress)
                 sm: Any = SparseMessage(flat, vals, tuple(x.shape))
