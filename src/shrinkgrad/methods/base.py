@@ -43,7 +43,7 @@ from ..compressors import _kernels as K
 from ..compressors._wire import HALF_DTYPES, paper_width
 from ..registry import Registry
 from ..rng import Keys, KeyStream
-from .rules import SparseMessage, kernel_ready
+from .rules import Mirror, SparseMessage, kernel_ready
 from .stepsize import StepSize, parse_stepsize
 
 __all__ = [
@@ -423,6 +423,16 @@ class Config:
         step uses one scratch at a time and keeps none of it in its state. Here: a new tensor.
         """
         return torch.empty_like(like)
+
+    def mirror(self, x: torch.Tensor) -> Mirror | None:
+        """The runtime's :class:`~.rules.Mirror` of the server state tensor ``x``: a request to
+        write the bfloat16 of x's entries that an in-place sparse addition changes into a
+        tensor of the runtime's (the DDP hook's bfloat16 output, when x is the direction D of
+        a bfloat16 model). A server part whose direction is x passes it to
+        :func:`~.rules.add_message`, which honours it where it can (the fused kernel) and
+        records that in ``Mirror.written``; the method's arithmetic is the same either way.
+        None (this default): nothing to mirror."""
+        return None
 
     def _raise_if_diverged(self, x: torch.Tensor, round: int) -> None:
         if not bool(torch.isfinite(x).all()):

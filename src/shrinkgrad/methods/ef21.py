@@ -447,8 +447,13 @@ class EF21(Method[EF21Server, EF21Clients]):
     def server_post(
         self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int
     ) -> EF21Server:
+        """[EF21] Alg. 1 step 3: g^{t+1} = g^t + (1/n) Σ_i c_i ([EFR] Alg. 2: Σ_i w_i c_i), the
+        aggregate's pairs added in place where the runtime owns g (``Config.inplace``), and
+        the runtime's mirror of g (``Config.mirror``: the DDP hook's bfloat16 copy of the
+        direction D = g) written in the same pass where it asks for one."""
         assert aggregate is not None
-        return EF21Server(server.x, add_message(server.g, aggregate, inplace=cfg.inplace))
+        g = add_message(server.g, aggregate, inplace=cfg.inplace, mirror=cfg.mirror(server.g))
+        return EF21Server(server.x, g)
 
     def server_direction(
         self, cfg: Config, server: EF21Server, aggregate: torch.Tensor | None, r: int

@@ -19,9 +19,11 @@ x_j ± c_j, elsewhere x_j itself instead of x_j ± 0).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch.autograd.graph import increment_version
 
@@ -29,6 +31,7 @@ from ..compressors import _kernels as K
 
 __all__ = [
     "LowRankMessage",
+    "Mirror",
     "SparseMessage",
     "add_message",
     "divide_message",
@@ -88,12 +91,40 @@ Compressed = torch.Tensor | SparseMessage | LowRankMessage
 Compress = Callable[[torch.Tensor], torch.Tensor]
 
 
+@dataclasses.dataclass(eq=False)
+class Mirror:
+    """A request, from a runtime, to keep ``target`` — a bfloat16 vector of x's numel — equal
+    to the bfloat16 conversion of a float32 state tensor x at the entries an in-place sparse
+    addition to x touches, written while the addition has them in cache.
+
+    The DDP hook asks for it (``Config.mirror``) for the state tensor of a bfloat16 model's
+    method whose direction D is that state (EF21's g, DDP's bfloat16 output): the update
+    g^{t+1} = g^t + Σ_i w_i c_i then also writes bfloat16(g^{t+1}_j) into the output at the
+    aggregate's n·k entries, in one pass instead of two. Whoever writes the mirror sets
+    ``written`` to the flat positions it wrote (repeats allowed); ``None``: nothing was
+    written, and the runtime converts as it would without the mirror."""
+
+    target: torch.Tensor
+    written: torch.Tensor | None = None
+
+
 def add_message(
-    x: torch.Tensor, c: Compressed, *, inplace: bool = False, alpha: float = 1.0
+    x: torch.Tensor,
+    c: Compressed,
+    *,
+    inplace: bool = False,
+    alpha: float = 1.0,
+    mirror: Mirror | None = None,
 ) -> torch.Tensor:
     """x + α·c, with c dense, a :class:`SparseMessage` (then an O(k) ``index_add_``; α = ±1
     gives x_j ± c_j exactly) or a :class:`LowRankMessage` (its ``add``: one pass over x, the
-    bits of x ± c for α = ±1). ``inplace`` updates ``x`` (contiguous) and returns it."""
+    bits of x ± c for α = ±1). ``inplace`` updates ``x`` (contiguous) and returns it.
+
+    ``mirror``: for an in-place sparse addition into a float32 x by the CPU kernel (α = ±1),
+    the fused :func:`~shrinkgrad.compressors._kernels.sparse_add_bf16_at` also writes
+    bfloat16(x_j) into ``mirror.target`` at the message's entries and sets ``mirror.written``
+    to ``c.indices``: x gets the same bits as without it. In every other case the mirror is
+    left alone (``written`` stays None), so that its runtime can always fall back."""
     if isinstance(c, LowRankMessage):
         if alpha not in (1.0, -1.0):
             c = c.dense()
@@ -107,8 +138,18 @@ def add_message(
         flat = y.view(-1)
         if abs(alpha) == 1.0 and _kernel_ready(flat, c):
             # numba's serial loop: index_add_'s values (and order) at a fraction of its cost
-            if not K.sparse_add(flat.numpy(), c.indices.numpy(), c.values.numpy(), alpha < 0):
+            pats = _mirror_patterns(mirror, flat) if inplace else None
+            if pats is not None:  # the same additions, and the bfloat16 of each touched entry
+                ok = K.sparse_add_bf16_at(
+                    flat.numpy(), c.indices.numpy(), c.values.numpy(), alpha < 0, pats
+                )
+            else:
+                ok = K.sparse_add(flat.numpy(), c.indices.numpy(), c.values.numpy(), alpha < 0)
+            if not ok:
                 raise IndexError(f"a sparse message has an index outside [0, {flat.numel()})")
+            if pats is not None:
+                assert mirror is not None
+                mirror.written = c.indices
             increment_version(y)  # written through numpy: tell torch (and the oracle's stamps)
             return y
         flat.index_add_(0, c.indices, c.values, alpha=alpha)
@@ -118,6 +159,23 @@ def add_message(
     if alpha == -1.0:
         return x.sub_(c) if inplace else x - c
     return x.add_(c, alpha=alpha) if inplace else x + alpha * c
+
+
+def _mirror_patterns(mirror: Mirror | None, flat: torch.Tensor) -> np.ndarray | None:
+    """The bit patterns (uint16) of ``mirror``'s target when the fused kernel can write it
+    for ``flat`` (float32; a contiguous bfloat16 CPU vector of the same numel), else None."""
+    if mirror is None:
+        return None
+    t = mirror.target
+    if (
+        flat.dtype != torch.float32
+        or t.dtype != torch.bfloat16
+        or t.device.type != "cpu"
+        or not t.is_contiguous()
+        or t.numel() != flat.numel()
+    ):
+        return None
+    return t.view(torch.int16).numpy().view(np.uint16)
 
 
 def _kernel_ready(flat: torch.Tensor, c: SparseMessage) -> bool:

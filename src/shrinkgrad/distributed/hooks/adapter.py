@@ -28,7 +28,7 @@ from typing import Any, cast
 import torch
 
 from ...methods.base import Config, Message, Method, State, Traffic
-from ...methods.rules import LowRankMessage, SparseMessage
+from ...methods.rules import LowRankMessage, Mirror, SparseMessage
 from ...rng import Keys
 
 __all__ = ["Adapter", "HookConfig", "HookOracle", "Port", "Probed", "StatefulEncoder"]
@@ -60,6 +60,15 @@ class Port:
         #: it stands for (``source``): see :meth:`open`
         self.lazy: torch.Tensor | None = None
         self.source: torch.Tensor | None = None
+        #: the mirrors the hook requests for the server parts running now, by the id of the
+        #: state tensor they mirror (:meth:`mirror`; the callbacks of several buckets may run
+        #: at once, each for its own tensors)
+        self.mirrors: dict[int, tuple[torch.Tensor, Mirror]] = {}
+
+    def mirror(self, x: torch.Tensor) -> Mirror | None:
+        """The mirror requested for the state tensor ``x`` itself (:meth:`HookConfig.mirror`)."""
+        entry = self.mirrors.get(id(x))
+        return entry[1] if entry is not None and entry[0] is x else None
 
     def open(
         self,
@@ -206,6 +215,11 @@ class HookConfig(Config):
     ) -> torch.Tensor | None:
         # the sparse path's encoders select Top-k from a − b chunk by chunk (encoders.py)
         return cast("torch.Tensor | None", self.port.compress_difference(a, b))
+
+    def mirror(self, x: torch.Tensor) -> Mirror | None:
+        """The bfloat16 output slice that holds x's conversion, when the hook set one for x
+        (:meth:`.plan.Plan.mirror_request`: a bfloat16 model's direction D = x, EF21's g)."""
+        return self.port.mirror(x)
 
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
         s = self.port.scratch_vector

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...methods.base import Message, State
-from ...methods.rules import LowRankMessage, SparseMessage
+from ...methods.rules import LowRankMessage, Mirror, SparseMessage
 from . import encoders
 from .adapter import HookConfig
 from .collectives import result
@@ -172,11 +172,24 @@ def _dense_values(msg: Message) -> torch.Tensor | None:
 def _server_part(
     step: Step, cfg: HookConfig, u: Unit, st: State[Any, Any], clients: Any, aggregate: Aggregate
 ) -> None:
-    """The method's server part on the aggregate; its direction D goes into the output."""
+    """The method's server part on the aggregate; its direction D goes into the output. When
+    the output holds the bfloat16 conversion of a float32 state tensor (the direction D of
+    the round before: EF21's g), the server part is offered that slice as the tensor's
+    :class:`~shrinkgrad.methods.rules.Mirror` (``HookConfig.mirror``), which an in-place
+    sparse addition writes in the same pass; :func:`_deliver` then converts nothing more."""
     adapter = step.state.adapter
-    server, direction = adapter.server_step(cfg, st, aggregate)
+    request = step.plan.mirror_request(u, u.slice(step.output))
+    mirrors = adapter.port.mirrors
+    if request is not None:
+        mirrors[id(request[0])] = request
+    try:
+        server, direction = adapter.server_step(cfg, st, aggregate)
+    finally:
+        if request is not None:
+            mirrors.pop(id(request[0]), None)
     step.state.memory.put(u.uid, State(st.round + 1, server, clients))
-    _deliver(step, u, direction, adapter.direction_changes(cfg, aggregate))
+    mirror = None if request is None else request[1]
+    _deliver(step, u, direction, adapter.direction_changes(cfg, aggregate), mirror)
 
 
 def _deliver(
@@ -184,11 +197,13 @@ def _deliver(
     u: Unit,
     direction: torch.Tensor | SparseMessage | LowRankMessage,
     changed: torch.Tensor | None = None,
+    mirror: Mirror | None = None,
 ) -> None:
     """D into ``u``'s slice of the output: a sparse D at O(k); a dense one copied, unless it is
     there already, or only at the entries ``changed`` (the method's
     ``direction_changes``) when the output holds the conversion of D from the round before
-    (:meth:`.plan.Plan.write_changes`). A D that is a tensor of the method's server state is
+    (:meth:`.plan.Plan.write_changes`; nothing at all when the server part wrote them through
+    ``mirror``). A D that is a tensor of the method's server state is
     moved there once (the state keeps the output slice as that tensor; the plan's own output
     only)."""
     plan = step.plan
@@ -198,7 +213,7 @@ def _deliver(
     if isinstance(direction, SparseMessage):
         plan.write_sparse(u, o, direction.indices, direction.values)
         return
-    if changed is not None and plan.write_changes(u, o, direction, changed):
+    if changed is not None and plan.write_changes(u, o, direction, changed, mirror):
         return
     moved = direction.data_ptr() != o.data_ptr()
     plan.write(u, o, direction)

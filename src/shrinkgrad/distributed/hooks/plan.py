@@ -43,6 +43,7 @@ from torch._C._distributed_c10d import GradBucket  # = torch.distributed.GradBuc
 
 from ...compressors import Compressor
 from ...compressors import _kernels as K
+from ...methods.rules import Mirror
 from .config import HALF, Mode, Settings
 
 __all__ = ["DTYPES", "Plan", "Planner", "Unit"]
@@ -119,6 +120,10 @@ class Plan:
     #: convert only the changed entries of a float32 direction into a 16-bit output
     #: (:meth:`write_changes`); False: always the dense conversion
     sparse_downcast: bool = False
+    #: with ``sparse_downcast``: offer a bfloat16 output slice that holds a float32 state
+    #: tensor's conversion to the method as that tensor's mirror (:meth:`mirror_request`), so
+    #: that its sparse update writes the changed entries in the same pass
+    fused_mirror: bool = False
 
     def gradients(self, buf: torch.Tensor, fill: bool = True) -> torch.Tensor:
         """What the method reads as this iteration's gradients: the bucket, or its copy in the
@@ -147,8 +152,34 @@ class Plan:
         # the output slice now holds the conversion of this direction, entry for entry
         u.mirror = direction if self.out is not None and direction.dtype != target.dtype else None
 
+    def mirror_request(self, u: Unit, target: torch.Tensor) -> tuple[torch.Tensor, Mirror] | None:
+        """(the float32 tensor whose conversion ``u``'s bfloat16 output slice ``target`` holds,
+        a :class:`~shrinkgrad.methods.rules.Mirror` of it into ``target``) for the method's
+        server part — the tensor is EF21's g when D = g — or None: no such tensor (a dense
+        write has not run yet, or the conversion is not bfloat16 on CPU), or the fast paths
+        are off. Whatever the method writes through it is the conversion of that tensor at
+        the entries it changes, so ``target`` stays its conversion (:meth:`write_changes`)."""
+        src = u.mirror
+        if (
+            not (self.fused_mirror and self.sparse_downcast)
+            or self.out is None
+            or src is None
+            or src.dtype != torch.float32
+            or target.dtype != torch.bfloat16
+            or target.device.type != "cpu"
+            or not target.is_contiguous()
+            or src.numel() != target.numel()
+        ):
+            return None
+        return src, Mirror(target)
+
     def write_changes(
-        self, u: Unit, target: torch.Tensor, direction: torch.Tensor, changed: torch.Tensor
+        self,
+        u: Unit,
+        target: torch.Tensor,
+        direction: torch.Tensor,
+        changed: torch.Tensor,
+        mirror: Mirror | None = None,
     ) -> bool:
         """Convert only the entries ``changed`` of ``direction`` into ``target`` (O(n k)),
         when ``target`` holds the conversion of this same tensor from the round before
@@ -156,7 +187,8 @@ class Plan:
         changed at most there. Returns False (nothing written) when that is not known: the
         caller then writes it densely. The entries get the bits of the dense conversion:
         bfloat16 by the rounding of torch's conversion (numba, O(n k)), float16 by torch's
-        own ``to``."""
+        own ``to``. Nothing is converted when the method's update wrote them already:
+        ``mirror`` (of :meth:`mirror_request`) written at exactly ``changed``."""
         if (
             not self.sparse_downcast
             or self.out is None
@@ -165,6 +197,14 @@ class Plan:
             or direction.dtype != torch.float32
         ):
             return False
+        if (
+            mirror is not None
+            and mirror.target.data_ptr() == target.data_ptr()
+            and mirror.target.numel() == target.numel()
+            and mirror.target.dtype == target.dtype
+            and _covers(mirror.written, changed)
+        ):
+            return True
         flat = direction.reshape(-1)
         idx = changed.reshape(-1)
         if (
@@ -225,6 +265,13 @@ class Plan:
             u.zero_except = indices
 
 
+def _covers(written: torch.Tensor | None, changed: torch.Tensor) -> bool:
+    """Whether a mirror written at ``written`` was written at exactly ``changed``."""
+    if written is None:
+        return False
+    return written is changed or (written.shape == changed.shape and torch.equal(written, changed))
+
+
 def _patterns(t: torch.Tensor) -> np.ndarray:
     """The bit patterns (uint16) of a contiguous bfloat16 CPU tensor, as a numpy view."""
     return t.view(torch.int16).numpy().view(np.uint16)
@@ -264,6 +311,9 @@ class Planner:
         #: converted into a 16-bit output (:attr:`Plan.sparse_downcast`)
         self.direct_half = True
         self.sparse_downcast = True
+        #: with ``sparse_downcast``: the changed entries written by the method's own sparse
+        #: update, in its pass (:attr:`Plan.fused_mirror`); False: converted after it
+        self.fused_mirror = True
 
     @property
     def plans(self) -> list[Plan]:
@@ -366,6 +416,7 @@ class Planner:
         )
         plan.reads_half = self.direct_half and plan.wide is not None and buf.dtype == torch.bfloat16
         plan.sparse_downcast = self.sparse_downcast
+        plan.fused_mirror = self.sparse_downcast and self.fused_mirror
         most = max((u.numel for u in units), default=0)
         plan.scratch = [torch.empty(most, dtype=wdtype, device=device) for _ in range(2)]
         for u in units:
