@@ -1,8 +1,8 @@
 """CPU time of the shrinkgrad DDP hook per step, in one process, with a fake n-rank payload set.
 
 Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm randk qsgd] [--world 4] [--steps 5]
-[--dtype float32|bfloat16] [--no-half-paths] [--profile]``. ``benchmarks/ab_ddp_hook.py`` runs
-it alternately against an older version of the library (A/B).
+[--dtype float32|bfloat16] [--no-half-paths] [--no-fused-mirror] [--profile]``.
+``benchmarks/ab_ddp_hook.py`` runs it alternately against an older version of the library (A/B).
 
 The model is ``benchmarks/ddp.py``'s MLP (1024 → 2048 → 2048 → 2048 → 16, 10.5 M parameters,
 batch 32, float32, one thread). DDP runs on a one-process gloo group; the hook's state is
@@ -32,7 +32,9 @@ baselines of the same run: a cold read of two float32 vectors of the gradient's 
 ``state_dtype="float32"`` without the 16-bit fast paths). ``--no-half-paths`` turns those fast
 paths off (``Planner.direct_half``, ``Planner.sparse_downcast``: the compressors reading a
 bfloat16 bucket themselves, and the direction converted at its changed entries only), for
-an A/B of a 16-bit model against the dense conversions (the same bits).
+an A/B of a 16-bit model against the dense conversions (the same bits); ``--no-fused-mirror``
+only converts EF21's changed entries after its server's sparse add instead of in it
+(``Planner.fused_mirror``).
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
@@ -205,6 +207,8 @@ def _steps(ddp: DDP, n: int, times: list[float] | None = None) -> list[float]:
 
 #: the 16-bit fast paths of the hook (``--no-half-paths``: off)
 HALF_PATHS = [True]
+#: EF21's bfloat16 output written by its server's sparse add (``--no-fused-mirror``: after it)
+FUSED_MIRROR = [True]
 
 
 def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
@@ -225,6 +229,8 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
             state.weights = torch.full((world,), 1.0 / world, dtype=torch.float64)
         if not HALF_PATHS[0] and hasattr(state.planner, "direct_half"):
             state.planner.direct_half = state.planner.sparse_downcast = False
+        if not FUSED_MIRROR[0] and hasattr(state.planner, "fused_mirror"):
+            state.planner.fused_mirror = False
     times: list[float] = []
 
     def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -263,8 +269,14 @@ def main() -> None:
         action="store_true",
         help="16-bit models: the dense conversions instead of the hook's 16-bit fast paths",
     )
+    ap.add_argument(
+        "--no-fused-mirror",
+        action="store_true",
+        help="bfloat16 models: EF21's output converted after its server's sparse add, not in it",
+    )
     args = ap.parse_args()
     HALF_PATHS[0] = not args.no_half_paths
+    FUSED_MIRROR[0] = not args.no_fused_mirror
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     DTYPE[0] = getattr(torch, args.dtype)
     torch.set_num_threads(1)
@@ -280,6 +292,7 @@ def main() -> None:
             f"shrinkgrad DDP hook, {sum(p.numel() for p in _model().parameters()) / 1e6:.2f} M "
             f"parameters ({args.dtype}"
             + (", dense conversions" if args.no_half_paths else "")
+            + (", conversions after the sparse add" if args.no_fused_mirror else "")
             + f"), fake {args.world}-rank payload set, 1 thread, "
             f"{args.clock} clock; baselines: a step without hook, median {step * 1e3:.0f} ms; a "
             f"cache-cold memcpy of the gradient, median {copy['median'] * 1e3:.1f} ms, min "
