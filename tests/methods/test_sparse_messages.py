@@ -4,10 +4,12 @@ adding up in index order), and the torch path everywhere else."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from shrinkgrad.methods.rules import SparseMessage, add_message
+from shrinkgrad.methods.rules import Mirror, SparseMessage, add_message
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -105,3 +107,61 @@ def test_sorted_runs_are_added_block_by_block_with_index_add_bits(
     if layout == "same":  # (a sanity check of the test: the order matters for these values)
         rev = x.clone().index_add_(0, idx.flip(0), vals.flip(0), alpha=alpha)
         assert not torch.equal(_bits(rev), _bits(ref))
+
+
+def _aggregate(d: int, runs: int, seed: int) -> SparseMessage:
+    """The hook's aggregate: ``runs`` ascending Top-k lists one after the other (repeats)."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.cat(
+        [torch.randperm(d, generator=gen)[: d // 20].sort().values for _ in range(runs)]
+    )
+    return SparseMessage(idx, torch.randn(idx.numel(), generator=gen), (d,))
+
+
+@pytest.mark.parametrize("alpha", [1.0, -1.0])
+def test_a_mirror_gets_the_bfloat16_of_the_touched_entries_and_x_its_bits(alpha: float) -> None:
+    """``add_message(..., mirror=)`` on the fused path (in place, float32, the CPU kernel):
+    x the bits of the addition without a mirror, the mirror's target bfloat16(x) at the
+    message's entries and untouched elsewhere, ``written`` the message's indices."""
+    d = 50_000
+    c = _aggregate(d, 4, seed=5)
+    x = torch.randn(d, generator=torch.Generator().manual_seed(6))
+    before = (x * 3).to(torch.bfloat16)  # not x's conversion: untouched entries must stay so
+    plain = add_message(x.clone(), c, inplace=True, alpha=alpha)
+    mirror = Mirror(before.clone())
+    y = x.clone()
+    out = add_message(y, c, inplace=True, alpha=alpha, mirror=mirror)
+    assert out.data_ptr() == y.data_ptr()
+    assert torch.equal(_bits(out), _bits(plain))
+    assert mirror.written is c.indices
+    want = before.clone()
+    want[c.indices] = plain[c.indices].to(torch.bfloat16)
+    assert torch.equal(mirror.target.view(torch.int16), want.view(torch.int16))
+
+
+def test_a_mirror_is_left_alone_off_the_fused_path() -> None:
+    """Out of place, float64, a scaled addition, a dense or a torch-path message, a target that
+    is no bfloat16 vector of x's size: the addition as without a mirror, and ``written``
+    None with the target untouched (the caller converts as before)."""
+    d = 2000
+    c = _aggregate(d, 3, seed=8)
+    c64 = SparseMessage(c.indices, c.values.double(), c.shape)
+    c32 = SparseMessage(c.indices.int(), c.values, c.shape)  # int32 indices: the torch path
+    x = torch.randn(d, generator=torch.Generator().manual_seed(9))
+    half = torch.zeros(d, dtype=torch.bfloat16)
+    cases: list[tuple[torch.Tensor, Any, dict[str, Any], torch.Tensor]] = [
+        (x, c, {"inplace": False}, half),
+        (x.double(), c64, {"inplace": True}, half),
+        (x, c, {"inplace": True, "alpha": 0.5}, half),
+        (x, c.dense(), {"inplace": True}, half),
+        (x, c32, {"inplace": True}, half),
+        (x, c, {"inplace": True}, torch.zeros(d - 1, dtype=torch.bfloat16)),
+        (x, c, {"inplace": True}, torch.zeros(d, dtype=torch.float16)),
+    ]
+    for base, msg, kw, target in cases:
+        mirror = Mirror(target.clone())
+        got = add_message(base.clone(), msg, mirror=mirror, **kw)
+        want = add_message(base.clone(), msg, **kw)
+        assert torch.equal(_bits(got), _bits(want)), kw
+        assert mirror.written is None, kw
+        assert torch.equal(mirror.target, target), kw
