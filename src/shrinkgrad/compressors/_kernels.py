@@ -2191,6 +2191,47 @@ def _bf16_marked(  # pragma: no cover - compiled
         marks[w] = 0
 
 
+@njit(cache=True, inline="always")
+def _mirror_blocks(  # pragma: no cover - compiled
+    g: np.ndarray,
+    idx: np.ndarray,
+    vals: np.ndarray,
+    negate: bool,
+    add: bool,
+    mirror: np.ndarray,
+    runs: int,
+    strict: bool,
+) -> None:
+    """The block-wise walk of :func:`bf16_at` and :func:`sparse_add_bf16_at` over the ``runs``
+    ascending runs of ``idx`` (:func:`_count_runs`, checked in range): block by block of the
+    float32 ``g`` (ADD_BLOCK entries), every run's entries of the block in run order —
+    with ``add``, g[j] += vals[t] (−= with ``negate``; ``sparse_add``'s order) — marked in a
+    bitmap, then mirror[j] = bfloat16(g[j]) at the marked entries (:func:`_bf16_marked`),
+    after the block's last addition to each."""
+    n = g.size
+    src = g.view(np.uint32)  # the float32 patterns of g (the same memory)
+    cur, end = _run_bounds(idx, runs, strict)  # each run's next entry, and its end
+    marks = np.zeros(ADD_BLOCK // 64, dtype=np.uint64)  # the block's entries, 1 bit each
+    while True:
+        lo = _next_pending(idx, cur, end, n)  # the next block: the one that holds it
+        if lo == n:
+            return
+        b0 = (lo // ADD_BLOCK) * ADD_BLOCK
+        hi = b0 + ADD_BLOCK
+        for r in range(runs):
+            t = cur[r]
+            e = end[r]
+            while t < e and idx[t] < hi:
+                j = idx[t]
+                if add:
+                    g[j] += -vals[t] if negate else vals[t]  # x − v = x + (−v) exactly
+                q = j - b0
+                marks[q >> 6] |= np.uint64(1) << np.uint64(q & 63)
+                t += 1
+            cur[r] = t
+        _bf16_marked(marks, b0, mirror, src)
+
+
 @njit(cache=True, nogil=True)
 def bf16_at(  # pragma: no cover - compiled
     out: np.ndarray, src: np.ndarray, idx: np.ndarray
@@ -2214,23 +2255,9 @@ def bf16_at(  # pragma: no cover - compiled
         for t in range(m):
             out[idx[t]] = _bf16_of(src[idx[t]])
         return True
-    cur, end = _run_bounds(idx, runs, False)
-    marks = np.zeros(ADD_BLOCK // 64, dtype=np.uint64)  # the block's changed entries, 1 bit each
-    while True:
-        lo = _next_pending(idx, cur, end, n)  # the next block: the one that holds it
-        if lo == n:
-            return True
-        b0 = (lo // ADD_BLOCK) * ADD_BLOCK
-        hi = b0 + ADD_BLOCK
-        for r in range(runs):
-            t = cur[r]
-            e = end[r]
-            while t < e and idx[t] < hi:
-                q = idx[t] - b0
-                marks[q >> 6] |= np.uint64(1) << np.uint64(q & 63)
-                t += 1
-            cur[r] = t
-        _bf16_marked(marks, b0, out, src)
+    none = src.view(np.float32)[:0]  # (no additions)
+    _mirror_blocks(src.view(np.float32), idx, none, False, False, out, runs, False)
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -2270,25 +2297,8 @@ def sparse_add_bf16_at(  # pragma: no cover - compiled
         for t in range(m):
             mirror[idx[t]] = _bf16_of(src[idx[t]])
         return True
-    cur, end = _run_bounds(idx, runs, True)  # each run's next entry, and its end
-    marks = np.zeros(ADD_BLOCK // 64, dtype=np.uint64)  # the block's touched entries
-    while True:
-        lo = _next_pending(idx, cur, end, n)  # the next block: the one that holds it
-        if lo == n:
-            return True
-        b0 = (lo // ADD_BLOCK) * ADD_BLOCK
-        hi = b0 + ADD_BLOCK
-        for r in range(runs):
-            t = cur[r]
-            e = end[r]
-            while t < e and idx[t] < hi:
-                j = idx[t]
-                out[j] += -vals[t] if negate else vals[t]
-                q = j - b0
-                marks[q >> 6] |= np.uint64(1) << np.uint64(q & 63)
-                t += 1
-            cur[r] = t
-        _bf16_marked(marks, b0, mirror, src)  # after the block's last addition
+    _mirror_blocks(out, idx, vals, negate, True, mirror, runs, True)
+    return True
 
 
 @intrinsic
