@@ -282,7 +282,7 @@ def unpack_pairs(  # pragma: no cover - compiled
     float32 and multiplied by the float32 weight, in one call instead of n."""
     codes = np.empty(k, dtype=np.uint32)
     for j in range(starts.size):
-        s = np.int64(starts[j])
+        s = starts[j]
         o = j * k
         if width > 0:
             unpack_bits(buf, s * 8, width, codes)
