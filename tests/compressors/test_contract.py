@@ -361,6 +361,53 @@ def test_encode_pairs_is_encode(spec: str, dtype: torch.dtype) -> None:
         c.encode_pairs(idx[:-1], vals[:-1], D)
 
 
+@pytest.mark.parametrize("spec", [s for s in ALL if make_compressor(s).sparse_message])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("d", [D, 37])
+def test_decode_sparse_many_is_decode_sparse_per_message(
+    spec: str, dtype: torch.dtype, d: int
+) -> None:
+    """decode_sparse_many over messages at arbitrary byte offsets of one buffer (a DDP hook's
+    all-gather) gives decode_sparse of each, converted to float32 and multiplied by its weight
+    (one rounded product), concatenated in message order — bit for bit, whichever path
+    (Sparsifiers' one-call kernel, or the default loop); a span that is too short is refused."""
+    _check_decode_sparse_many(make_compressor(spec), dtype, d)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_sparse_many_of_length_one_vectors(dtype: torch.dtype) -> None:
+    # d = 1: indices of 0 bits (every message is its value alone)
+    _check_decode_sparse_many(make_compressor("top_k[k=1]"), dtype, 1)
+
+
+def _check_decode_sparse_many(c: Compressor, dtype: torch.dtype, d: int) -> None:
+    n = 3
+    keys = [_keys(None, seed=10 + j) for j in range(n)]
+    out_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    payloads = [c.encode(_x((d,), dtype, seed=20 + j), keys[j]) for j in range(n)]
+    gaps = [1, 6, 3]  # so that messages start on odd byte offsets
+    buf_parts, spans, pos = [], [], 0
+    for gap, p in zip(gaps, payloads, strict=True):
+        buf_parts += [torch.full((gap,), 0xA5, dtype=torch.uint8), p]
+        spans.append((pos + gap, p.numel()))
+        pos += gap + p.numel()
+    buf = torch.cat(buf_parts)
+    weights = [0.25, 1.0 / 3.0, 0.7]
+    idx, vals = c.decode_sparse_many(buf, spans, d, dtype, weights, keys, out_dtype)
+    want_i, want_v = [], []
+    for p, w, kj in zip(payloads, weights, keys, strict=True):
+        i, v = c.decode_sparse(p, d, dtype, kj)
+        want_i.append(i)
+        want_v.append(v.to(out_dtype) * torch.tensor(w, dtype=out_dtype))
+    assert torch.equal(idx, torch.cat(want_i))
+    assert vals.dtype == out_dtype
+    assert torch.equal(_bits(vals), _bits(torch.cat(want_v)))
+    short = [(spans[0][0], spans[0][1] - 1), *spans[1:]]
+    if payloads[0].numel() > 1 or isinstance(c, base.Sparsifier):
+        with pytest.raises(ValueError, match="too short"):
+            c.decode_sparse_many(buf, short, d, dtype, weights, keys, out_dtype)
+
+
 def test_fixed_size_sparsifiers_encode_pairs() -> None:
     # every fixed-size sparsifier (its message: k pairs) encodes from its sparse form
     for spec in ALL:

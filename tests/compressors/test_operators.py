@@ -33,7 +33,7 @@ def test_top_k_ties_go_to_lower_indices() -> None:
     assert y.tolist() == [0.0, -3.0, 2.0, 3.0, -2.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("d", [5, 70_000])
+@pytest.mark.parametrize("d", [5, 20_000, 70_000])
 @pytest.mark.parametrize(
     "case", ["randn", "ties", "all_equal", "zeros_mostly", "spikes_at_end", "sorted", "outer"]
 )
@@ -73,6 +73,48 @@ def test_top_k_numba_and_torch_equal_the_reference(
             (vals == 0).any()
         )
         assert torch.equal(y[idx], xt[idx])
+
+
+def _special_rows(d: int) -> np.ndarray:
+    """float32 rows that stress an integer selection on the patterns: signed zeros, subnormals
+    and their negatives, exact ties at the k-th magnitude, one bucket holding everything."""
+    rng = np.random.default_rng(8)
+    rows = [
+        rng.standard_normal(d),
+        np.where(rng.random(d) < 0.5, -0.0, 0.0),  # every magnitude 0: the first k kept
+        rng.choice([-1e-40, 1e-40, -1e-45, 0.0, 3e-39], d),  # subnormals
+        rng.integers(-2, 3, d) * 0.5,  # a handful of magnitudes, many ties
+        np.full(d, -7.25),
+        1.0 + rng.random(d) * 2**-10,  # all in one histogram bucket
+        rng.standard_normal(d) * np.exp(rng.standard_normal(d) * 6),  # many exponents
+    ]
+    return np.array(rows, dtype=np.float32)
+
+
+@pytest.mark.parametrize("d", [K.TOPK_HIST_MIN, 5000, 40_000])
+@pytest.mark.parametrize("frac", [0.001, 0.01, 0.3, 1.0])
+def test_top_k_histogram_rows_equal_the_quickselect_rows(d: int, frac: float) -> None:
+    """topk_rows_hist (float32 rows of 4 k–64 k entries) gives topk_rows' indices and dense
+    output bit for bit on rows of ties, signed zeros, subnormals and one-bucket values, and
+    the independent reference; inf or nan anywhere is NON_FINITE."""
+    x = _special_rows(d)
+    n = x.shape[0]
+    k = max(K.TOPK_INSERT_K + 1, min(d, int(frac * d)))
+    want, got = np.empty((n, k), np.int64), np.empty((n, k), np.int64)
+    out_w = np.full((n, d), 9.0, np.float32)
+    out_g = np.full((n, d), 9.0, np.float32)
+    assert K.topk_rows(x, k, want, out_w) == K.OK
+    assert K.topk_rows_hist(x.view(np.uint32), k, got, out_g.view(np.uint32)) == K.OK
+    assert np.array_equal(got, want)
+    assert np.array_equal(out_g.view(np.uint32), out_w.view(np.uint32))  # −0 kept as −0
+    for r in (0, 3, 6):
+        assert got[r].tolist() == _topk_reference(x[r], k).tolist()
+    for pos in (0, d // 2, d - 1):
+        for bad in (np.nan, np.inf, -np.inf):
+            y = x.copy()
+            y[n - 1, pos] = bad
+            none = np.empty((0, d), np.uint32)
+            assert K.topk_rows_hist(y.view(np.uint32), k, got, none) == K.NON_FINITE
 
 
 def test_top_k_indices_torch_batched() -> None:

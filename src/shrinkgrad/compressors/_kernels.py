@@ -1442,6 +1442,86 @@ def topk_rows(  # pragma: no cover - compiled
     return OK
 
 
+#: rows of at least this many float32 entries (and no sampling plan) take
+#: :func:`topk_rows_hist` instead of :func:`topk_rows`' quickselect over a copy
+TOPK_HIST_MIN = 4096
+#: the histogram of :func:`topk_rows_hist`: the top bits of the magnitudes' patterns (the 8
+#: exponent bits and 4 of the mantissa; 4096 counters, an L1-resident table)
+TOPK_HIST_BITS = 12
+
+
+@njit(cache=True, nogil=True)
+def topk_rows_hist(  # pragma: no cover - compiled
+    xu: np.ndarray, k: int, idx: np.ndarray, outu: np.ndarray
+) -> int:
+    """:func:`topk_rows` for float32 rows given by their bit patterns ``xu`` (uint32), with the
+    same result: the indices (ascending) of the k largest |x_j| of every row, ties to the lower
+    index, the dense result into ``outu`` when it has the rows of ``xu`` (patterns), NON_FINITE
+    on inf/nan. For finite floats the magnitudes order like their patterns with the sign
+    cleared (−0 and +0 both 0: equal, as ``abs`` makes them), so the selection runs on
+    integers: a histogram of the top :data:`TOPK_HIST_BITS` bits of every magnitude (one pass,
+    which also checks finiteness) gives the bucket of the k-th largest, a quickselect among that
+    bucket's entries its exact value κ, and one pass in index order keeps the entries > κ and
+    the first k − #(> κ) entries = κ. Three reads of a row that stays in cache, instead of the
+    copy and the quickselect of the whole row (the rows of 4 k–64 k entries of a DDP hook's
+    weight matrices: ≈ 5× faster)."""
+    n, d = xu.shape
+    dense = outu.shape[0] == n
+    nb = 1 << TOPK_HIST_BITS
+    shift = np.uint32(31 - TOPK_HIST_BITS)
+    mask = np.uint32(0x7FFFFFFF)
+    expo = np.uint32(0x7F800000)
+    hist = np.empty(nb, dtype=np.int64)
+    buck = np.empty(d, dtype=np.uint32)
+    for r in range(n):
+        row = xu[r]
+        hist[:] = 0
+        worst = np.uint32(0)
+        for i in range(d):
+            m = row[i] & mask
+            worst = max(worst, m)
+            hist[m >> shift] += 1
+        if worst >= expo:
+            return NON_FINITE
+        above = 0  # entries in the buckets above b
+        b = nb - 1
+        while above + hist[b] < k:
+            above += hist[b]
+            b -= 1
+        c = 0
+        ub = np.uint32(b)
+        for i in range(d):
+            m = row[i] & mask
+            if (m >> shift) == ub:
+                buck[c] = m
+                c += 1
+        need = k - above  # 1 ≤ need ≤ c: taken from bucket b
+        kappa = _kth_smallest(buck[:c], c - need)
+        gt = above
+        for t in range(c):
+            gt += buck[t] > kappa
+        eq = k - gt  # the entries = κ to keep, the first ones
+        o = 0
+        for i in range(d):
+            m = row[i] & mask
+            if m > kappa:
+                idx[r, o] = i
+                o += 1
+            elif m == kappa and eq > 0:
+                idx[r, o] = i
+                o += 1
+                eq -= 1
+            if o == k:
+                break
+        if dense:
+            orow = outu[r]
+            for i in range(d):
+                orow[i] = 0
+            for t in range(k):
+                orow[idx[r, t]] = row[idx[r, t]]
+    return OK
+
+
 # --------------------------------------------------------------------------------------------
 # rand-k indices: a keyed Feistel permutation with cycle walking, then a uniform rotation
 # --------------------------------------------------------------------------------------------

@@ -232,6 +232,93 @@ def shift_bits(  # pragma: no cover - compiled
         out[o + nbytes - 1] = np.uint8(np.uint32(out[o + nbytes - 1]) & np.uint32((1 << last) - 1))
 
 
+@njit(cache=True, nogil=True)
+def pack_pairs(  # pragma: no cover - compiled
+    idx: np.ndarray, words: np.ndarray, width: int, vwidth: int, out: np.ndarray
+) -> None:
+    """One sparse message's payload into ``out`` (its ⌈k·(width + vwidth)/8⌉ bytes): the k
+    indices ``idx`` (int64, each < 2^width) as ``width``-bit fields, then the k value patterns
+    ``words`` (uint16 for 16-bit values, uint32 for float32; ``vwidth`` bits each) — the bytes
+    :class:`BitWriter` gives to ``add(idx, width)`` followed by ``add_float(values)``, without
+    its field list (the DDP hook encodes every tensor of a bucket each step)."""
+    k = idx.size
+    if width > 0:
+        codes = np.empty(k, dtype=np.uint32)
+        for t in range(k):
+            codes[t] = np.uint32(idx[t] & 0xFFFFFFFF)
+        pack_bits(codes, width, out, 0)
+    vbit = k * width
+    if vwidth == 32 and vbit & 7 == 0:  # whole words on a byte boundary
+        b = vbit >> 3
+        for t in range(k):
+            v = np.uint32(words[t])
+            q = b + 4 * t
+            out[q] = np.uint8(v & np.uint32(255))
+            out[q + 1] = np.uint8((v >> np.uint32(8)) & np.uint32(255))
+            out[q + 2] = np.uint8((v >> np.uint32(16)) & np.uint32(255))
+            out[q + 3] = np.uint8(v >> np.uint32(24))
+    else:
+        pack_bits(words, vwidth, out, vbit)
+
+
+@njit(cache=True, nogil=True)
+def unpack_pairs(  # pragma: no cover - compiled
+    buf: np.ndarray,
+    starts: np.ndarray,
+    k: int,
+    width: int,
+    half: bool,
+    w: np.ndarray,
+    idx: np.ndarray,
+    vals: np.ndarray,
+) -> None:
+    """The (index, value) pairs of several fixed-size sparse messages lying in one byte
+    buffer, weighted and concatenated: message j starts at byte ``starts[j]`` and holds ``k``
+    indices of ``width`` bits, then ``k`` values (bfloat16 patterns with ``half``, else float32
+    ones), the layout a :class:`BitWriter` gives to ``add(indices, width)`` followed by
+    ``add_float(values)``. idx[j·k + t] = its t-th index, vals[j·k + t] = w[j] · its t-th value
+    in float32 (one rounded product; a bfloat16 value widened exactly first): the results of
+    :meth:`BitReader.read` and :meth:`BitReader.read_values` message by message, converted to
+    float32 and multiplied by the float32 weight, in one call instead of n."""
+    codes = np.empty(k, dtype=np.uint32)
+    for j in range(starts.size):
+        s = starts[j]
+        o = j * k
+        if width > 0:
+            unpack_bits(buf, s * 8, width, codes)
+            for t in range(k):
+                idx[o + t] = np.int64(codes[t])
+        else:
+            for t in range(k):
+                idx[o + t] = 0
+        vbit = s * 8 + k * width
+        if half:
+            if vbit & 7 == 0:
+                b = vbit >> 3
+                for t in range(k):
+                    codes[t] = np.uint32(buf[b + 2 * t]) | (np.uint32(buf[b + 2 * t + 1]) << 8)
+            else:
+                unpack_bits(buf, vbit, 16, codes)
+            for t in range(k):
+                codes[t] = codes[t] << np.uint32(16)  # bfloat16 → float32: exact
+        elif vbit & 7 == 0:
+            b = vbit >> 3
+            for t in range(k):
+                q = b + 4 * t
+                codes[t] = (
+                    np.uint32(buf[q])
+                    | (np.uint32(buf[q + 1]) << np.uint32(8))
+                    | (np.uint32(buf[q + 2]) << np.uint32(16))
+                    | (np.uint32(buf[q + 3]) << np.uint32(24))
+                )
+        else:
+            unpack_bits(buf, vbit, 32, codes)
+        f = codes.view(np.float32)
+        wj = np.float32(w[j])
+        for t in range(k):
+            vals[o + t] = f[t] * wj
+
+
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------

@@ -58,7 +58,15 @@ import torch
 
 from ..registry import Registry
 from ..rng import Keys
-from ._wire import HALF_DTYPES, WIRE_DTYPES, BitReader, BitWriter, value_range_error
+from ._wire import (
+    HALF_DTYPES,
+    WIRE_DTYPES,
+    BitReader,
+    BitWriter,
+    pack_pairs,
+    unpack_pairs,
+    value_range_error,
+)
 
 __all__ = [
     "COMPRESSORS",
@@ -535,6 +543,34 @@ class Compressor(abc.ABC):
         assert pairs is not None
         return (pairs[0], self._to_half(pairs[1], dtype)) if half else pairs
 
+    def decode_sparse_many(
+        self,
+        buf: torch.Tensor,
+        spans: list[tuple[int, int]],
+        d: int,
+        dtype: torch.dtype,
+        weights: list[float],
+        keys: list[Keys | None],
+        out_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pairs of several sparse messages of this compressor that lie in one byte buffer
+        (a DDP hook's all-gather: message j at bytes ``buf[start_j : start_j + size_j]`` of
+        ``spans``, encoded with ``keys[j]`` for ``dtype`` vectors of length d), every value
+        converted to ``out_dtype`` and multiplied by ``weights[j]``, concatenated in message
+        order: ``(cat_j idx_j, cat_j w_j · vals_j)``, the pairs of Σ_j w_j C_j. This default
+        decodes them one by one (:meth:`decode_sparse`); fixed-size sparsifiers with packed
+        indices read all of them in one kernel call, with the same values."""
+        idx_list: list[torch.Tensor] = []
+        val_list: list[torch.Tensor] = []
+        for (start, size), w, kj in zip(spans, weights, keys, strict=True):
+            idx, vals = self.decode_sparse(buf[start : start + size], d, dtype, kj)
+            vals = vals.to(out_dtype) if vals.dtype != out_dtype else vals.clone()
+            idx_list.append(idx)
+            val_list.append(vals.mul_(w))
+        if len(idx_list) == 1:
+            return idx_list[0], val_list[0]
+        return torch.cat(idx_list), torch.cat(val_list)
+
     #: True when :meth:`_decode_pairs` returns the sent value fields as they are (no
     #: arithmetic on them): a 16-bit message's values are then decoded in their own dtype,
     #: which is what the float32 decoding rounded back to (Top-k, rand-k)
@@ -651,10 +687,83 @@ class Sparsifier(Compressor):
             out.dtype != torch.uint8 or out.ndim != 1 or not out.is_contiguous()
         ):
             raise ValueError(f"out must be a contiguous uint8 vector on {device}")
+        width = self._packed_width(d)
+        if (
+            width is not None
+            and _fast_wire(device)
+            and indices.device.type == "cpu"
+            and values.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        ):
+            # one kernel call (_wire.pack_pairs): the bytes of the BitWriter below
+            vwidth = 32 if values.dtype == torch.float32 else 16
+            nbytes = (k * (width + vwidth) + 7) // 8
+            if out is not None and out.numel() < nbytes:
+                raise ValueError(f"out has {out.numel()} bytes, the message needs {nbytes}")
+            payload = torch.empty(nbytes, dtype=torch.uint8) if out is None else out[:nbytes]
+            flat = values.detach().reshape(-1).contiguous()
+            ints = torch.int32 if vwidth == 32 else torch.int16
+            words = flat.view(ints).numpy().view(np.uint32 if vwidth == 32 else np.uint16)
+            ix = indices.detach().reshape(-1).to(torch.int64).contiguous().numpy()
+            pack_pairs(ix, words, width, vwidth, payload.numpy())
+            return payload
         w = BitWriter(device, fast=_fast_wire(device))
         self._encode_indices(w, indices.reshape(-1), d)
         w.add_float(values.reshape(-1))
         return w.to_bytes(out)
+
+    def _packed_width(self, d: int) -> int | None:
+        """Bits of each index the message carries (⌈log₂ d⌉), or None when its indices are
+        not sent that way (rand-k with a shared seed redraws them)."""
+        return _log2ceil(d)
+
+    def decode_sparse_many(
+        self,
+        buf: torch.Tensor,
+        spans: list[tuple[int, int]],
+        d: int,
+        dtype: torch.dtype,
+        weights: list[float],
+        keys: list[Keys | None],
+        out_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # one kernel call (_wire.unpack_pairs) for float32 and bfloat16 messages decoded into
+        # float32 on CPU; everything else message by message (the default)
+        width = self._packed_width(d)
+        if (
+            width is None
+            or not _fast_wire(buf.device)
+            or out_dtype != torch.float32
+            or dtype not in (torch.float32, torch.bfloat16)
+            or buf.dtype != torch.uint8
+            or not buf.is_contiguous()
+            or not spans
+        ):
+            return super().decode_sparse_many(buf, spans, d, dtype, weights, keys, out_dtype)
+        self._check_decode(buf[:0], d, dtype, keys[0] if keys else None)
+        k = self._k(d)
+        half = dtype == torch.bfloat16
+        need = (k * width + k * (16 if half else 32) + 7) // 8
+        total = buf.numel()
+        for start, size in spans:
+            if size < need or start < 0 or start + size > total:
+                raise ValueError(
+                    f"payload too short: {self.name} needs at least {need} bytes for d={d}, "
+                    f"has {size}; was it encoded with the same compressor and d?"
+                )
+        n = len(spans)
+        idx = torch.empty(n * k, dtype=torch.int64)
+        vals = torch.empty(n * k, dtype=torch.float32)
+        unpack_pairs(
+            buf.numpy(),
+            np.array([s for s, _ in spans], dtype=np.int64),
+            k,
+            width,
+            half,
+            np.array(weights, dtype=np.float32),
+            idx.numpy(),
+            vals.numpy(),
+        )
+        return idx, vals
 
     #: (the values are read as they were sent: :meth:`_decode_pairs` below)
     verbatim_pairs = True

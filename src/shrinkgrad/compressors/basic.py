@@ -218,6 +218,8 @@ class TopK(Sparsifier):
             if k == 1:
                 utype = np.uint32 if x2.dtype == np.float32 else np.uint64
                 status = K.top1_rows(x2.view(utype), idx, dense.view(utype))
+            elif x2.dtype == np.float32 and d >= K.TOPK_HIST_MIN and k > K.TOPK_INSERT_K:
+                status = K.topk_rows_hist(x2.view(np.uint32), k, idx, dense.view(np.uint32))
             else:
                 status = K.topk_rows(x2, k, idx, dense)
         else:  # threshold from a sample, candidates in parallel chunks, exact selection

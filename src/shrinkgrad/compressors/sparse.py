@@ -216,6 +216,9 @@ class _RandKBase(Sparsifier):
         if not self.shared_seed:  # with a shared seed the receiver redraws the indices
             super()._encode_indices(w, idx, d)
 
+    def _packed_width(self, d: int) -> int | None:
+        return None if self.shared_seed else super()._packed_width(d)
+
     def _decode_indices(self, r: BitReader, d: int, keys: Keys | None) -> torch.Tensor:
         if self.shared_seed:
             assert keys is not None

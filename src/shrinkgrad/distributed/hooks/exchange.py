@@ -541,9 +541,10 @@ def _combine(step: Step, recv: torch.Tensor, block: int, variable: bool) -> dict
     m = len(plan.compressed)
     configs = {u.uid: step.config(u) for u in plan.units}
     targets = {u.uid: step.target(u) for u in plan.units if not u.sparse}
-    pairs: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {
-        u.uid: ([], []) for u in plan.compressed if u.sparse
-    }
+    # the sparse units' messages, found rank by rank and decoded unit by unit afterwards (all
+    # ranks' pairs of a unit in one call: Compressor.decode_sparse_many)
+    spans: dict[int, list[tuple[int, int]]] = {u.uid: [] for u in plan.compressed if u.sparse}
+    span_keys: dict[int, list[Any]] = {uid: [] for uid in spans}
     for j in range(n):
         base = j * block
         for u in plan.dense:
@@ -569,15 +570,14 @@ def _combine(step: Step, recv: torch.Tensor, block: int, variable: bool) -> dict
             C = u.compressor
             assert C is not None
             cfg = configs[u.uid]
-            payload = recv[pos : pos + size]
             keys = step.keys(u, C, j)
-            pos += size
             if u.sparse:  # O(k): the weighted pairs, summed by the method's index_add
-                idx, vals = C.decode_sparse(payload, u.numel, wire, keys)
-                vals = vals.to(wdtype) if vals.dtype != wdtype else vals
-                pairs[u.uid][0].append(idx)
-                pairs[u.uid][1].append(vals.mul_(cfg.w[j]))
+                spans[u.uid].append((pos, size))
+                span_keys[u.uid].append(keys)
+                pos += size
                 continue
+            payload = recv[pos : pos + size]
+            pos += size
             out = targets[u.uid]
             if C.sparse_message:  # O(k): the weighted values added at their indices
                 idx, vals = C.decode_sparse(payload, u.numel, wire, keys)
@@ -596,10 +596,18 @@ def _combine(step: Step, recv: torch.Tensor, block: int, variable: bool) -> dict
     aggregates: dict[int, Aggregate] = {}
     for u in plan.units:
         if u.sparse:
-            idx_list, val_list = pairs[u.uid]
-            aggregates[u.uid] = SparseMessage(
-                torch.cat(idx_list), torch.cat(val_list), (1, u.numel)
+            C = u.compressor
+            assert C is not None
+            idx, vals = C.decode_sparse_many(
+                recv,
+                spans[u.uid],
+                u.numel,
+                wire,
+                list(configs[u.uid].w[:n]),
+                span_keys[u.uid],
+                wdtype,
             )
+            aggregates[u.uid] = SparseMessage(idx, vals, (1, u.numel))
             continue
         out = targets[u.uid]
         C = u.compressor
