@@ -14,7 +14,9 @@ A compressed vector is a dense tensor or, where a runtime hands one out (the DDP
 path, for methods that declare ``Method.sparse_messages``), a :class:`SparseMessage`: C(p)
 given by its kept entries, added to the state by an ``index_add_`` at O(k) instead of a dense
 pass. The rules below take either form and give the same values (at the kept positions
-x_j ± c_j, elsewhere x_j itself instead of x_j ± 0).
+x_j ± c_j, elsewhere x_j itself instead of x_j ± 0). A runtime that keeps a bfloat16 copy of a
+state tensor (the DDP hook's output of a bfloat16 model) may hand :func:`add_message` a
+:class:`Mirror`, which the sparse addition then writes in its pass, with the same sums.
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ def _mirror_patterns(mirror: Mirror | None, flat: torch.Tensor) -> np.ndarray | 
         or t.dtype != torch.bfloat16
         or t.device.type != "cpu"
         or not t.is_contiguous()
+        or t.requires_grad
         or t.numel() != flat.numel()
     ):
         return None
