@@ -1371,6 +1371,15 @@ shifted_top1_rows = njit(cache=True, nogil=True)(_shifted_top1_rows)
 shifted_top1_rows_threads = njit(cache=True, nogil=True, parallel=True)(twin(_shifted_top1_rows))
 
 
+@njit(cache=True, inline="always")
+def _write_kept(orow: np.ndarray, row: np.ndarray, kept: np.ndarray) -> None:  # pragma: no cover
+    """The dense result of one row: zeros, and row[j] at the kept indices j."""
+    for i in range(orow.size):
+        orow[i] = 0
+    for t in range(kept.size):
+        orow[kept[t]] = row[kept[t]]
+
+
 @njit(cache=True, nogil=True)
 def topk_rows(  # pragma: no cover - compiled
     x2: np.ndarray, k: int, idx: np.ndarray, out: np.ndarray
@@ -1434,11 +1443,7 @@ def topk_rows(  # pragma: no cover - compiled
                 o += 1
                 need -= 1
         if dense:
-            orow = out[r]
-            for i in range(d):
-                orow[i] = 0
-            for t in range(k):
-                orow[idx[r, t]] = row[idx[r, t]]
+            _write_kept(out[r], row, idx[r])
     return OK
 
 
@@ -1514,11 +1519,7 @@ def topk_rows_hist(  # pragma: no cover - compiled
             if o == k:
                 break
         if dense:
-            orow = outu[r]
-            for i in range(d):
-                orow[i] = 0
-            for t in range(k):
-                orow[idx[r, t]] = row[idx[r, t]]
+            _write_kept(outu[r], row, idx[r])
     return OK
 
 
