@@ -1,7 +1,8 @@
 """CPU time of the shrinkgrad DDP hook per step, in one process, with a fake n-rank payload set.
 
 Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm randk qsgd] [--world 4] [--steps 5]
-[--dtype float32|bfloat16] [--no-half-paths] [--no-fused-mirror] [--profile]``.
+[--dtype float32|bfloat16] [--no-half-paths] [--no-fused-mirror] [--profile]
+[--interleave-dtypes CYCLES]``.
 ``benchmarks/ab_ddp_hook.py`` runs it alternately against an older version of the library (A/B).
 
 The model is ``benchmarks/ddp.py``'s MLP (1024 → 2048 → 2048 → 2048 → 16, 10.5 M parameters,
@@ -34,7 +35,10 @@ paths off (``Planner.direct_half``, ``Planner.sparse_downcast``: the compressors
 bfloat16 bucket themselves, and the direction converted at its changed entries only), for
 an A/B of a 16-bit model against the dense conversions (the same bits); ``--no-fused-mirror``
 only converts EF21's changed entries after its server's sparse add instead of in it
-(``Planner.fused_mirror``).
+(``Planner.fused_mirror``). ``--interleave-dtypes CYCLES`` measures the bf16/f32 target
+instead: a float32 and a bfloat16 model of each ``--only`` configuration in one process, one
+step of each in turn, and the per-cycle bf16/f32 ratios of the hook time (on a shared VM the
+spread between separate runs a minute apart exceeds the effect).
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
@@ -255,6 +259,47 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
     return {"median": statistics.median(per_step), "min": min(per_step)}
 
 
+def interleave_dtypes(key: str, world: int, cycles: int) -> None:
+    """A float32 and a bfloat16 model of the same configuration in one process, one step of
+    each in turn for ``cycles`` cycles (after 3 warm-up steps each): prints the hook's median
+    time per step of each and the median and range of the per-cycle bf16/f32 ratios. Both
+    hooks then see the same machine state (load, frequency, other processes), which separate
+    runs a minute apart do not on a shared VM."""
+    per: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
+    runs = {}
+    for dt in per:
+        DTYPE[0] = dt
+        ddp = DDP(_model(), bucket_cap_mb=25)
+        state = make_state(*CONFIGS[key])
+        state.world_size = world
+        times: list[float] = []
+
+        def timed(
+            state: Any, bucket: dist.GradBucket, times: list[float] = times
+        ) -> torch.futures.Future[torch.Tensor]:
+            t0 = CLOCK[0]()
+            fut = compression_hook(state, bucket)
+            fut.wait()
+            times.append(CLOCK[0]() - t0)
+            return fut
+
+        ddp.register_comm_hook(state, timed)
+        _steps(ddp, 3, times)
+        runs[dt] = (ddp, times)
+    ratios = []
+    for _ in range(cycles):
+        for dt, (ddp, times) in runs.items():
+            per[dt].append(_steps(ddp, 1, times)[0])
+        ratios.append(per[torch.bfloat16][-1] / per[torch.float32][-1])
+    name, ratio, method, _ = CONFIGS[key]
+    print(
+        f"{name} {ratio or ''} + {method}: hook ms/step float32 "
+        f"{statistics.median(per[torch.float32]) * 1e3:.1f}, bfloat16 "
+        f"{statistics.median(per[torch.bfloat16]) * 1e3:.1f}; bf16/f32 per cycle median "
+        f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] ({cycles} cycles)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=[*CONFIGS, *TORCH], default=[*CONFIGS, *TORCH])
@@ -274,6 +319,13 @@ def main() -> None:
         action="store_true",
         help="bfloat16 models: EF21's output converted after its server's sparse add, not in it",
     )
+    ap.add_argument(
+        "--interleave-dtypes",
+        type=int,
+        metavar="CYCLES",
+        help="instead of the table: float32 and bfloat16 hooks stepping in turn in one process "
+        "(the bf16/f32 target), CYCLES steps of each",
+    )
     args = ap.parse_args()
     HALF_PATHS[0] = not args.no_half_paths
     FUSED_MIRROR[0] = not args.no_fused_mirror
@@ -284,6 +336,11 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
+        if args.interleave_dtypes:
+            for key in args.only:
+                if key not in TORCH:
+                    interleave_dtypes(key, args.world, args.interleave_dtypes)
+            return
         base = _steps(DDP(_model(), bucket_cap_mb=25), 3 + args.steps)[3:]
         step = statistics.median(base)
         copy = memcpy_baseline()
