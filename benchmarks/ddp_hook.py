@@ -215,6 +215,20 @@ HALF_PATHS = [True]
 FUSED_MIRROR = [True]
 
 
+def _timed(hook: Any, times: list[float]) -> Any:
+    """``hook`` wrapped to append the time from its call until its future is done to
+    ``times`` (one entry per bucket; ``_steps`` sums a step's)."""
+
+    def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        t0 = CLOCK[0]()
+        fut = hook(state, bucket)
+        fut.wait()
+        times.append(CLOCK[0]() - t0)
+        return fut
+
+    return timed
+
+
 def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
     hook: Any = compression_hook
     if key in TORCH:  # torch's PowerSGD, one bucket, on the one-process group
@@ -236,15 +250,7 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
         if not FUSED_MIRROR[0] and hasattr(state.planner, "fused_mirror"):
             state.planner.fused_mirror = False
     times: list[float] = []
-
-    def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        t0 = CLOCK[0]()
-        fut = hook(state, bucket)
-        fut.wait()
-        times.append(CLOCK[0]() - t0)
-        return fut
-
-    ddp.register_comm_hook(state, timed)
+    ddp.register_comm_hook(state, _timed(hook, times))
     _steps(ddp, 3, times)
     prof = cProfile.Profile() if profile else None
     if prof is not None:
@@ -273,17 +279,7 @@ def interleave_dtypes(key: str, world: int, cycles: int) -> None:
         state = make_state(*CONFIGS[key])
         state.world_size = world
         times: list[float] = []
-
-        def timed(
-            state: Any, bucket: dist.GradBucket, times: list[float] = times
-        ) -> torch.futures.Future[torch.Tensor]:
-            t0 = CLOCK[0]()
-            fut = compression_hook(state, bucket)
-            fut.wait()
-            times.append(CLOCK[0]() - t0)
-            return fut
-
-        ddp.register_comm_hook(state, timed)
+        ddp.register_comm_hook(state, _timed(compression_hook, times))
         _steps(ddp, 3, times)
         runs[dt] = (ddp, times)
     ratios = []

@@ -2313,6 +2313,12 @@ def _mirror_blocks(  # pragma: no cover - compiled
         _bf16_marked(marks, b0, mirror, src)
 
 
+def bf16_patterns(t: torch.Tensor) -> np.ndarray:
+    """The bit patterns (uint16) of a contiguous bfloat16 CPU tensor, as a numpy view (what
+    the bfloat16 kernels below read and write)."""
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
 @njit(cache=True, nogil=True)
 def bf16_at(  # pragma: no cover - compiled
     out: np.ndarray, src: np.ndarray, idx: np.ndarray

@@ -558,8 +558,37 @@ class Compressor(abc.ABC):
         ``spans``, encoded with ``keys[j]`` for ``dtype`` vectors of length d), every value
         converted to ``out_dtype`` and multiplied by ``weights[j]``, concatenated in message
         order: ``(cat_j idx_j, cat_j w_j · vals_j)``, the pairs of Σ_j w_j C_j. This default
-        decodes them one by one (:meth:`decode_sparse`); fixed-size sparsifiers with packed
-        indices read all of them in one kernel call, with the same values."""
+        decodes them one by one (:meth:`decode_sparse`), except where the messages have a
+        fixed-size sparsifier's layout (:meth:`_packed_width`) and are float32 or bfloat16
+        decoded into float32 on CPU: then one kernel call reads all of them
+        (:func:`~._wire.unpack_pairs`), with the same values."""
+        width = self._packed_width(d)
+        if (
+            width is not None
+            and _fast_wire(buf.device)
+            and out_dtype == torch.float32
+            and dtype in (torch.float32, torch.bfloat16)
+            and buf.dtype == torch.uint8
+            and buf.is_contiguous()
+            and spans
+        ):
+            self._check_decode(buf[:0], d, dtype, keys[0] if keys else None)
+            k = self.sparse_k(d)
+            assert k is not None
+            half = dtype == torch.bfloat16
+            need = (k * width + k * (16 if half else 32) + 7) // 8
+            for start, size in spans:
+                if size < need or start < 0 or start + size > buf.numel():
+                    raise ValueError(
+                        f"payload too short: {self.name} needs at least {need} bytes for d={d}, "
+                        f"has {size}; was it encoded with the same compressor and d?"
+                    )
+            idx = torch.empty(len(spans) * k, dtype=torch.int64)
+            vals = torch.empty(len(spans) * k, dtype=torch.float32)
+            starts = np.array([start for start, _ in spans], dtype=np.int64)
+            w32 = np.array(weights, dtype=np.float32)
+            unpack_pairs(buf.numpy(), starts, k, width, half, w32, idx.numpy(), vals.numpy())
+            return idx, vals
         idx_list: list[torch.Tensor] = []
         val_list: list[torch.Tensor] = []
         for (start, size), w, kj in zip(spans, weights, keys, strict=True):
@@ -570,6 +599,12 @@ class Compressor(abc.ABC):
         if len(idx_list) == 1:
             return idx_list[0], val_list[0]
         return torch.cat(idx_list), torch.cat(val_list)
+
+    def _packed_width(self, d: int) -> int | None:
+        """Bits of each index when a message is k indices of that many bits followed by its k
+        values and nothing else (a fixed-size sparsifier's layout, :class:`Sparsifier`), else
+        None (this default)."""
+        return None
 
     #: True when :meth:`_decode_pairs` returns the sent value fields as they are (no
     #: arithmetic on them): a 16-bit message's values are then decoded in their own dtype,
@@ -712,58 +747,8 @@ class Sparsifier(Compressor):
         return w.to_bytes(out)
 
     def _packed_width(self, d: int) -> int | None:
-        """Bits of each index the message carries (⌈log₂ d⌉), or None when its indices are
-        not sent that way (rand-k with a shared seed redraws them)."""
+        # ⌈log₂ d⌉ bits an index (rand-k with a shared seed sends none: it answers None)
         return _log2ceil(d)
-
-    def decode_sparse_many(
-        self,
-        buf: torch.Tensor,
-        spans: list[tuple[int, int]],
-        d: int,
-        dtype: torch.dtype,
-        weights: list[float],
-        keys: list[Keys | None],
-        out_dtype: torch.dtype,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # one kernel call (_wire.unpack_pairs) for float32 and bfloat16 messages decoded into
-        # float32 on CPU; everything else message by message (the default)
-        width = self._packed_width(d)
-        if (
-            width is None
-            or not _fast_wire(buf.device)
-            or out_dtype != torch.float32
-            or dtype not in (torch.float32, torch.bfloat16)
-            or buf.dtype != torch.uint8
-            or not buf.is_contiguous()
-            or not spans
-        ):
-            return super().decode_sparse_many(buf, spans, d, dtype, weights, keys, out_dtype)
-        self._check_decode(buf[:0], d, dtype, keys[0] if keys else None)
-        k = self._k(d)
-        half = dtype == torch.bfloat16
-        need = (k * width + k * (16 if half else 32) + 7) // 8
-        total = buf.numel()
-        for start, size in spans:
-            if size < need or start < 0 or start + size > total:
-                raise ValueError(
-                    f"payload too short: {self.name} needs at least {need} bytes for d={d}, "
-                    f"has {size}; was it encoded with the same compressor and d?"
-                )
-        n = len(spans)
-        idx = torch.empty(n * k, dtype=torch.int64)
-        vals = torch.empty(n * k, dtype=torch.float32)
-        unpack_pairs(
-            buf.numpy(),
-            np.array([s for s, _ in spans], dtype=np.int64),
-            k,
-            width,
-            half,
-            np.array(weights, dtype=np.float32),
-            idx.numpy(),
-            vals.numpy(),
-        )
-        return idx, vals
 
     #: (the values are read as they were sent: :meth:`_decode_pairs` below)
     verbatim_pairs = True

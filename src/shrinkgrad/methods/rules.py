@@ -178,7 +178,7 @@ def _mirror_patterns(mirror: Mirror | None, flat: torch.Tensor) -> np.ndarray | 
         or t.numel() != flat.numel()
     ):
         return None
-    return t.view(torch.int16).numpy().view(np.uint16)
+    return K.bf16_patterns(t)
 
 
 def _kernel_ready(flat: torch.Tensor, c: SparseMessage) -> bool:

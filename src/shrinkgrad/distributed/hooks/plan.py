@@ -161,7 +161,7 @@ class Plan:
         the entries it changes, so ``target`` stays its conversion (:meth:`write_changes`)."""
         src = u.mirror
         if (
-            not (self.fused_mirror and self.sparse_downcast)
+            not self.fused_mirror  # (set only with sparse_downcast)
             or self.out is None
             or src is None
             or src.dtype != torch.float32
@@ -217,7 +217,7 @@ class Plan:
             and idx.is_contiguous()
         ):
             ok = K.bf16_at(
-                _patterns(target), flat.view(torch.int32).numpy().view(np.uint32), idx.numpy()
+                K.bf16_patterns(target), flat.view(torch.int32).numpy().view(np.uint32), idx.numpy()
             )
             if not ok:
                 raise IndexError(f"a direction's changed entries lie outside [0, {target.numel()})")
@@ -241,9 +241,9 @@ class Plan:
                 and values.is_contiguous()
             ):
                 # the same kernel in bfloat16 arithmetic (each addition rounded, as index_add_)
-                if not K.sparse_replace_bf16(
-                    _patterns(target), u.zero_except.numpy(), indices.numpy(), _patterns(values)
-                ):
+                pats = K.bf16_patterns
+                old = u.zero_except.numpy()
+                if not K.sparse_replace_bf16(pats(target), old, indices.numpy(), pats(values)):
                     raise IndexError(f"a sparse direction's index is outside [0, {target.numel()})")
                 u.zero_except = indices
                 u.mirror = None
@@ -270,11 +270,6 @@ def _covers(written: torch.Tensor | None, changed: torch.Tensor) -> bool:
     if written is None:
         return False
     return written is changed or (written.shape == changed.shape and torch.equal(written, changed))
-
-
-def _patterns(t: torch.Tensor) -> np.ndarray:
-    """The bit patterns (uint16) of a contiguous bfloat16 CPU tensor, as a numpy view."""
-    return t.view(torch.int16).numpy().view(np.uint16)
 
 
 def _kernel_dtype(t: torch.Tensor) -> bool:
