@@ -51,6 +51,7 @@ import math
 import os
 import pstats
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -323,6 +324,10 @@ def main() -> None:
         "(the bf16/f32 target), CYCLES steps of each",
     )
     args = ap.parse_args()
+    if args.interleave_dtypes is not None and args.interleave_dtypes < 1:
+        ap.error(f"--interleave-dtypes needs CYCLES >= 1, got {args.interleave_dtypes}")
+    if args.steps < 1:
+        ap.error(f"--steps needs at least 1 timed step, got {args.steps}")
     HALF_PATHS[0] = not args.no_half_paths
     FUSED_MIRROR[0] = not args.no_fused_mirror
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -332,10 +337,12 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        if args.interleave_dtypes:
-            for key in args.only:
-                if key not in TORCH:
-                    interleave_dtypes(key, args.world, args.interleave_dtypes)
+        if args.interleave_dtypes is not None:
+            ours = [key for key in args.only if key not in TORCH]
+            if not ours:
+                sys.exit("--interleave-dtypes measures shrinkgrad's hooks: name one in --only")
+            for key in ours:
+                interleave_dtypes(key, args.world, args.interleave_dtypes)
             return
         base = _steps(DDP(_model(), bucket_cap_mb=25), 3 + args.steps)[3:]
         step = statistics.median(base)
