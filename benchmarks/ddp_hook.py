@@ -1,6 +1,6 @@
 """CPU time of the shrinkgrad DDP hook per step, in one process, with a fake n-rank payload set.
 
-Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm randk qsgd] [--world 4] [--steps 5]
+Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm topk-ef randk qsgd] [--world 4] [--steps 5]
 [--dtype float32|bfloat16] [--no-half-paths] [--no-fused-mirror] [--profile]
 [--interleave-dtypes CYCLES]``.
 ``benchmarks/ab_ddp_hook.py`` runs it alternately against an older version of the library (A/B).
@@ -70,6 +70,7 @@ BATCH = 32
 CONFIGS: dict[str, tuple[str, float | None, str, float]] = {
     "topk": ("top_k", 0.01, "ef21", 0.0),
     "topk-sgdm": ("top_k", 0.01, "ef21", 0.9),  # EF21-SGDM, the example's default
+    "topk-ef": ("top_k", 0.01, "ef", 0.0),  # classic error feedback: Top-k of e_i + ∇f_i
     "randk": ("rand_k[shared_seed=true]", 0.01, "dcgd", 0.0),
     "qsgd": ("qsgd[s=4]", None, "dcgd", 0.0),
     # PowerSGD's factor path (its collectives skipped: P and Q are this rank's own times n)
@@ -80,7 +81,7 @@ CONFIGS: dict[str, tuple[str, float | None, str, float]] = {
 #: 4, one bucket, after its two plain all-reduce iterations
 TORCH = ("torch-psgd1",)
 #: the same configurations for versions of the library before ``method=`` (A/B runs)
-_OLD_NAMES = {"ef21": "ef21", "dcgd": "none"}
+_OLD_NAMES = {"ef21": "ef21", "dcgd": "none", "ef": "ef"}
 
 
 def make_state(name: str, ratio: float | None, method: str, momentum: float) -> CompressionState:

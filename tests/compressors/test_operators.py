@@ -537,9 +537,10 @@ def test_top_k_sampled_path_across_chunks(
     for mode, threads in (("numba", "1"), ("numba", "3"), ("torch", "1")):
         monkeypatch.setattr(base, "KERNELS", mode)
         monkeypatch.setenv("SHRINKGRAD_THREADS", threads)
-        idx, _ = c._select(x, None)
+        idx, vals = c._select(x, None)
         for r in range(3):
             assert idx[r].tolist() == refs[r].tolist(), (mode, threads, r)
+        assert torch.equal(vals, x.gather(1, idx))  # the selection's own values, bit for bit
         out = torch.full_like(x, 7.0)
         y = c(x, out=out)
         results.append(y)

@@ -30,8 +30,10 @@ def _pair(dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tens
 
 def _check(a: torch.Tensor, b: torch.Tensor, k: int = K_, dtype: torch.dtype | None = None) -> None:
     c = make_compressor(f"top_k[k={k}]")
-    x = a - b
-    want = c.sparse(x if dtype is None else x.to(dtype))
+    x = a - b if dtype is None else (a - b).to(dtype)
+    want = c.sparse(x)
+    # C.sparse's values come from its selection (no gather of x): they are x at its indices
+    assert torch.equal(_bits(want[1]), _bits(x.gather(-1, want[0])))
     got = c.sparse_difference(a, b, dtype=dtype)
     assert torch.equal(got[0], want[0])
     assert got[1].dtype == want[1].dtype and torch.equal(_bits(got[1]), _bits(want[1]))
