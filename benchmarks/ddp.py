@@ -37,7 +37,9 @@ with one bucket (``step target`` lines).
 Unless ``--no-task``, it also trains the example task of ``examples/ddp_mlp.py`` (an MLP on a9a,
 4 ranks) on ``--task-link`` (default: the emulated 100 Mbit/s link) with DDP's dense
 all-reduce, fp16_compress_hook, torch's powerSGD_hook (rank 4, one bucket), shrinkgrad's top_k
-1% + EF21-SGDM (client momentum) and power_sgd r=4 (shared) + EF21, for ``--task-seeds`` paired
+1% + EF21-SGDM (client momentum) and power_sgd r=4 (shared) + EF21 (``--task-configs`` picks
+among these and more: top_k 1% + classic EF with client or with optimizer momentum, top_k +
+EF21 with optimizer momentum, power_sgd + EF; keys in ``TASK_CONFIGS``), for ``--task-seeds`` paired
 seeds (``--task-only``: only this), logging the test loss every 10 steps against the training
 wall-clock (the evaluations left out; the clock starts at step 10, after the one-time costs:
 imports, first-call compilation, DDP's bucket rebuild). fp16 runs ``--task-steps`` steps, the
@@ -361,6 +363,24 @@ TASK_CONFIGS: tuple[tuple[str, str, list[str], int], ...] = (
         2,
     ),
     (
+        "topk_ef_m",
+        "shrinkgrad top_k 1% + EF, client momentum",
+        ["--hook", "shrinkgrad", "--method", "ef", "--client-momentum"],
+        2,
+    ),
+    (
+        "topk_ef_hb",
+        "shrinkgrad top_k 1% + EF, optimizer momentum",
+        ["--hook", "shrinkgrad", "--method", "ef", "--no-client-momentum"],
+        2,
+    ),
+    (
+        "topk_ef21_hb",
+        "shrinkgrad top_k 1% + EF21, optimizer momentum",
+        ["--hook", "shrinkgrad", "--method", "ef21", "--no-client-momentum"],
+        2,
+    ),
+    (
         "psgd_ef",
         "shrinkgrad power_sgd r=4 (shared) + EF",
         [
@@ -376,7 +396,7 @@ TASK_CONFIGS: tuple[tuple[str, str, list[str], int], ...] = (
     ),
 )
 #: the shrinkgrad configurations of the task target
-TASK_OURS = ("topk_sgdm", "psgd_ef21", "psgd_ef")
+TASK_OURS = ("topk_sgdm", "topk_ef_m", "topk_ef_hb", "topk_ef21_hb", "psgd_ef21", "psgd_ef")
 
 
 def task(steps: int, seeds: int, only: list[str] | None = None) -> dict[str, Any]:
@@ -645,7 +665,12 @@ def main() -> None:
     p.add_argument(
         "--task-link", default="100mbit", choices=list(LINKS), help="the example task's link"
     )
-    p.add_argument("--task-configs", nargs="+", help="task configuration keys (fp16 always runs)")
+    p.add_argument(
+        "--task-configs",
+        nargs="+",
+        choices=[c[0] for c in TASK_CONFIGS],
+        help="task configuration keys (fp16 always runs)",
+    )
     p.add_argument("--task-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", help="write all results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
