@@ -396,7 +396,7 @@ TASK_CONFIGS: tuple[tuple[str, str, list[str], int], ...] = (
     ),
 )
 #: the shrinkgrad configurations of the task target
-TASK_OURS = ("topk_sgdm", "topk_ef_m", "topk_ef_hb", "topk_ef21_hb", "psgd_ef21", "psgd_ef")
+TASK_OURS = tuple(key for key, _, extra, _ in TASK_CONFIGS if "shrinkgrad" in extra)
 
 
 def task(steps: int, seeds: int, only: list[str] | None = None) -> dict[str, Any]:

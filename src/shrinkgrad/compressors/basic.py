@@ -199,12 +199,18 @@ class TopK(Sparsifier):
         return self._k(d) * _log2ceil(d)
 
     def _indices(self, x: torch.Tensor) -> torch.Tensor:
+        return self._indices_values(x)[0]
+
+    def _indices_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The kept indices, and their values where the selection holds them (the kernels'
+        sampled path; else None)."""
         k = self._k(x.shape[-1])
         if _use_numba(x):
-            idx, _ = self._topk_numba(x, k, None)
-            return torch.from_numpy(idx).reshape(*x.shape[:-1], k)
+            ii, kept = self._topk_numba(x, k, None)
+            idx = torch.from_numpy(ii).reshape(*x.shape[:-1], k)
+            return idx, None if kept is None else torch.from_numpy(kept).reshape(idx.shape)
         _require_finite(x, self.name)
-        return topk_indices_torch(x, k)
+        return topk_indices_torch(x, k), None
 
     def _topk_numba(
         self, x: torch.Tensor, k: int, o2: np.ndarray | None
@@ -259,15 +265,8 @@ class TopK(Sparsifier):
         return idx, kept
 
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if not _use_numba(x):
-            idx = self._indices(x)
-            return idx, take(x, idx)
-        k = self._k(x.shape[-1])
-        ii, kept = self._topk_numba(x, k, None)
-        idx = torch.from_numpy(ii).reshape(*x.shape[:-1], k)
-        if kept is None:
-            return idx, take(x, idx)
-        return idx, torch.from_numpy(kept).reshape(idx.shape)
+        idx, vals = self._indices_values(x)
+        return idx, take(x, idx) if vals is None else vals
 
     def _fast_shifted(self, x: torch.Tensor, h: torch.Tensor) -> bool:
         """Whether :func:`_shifted_top1` computes the shifted Top-k of ``x`` and ``h``."""
