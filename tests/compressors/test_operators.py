@@ -566,6 +566,50 @@ def test_non_finite_anywhere_in_a_long_row_raises(spec: str, dtype: torch.dtype)
                 c(x, keys, out=torch.empty_like(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_non_finite_anywhere_in_a_long_row_stops_the_sparse_form(dtype: torch.dtype) -> None:
+    """rand-k's sparse form (the hook's path, which reads x only in its finiteness pass and at
+    the kept entries) refuses an inf or nan at any coordinate, kept or not, also in bfloat16."""
+    c = make_compressor("rand_k[k=100,shared_seed=true]")
+    keys = Keys.derive(2, client=0)
+    d = 6 * K.CHUNK + 77
+    x = torch.randn(d, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(dtype)
+    c.sparse(x, keys)  # finite: no error
+    kept = set(c.sparse(x, keys)[0].tolist())
+    for pos in (0, K.CHUNK - 1, K.CHUNK, d - 1, 2 * K.CHUNK + 100):
+        assert pos not in kept  # (the check, not the gather, has to see it)
+        for bad in (math.nan, -math.nan, math.inf, -math.inf):
+            y = x.clone()
+            y[pos] = bad
+            with pytest.raises(ValueError, match="non-finite"):
+                c.sparse(y, keys)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.uint16])
+def test_check_block_flags_exactly_the_non_finite_patterns(dtype: type) -> None:
+    """The finiteness check on bit patterns agrees with isfinite on the edge values: the
+    largest finite magnitude, the smallest subnormal, ±0, ±inf, nans of either sign and with
+    any payload (uint16: bfloat16 patterns, read as the float32 they widen to)."""
+    width = 8 * np.dtype(dtype).itemsize
+    utype = {16: np.uint16, 32: np.uint32, 64: np.uint64}[width]
+    mant = {16: 7, 32: 23, 64: 52}[width]
+    top = (1 << (width - 1)) - 1  # all bits but the sign
+    exp = top ^ ((1 << mant) - 1)
+    edges = [0, 1, exp - 1, exp, exp + 1, top, 1 << (width - 1), (1 << (width - 1)) | exp]
+    rng = np.random.default_rng(0)
+    base_ = rng.integers(0, exp, size=257, dtype=np.uint64).astype(utype)  # finite magnitudes
+    for e in edges:
+        for pos in (0, 128, 256):
+            u = base_.copy()
+            u[pos] = utype(e)
+            if dtype is np.uint16:
+                wide = (u.astype(np.uint32) << np.uint32(16)).view(np.float32)
+                xs = u
+            else:
+                wide = xs = u.view(dtype)
+            assert K._check_block(xs) == (not bool(np.isfinite(wide).all())), (hex(e), pos)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_identity_kernel_copies_every_bit(dtype: torch.dtype) -> None:
     x = _long_rows(dtype)

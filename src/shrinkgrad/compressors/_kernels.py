@@ -741,11 +741,12 @@ def topk_thresholds(x2: np.ndarray, rank: int, tau: np.ndarray) -> None:  # prag
 @njit(cache=True, inline="always")
 def _abs_mask(xu: np.ndarray) -> tuple[np.uint64, np.uint64]:  # pragma: no cover - compiled
     """(all bits but the sign, the exponent field) of the float type whose bit patterns ``xu``
-    (unsigned integers of the same width) holds. For finite floats, magnitudes compare like
-    their patterns with the sign cleared; inf and nan are the patterns ≥ the exponent field."""
+    (unsigned integers of the same width; 16 bits: bfloat16) holds. For finite floats,
+    magnitudes compare like their patterns with the sign cleared; inf and nan are the patterns
+    ≥ the exponent field."""
     ut = xu.dtype.type
     nbits = 8 * xu.itemsize
-    mant = 23 if nbits == 32 else 52
+    mant = 23 if nbits == 32 else (52 if nbits == 64 else 7)  # 16 bits: bfloat16
     mask = ut(~(ut(1) << ut(nbits - 1)))  # ut(): numba widens uint32 shifts to 64 bits
     return mask, ut(mask ^ ut((ut(1) << ut(mant)) - ut(1)))
 
@@ -1805,37 +1806,59 @@ def sparse_rows(  # pragma: no cover - compiled
         status[w] = st
 
 
+def _patterns(xs: np.ndarray) -> np.ndarray:
+    """The bit patterns of a float32/float64 array as unsigned integers of its width (a view);
+    any other array (bfloat16 patterns, uint16) as it is."""
+    if xs.dtype == np.float32:
+        return xs.view(np.uint32)
+    if xs.dtype == np.float64:
+        return xs.view(np.uint64)
+    return xs
+
+
+@overload(_patterns, inline="always")
+def _patterns_overload(xs: Any) -> Any:  # pragma: no cover - compiled
+    if isinstance(xs, types.Array) and xs.dtype in (types.float32, types.float64):
+        utype = np.uint32 if xs.dtype == types.float32 else np.uint64
+
+        def view(xs: Any) -> Any:
+            return xs.view(utype)
+
+        return view
+
+    def own(xs: Any) -> Any:
+        return xs
+
+    return own
+
+
 @njit(cache=True)
 def _zero_check_block(xs: np.ndarray, os: np.ndarray) -> bool:  # pragma: no cover - compiled
-    """os = 0 and whether xs holds inf or nan, in one vectorizable pass."""
-    bad = np.uint8(0)
+    """os = 0 and whether xs holds inf or nan, in one vectorizable pass (the check of
+    :func:`_check_block`)."""
+    xu = _patterns(xs)
+    mask, emask = _abs_mask(xu)
+    m = xu.dtype.type(0)
     zero = os.dtype.type(0.0)
-    for i in range(xs.size):
-        v = xs[i]
-        bad |= np.uint8((v - v) != 0)
+    for i in range(xu.size):
+        m = max(m, xu[i] & mask)
         os[i] = zero
-    return bool(bad != 0)
+    return bool(m >= emask)
 
 
 @njit(cache=True)
 def _check_block(xs: np.ndarray) -> bool:  # pragma: no cover - compiled
-    """Whether xs holds inf or nan, in one vectorizable pass (four interleaved streams; xs may
-    be bfloat16 patterns, :func:`load`)."""
-    q = xs.size // 4
-    b0 = b1 = b2 = b3 = np.uint8(0)
-    for i in range(q):
-        v0 = load(xs, i)
-        v1 = load(xs, q + i)
-        v2 = load(xs, 2 * q + i)
-        v3 = load(xs, 3 * q + i)
-        b0 |= np.uint8((v0 - v0) != 0)
-        b1 |= np.uint8((v1 - v1) != 0)
-        b2 |= np.uint8((v2 - v2) != 0)
-        b3 |= np.uint8((v3 - v3) != 0)
-    for i in range(4 * q, xs.size):
-        v0 = load(xs, i)
-        b0 |= np.uint8((v0 - v0) != 0)
-    return bool((b0 | b1 | b2 | b3) != 0)
+    """Whether xs (contiguous float32/float64, or bfloat16 patterns as uint16) holds inf or
+    nan: the largest magnitude pattern (sign bit cleared) is at least the exponent field. An
+    unsigned max reduction, which LLVM vectorizes (integer max is associative; the float
+    comparisons of an ordered loop are not reordered), reads xs at a cold sum's speed: 4 M
+    float32 cache-cold, 0.45 ms against 0.77 ms for four interleaved streams of ``v − v ≠ 0``."""
+    xu = _patterns(xs)
+    mask, emask = _abs_mask(xu)
+    m = xu.dtype.type(0)
+    for i in range(xu.size):
+        m = max(m, xu[i] & mask)
+    return bool(m >= emask)
 
 
 @njit(cache=True, nogil=True)
