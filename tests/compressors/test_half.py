@@ -104,6 +104,29 @@ def test_float16_range_errors_are_clear(spec: str) -> None:
     assert bool(torch.isfinite(y).all())
 
 
+@pytest.mark.parametrize("shared", ["false", "true"])
+def test_bfloat16_rounding_past_its_range_is_clear(shared: str) -> None:
+    """rand_k's d/k·x_j with d/k = 7/4 and x_j = 1.9407e38 (a bfloat16) is the finite float32
+    3.3962e38, which rounds to bfloat16 inf (its largest number is 3.3895e38): the dense
+    result and the sparse form (the DDP hook's path, checked on the bit patterns) refuse it
+    in one line; one kept entry of that size among normal ones is enough."""
+    c = make_compressor(f"rand_k[k=4,shared_seed={shared}]")
+    keys = Keys.derive(0)
+    big = 1.940672873845977e38
+    x = torch.full((7,), big).to(torch.bfloat16)
+    assert float(x[0]) == big and bool(torch.isfinite(x.float() * (7 / 4)).all())
+    with pytest.raises(ValueError, match=r"exceeds the torch\.bfloat16 range"):
+        c(x, keys)
+    with pytest.raises(ValueError, match=r"exceeds the torch\.bfloat16 range"):
+        c.sparse(x, keys)
+    x = torch.ones(7, dtype=torch.bfloat16)
+    idx, vals = c.sparse(x, keys)
+    assert torch.equal(vals, torch.full((4,), 1.75, dtype=torch.bfloat16))
+    x[idx[1]] = big
+    with pytest.raises(ValueError, match=r"exceeds the torch\.bfloat16 range"):
+        c.sparse(x, keys)
+
+
 @pytest.mark.parametrize(
     "spec", ["qsgd[s=4]", "rand_k[k=5]", "natural", "ternary", "lazy_bernoulli[p=0.5]"]
 )

@@ -255,7 +255,7 @@ class Compressor(abc.ABC):
 
     def _to_half(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         h = y.to(dtype)
-        if not bool(torch.isfinite(h).all()):
+        if not _all_finite(h):
             raise ValueError(f"{self.name}: {value_range_error(dtype)}")
         return h
 
@@ -763,6 +763,18 @@ class Sparsifier(Compressor):
 def _log2ceil(d: int) -> int:
     """⌈log₂ d⌉ bits to address one of d positions (0 for d = 1)."""
     return (int(d) - 1).bit_length() if d > 1 else 0
+
+
+def _all_finite(h: torch.Tensor) -> bool:
+    """Whether every entry of ``h`` is finite. A bfloat16 CPU tensor is checked on its bit
+    patterns by the kernels' vectorized pass (one read of 2 bytes an entry, no mask written):
+    ``torch.isfinite(h).all()`` on bfloat16 costs ≈ 70 µs for the 15 k values of a rand-k
+    message, the pass a few."""
+    if h.dtype == torch.bfloat16 and _use_numba(h) and h.is_contiguous():
+        from . import _kernels as K
+
+        return not K._check_block(K.bf16_patterns(h.reshape(-1)))
+    return bool(torch.isfinite(h).all())
 
 
 def _use_numba(x: torch.Tensor) -> bool:
