@@ -2267,6 +2267,21 @@ def sparse_replace(  # pragma: no cover - compiled
         out[idx[t]] += vals[t]
 
 
+@njit(cache=True, nogil=True)
+def sparse_assign(  # pragma: no cover - compiled
+    out: np.ndarray, old: np.ndarray, idx: np.ndarray, vals: np.ndarray
+) -> None:
+    """:func:`sparse_replace` for distinct ``idx``: out[old] = 0, then out[idx[t]] = 0 + vals[t]
+    — the same bits (the entry it would have read is the 0 just written or one outside
+    ``old``, which the caller keeps 0; +0 + v is v, with −0 as +0), one store per entry
+    instead of a read, an addition and a store."""
+    z = out.dtype.type(0)
+    for t in range(old.size):
+        out[old[t]] = z
+    for t in range(idx.size):
+        out[idx[t]] = z + vals[t]
+
+
 @njit(cache=True, inline="always")
 def _bf16_of(v: Any) -> Any:  # pragma: no cover - compiled
     """The bfloat16 pattern of the float32 pattern ``v`` (uint32): round to nearest even, NaN
@@ -2444,6 +2459,29 @@ def sparse_replace_bf16(  # pragma: no cover - compiled
             return False
         s = _widen_bf16(out[j]) + _widen_bf16(vals[t])  # type: ignore[call-arg,var-annotated]
         out[j] = _bf16_of(_bits_of_f32(s))
+    return True
+
+
+@njit(cache=True, nogil=True)
+def sparse_assign_bf16(  # pragma: no cover - compiled
+    out: np.ndarray, old: np.ndarray, idx: np.ndarray, vals: np.ndarray
+) -> bool:
+    """:func:`sparse_replace_bf16` for distinct ``idx`` (:func:`sparse_assign`): out[idx[t]] =
+    bfloat16(+0 + vals[t]) computed in float32 as there, without reading the entry (on a
+    4 M-entry vector with 1 % of it replaced: ≈ 0.4 against 0.9–1.4 ms cache-cold). False when
+    an index is outside [0, out.size)."""
+    n = out.size
+    for t in range(old.size):
+        j = old[t]
+        if j < 0 or j >= n:
+            return False
+        out[j] = np.uint16(0)
+    zero = np.float32(0.0)
+    for t in range(idx.size):
+        j = idx[t]
+        if j < 0 or j >= n:
+            return False
+        out[j] = _bf16_of(_bits_of_f32(zero + _widen_bf16(vals[t])))  # type: ignore[call-arg]
     return True
 
 

@@ -48,7 +48,10 @@ class SparseMessage(NamedTuple):
     positions ``indices`` (int64), zeros elsewhere (Top-k's and rand-k's messages).
 
     One client's message has distinct indices; an aggregate of several clients' messages (the
-    hook's Σ_i w_i c_i) may repeat an index, and its values then add up. The DDP hook builds
+    hook's Σ_i w_i c_i) may repeat an index, and its values then add up. ``distinct`` says that
+    ``indices`` are known to be distinct (False: unknown); the hook's shared-seed aggregates,
+    whose ranks share one index set, are, and the output then stores each value instead of
+    adding it to a zero (the same values, no read of the entry). The DDP hook builds
     these (its sparse path), for methods whose client and server parts merely add C(p) to their
     state or pass it on (``Method.sparse_messages``); so do the simulator and the runner for
     EF21's messages, as batches of shape (m, d) whose reduction ``methods.base.weighted_sum``
@@ -58,6 +61,7 @@ class SparseMessage(NamedTuple):
     indices: torch.Tensor
     values: torch.Tensor
     shape: tuple[int, ...]
+    distinct: bool = False
 
     def dense(self) -> torch.Tensor:
         """The dense vector (for checks and fallbacks; O(d))."""

@@ -211,7 +211,7 @@ def _deliver(
     if isinstance(direction, LowRankMessage):  # (EF's and DCGD's D: the aggregate itself)
         direction = direction.dense().reshape(-1)
     if isinstance(direction, SparseMessage):
-        plan.write_sparse(u, o, direction.indices, direction.values)
+        plan.write_sparse(u, o, direction.indices, direction.values, direction.distinct)
         return
     if changed is not None and plan.write_changes(u, o, direction, changed, mirror):
         return
@@ -388,8 +388,8 @@ def _reduce(step: Step, states: list[State[Any, Any]]) -> Fut:
             if values and u.compressor is not None:
                 idx = drawn[u.uid]
                 vals = seg if seg.dtype == plan.wdtype else seg.to(plan.wdtype)
-                if u.sparse:
-                    agg = SparseMessage(idx, vals, (1, u.numel))
+                if u.sparse:  # (the ranks' shared index set: distinct indices)
+                    agg = SparseMessage(idx, vals, (1, u.numel), distinct=True)
                 else:
                     agg = step.target(u).zero_().index_add_(0, idx, vals)
             elif seg.dtype == plan.wdtype:

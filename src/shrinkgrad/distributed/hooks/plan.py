@@ -226,11 +226,18 @@ class Plan:
         return True
 
     def write_sparse(
-        self, u: Unit, target: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
+        self,
+        u: Unit,
+        target: torch.Tensor,
+        indices: torch.Tensor,
+        values: torch.Tensor,
+        distinct: bool = False,
     ) -> None:
         """Put a sparse direction into ``target``: zeros with ``values`` added at ``indices``
         (repeated indices add up). On the plan's own output only the previous direction's
-        entries are zeroed (O(k)); the bucket (with a scaler) is zeroed in full."""
+        entries are zeroed (O(k)); the bucket (with a scaler) is zeroed in full. ``distinct``
+        (indices known to be distinct): the kernels store 0 + v at each index instead of
+        reading the entry and adding (the same bits; a store, not a read-modify-write)."""
         values = values.to(target.dtype)
         if self.out is not None and u.zero_except is not None:
             if (
@@ -243,7 +250,8 @@ class Plan:
                 # the same kernel in bfloat16 arithmetic (each addition rounded, as index_add_)
                 pats = K.bf16_patterns
                 old = u.zero_except.numpy()
-                if not K.sparse_replace_bf16(pats(target), old, indices.numpy(), pats(values)):
+                kernel = K.sparse_assign_bf16 if distinct else K.sparse_replace_bf16
+                if not kernel(pats(target), old, indices.numpy(), pats(values)):
                     raise IndexError(f"a sparse direction's index is outside [0, {target.numel()})")
                 u.zero_except = indices
                 u.mirror = None
@@ -252,7 +260,8 @@ class Plan:
                 # one numba kernel: the old entries zeroed, the new ones added (O(k), serial:
                 # the order of index_add_, so the same sums for repeated indices)
                 old = u.zero_except.numpy()
-                K.sparse_replace(target.numpy(), old, indices.numpy(), values.numpy())
+                replace = K.sparse_assign if distinct else K.sparse_replace
+                replace(target.numpy(), old, indices.numpy(), values.numpy())
                 u.zero_except = indices
                 u.mirror = None
                 return
