@@ -182,7 +182,7 @@ class _RandKBase(Sparsifier):
         K.bucket_by_chunk(ik, order, starts, True)
         out = np.empty(ik.shape, dtype=vdtype)
         sc = np.array([self._scale(d)], dtype=vdtype)
-        status = K.run(K.sparse_gather, x2, x2, ik, order, starts, sc, out)
+        status = K.run(K.sparse_gather, x2, x2, order, starts, sc, out)
         if status == K.NON_FINITE:
             raise non_finite_error(self.name)
         if status == K.OVERFLOW:
