@@ -253,11 +253,12 @@ def test_a_sparse_replace_in_bfloat16_is_index_fill_then_index_add() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_a_sparse_assign_is_the_sparse_replace_of_distinct_indices(dtype: torch.dtype) -> None:
-    """``_kernels.sparse_assign`` (the hook's shared-seed directions, whose indices are one
-    index set) stores 0 + v where ``sparse_replace`` reads 0 and adds v: on an output that is
-    zero outside ``old``, the same bits for distinct indices, −0, subnormals and values that
-    overlap ``old`` included; an index outside the output is refused in bfloat16."""
+def test_a_sparse_replace_of_distinct_indices_stores(dtype: torch.dtype) -> None:
+    """``_kernels.sparse_replace(..., distinct=True)`` (the hook's shared-seed directions,
+    whose indices are one index set) stores 0 + v where the default reads the 0 and adds v:
+    on an output that is zero outside ``old``, the same bits for distinct indices, −0,
+    subnormals and values that overlap ``old`` included; an index outside the output is
+    refused in bfloat16."""
     g = torch.Generator().manual_seed(7)
     n = 40_000
     old = torch.randperm(n, generator=g)[:2500]
@@ -271,13 +272,13 @@ def test_a_sparse_assign_is_the_sparse_replace_of_distinct_indices(dtype: torch.
     if dtype == torch.bfloat16:
         pats = K.bf16_patterns
         assert K.sparse_replace_bf16(pats(want), old.numpy(), idx.numpy(), pats(vals))
-        assert K.sparse_assign_bf16(pats(got), old.numpy(), idx.numpy(), pats(vals))
-        assert not K.sparse_assign_bf16(
-            pats(base.clone()), old.numpy(), torch.tensor([n]).numpy(), pats(vals[:1])
+        assert K.sparse_replace_bf16(pats(got), old.numpy(), idx.numpy(), pats(vals), True)
+        assert not K.sparse_replace_bf16(
+            pats(base.clone()), old.numpy(), torch.tensor([n]).numpy(), pats(vals[:1]), True
         )
     else:
         K.sparse_replace(want.numpy(), old.numpy(), idx.numpy(), vals.numpy())
-        K.sparse_assign(got.numpy(), old.numpy(), idx.numpy(), vals.numpy())
+        K.sparse_replace(got.numpy(), old.numpy(), idx.numpy(), vals.numpy(), True)
     bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
     assert torch.equal(got.view(bits[dtype]), want.view(bits[dtype]))
     assert bool((got.view(bits[dtype])[idx[:1]] == 0).all())  # −0 became +0, as 0 + (−0)

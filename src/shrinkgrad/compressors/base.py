@@ -768,8 +768,8 @@ def _log2ceil(d: int) -> int:
 def _all_finite(h: torch.Tensor) -> bool:
     """Whether every entry of ``h`` is finite. A bfloat16 CPU tensor is checked on its bit
     patterns by the kernels' vectorized pass (one read of 2 bytes an entry, no mask written):
-    ``torch.isfinite(h).all()`` on bfloat16 costs ≈ 70 µs for the 15 k values of a rand-k
-    message, the pass a few."""
+    ``torch.isfinite(h).all()`` on bfloat16 costs ≈ 54 µs for the 15 k values of a rand-k
+    message, the pass ≈ 6 µs."""
     if h.dtype == torch.bfloat16 and _use_numba(h) and h.is_contiguous():
         from . import _kernels as K
 

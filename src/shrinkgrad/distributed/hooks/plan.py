@@ -250,8 +250,9 @@ class Plan:
                 # the same kernel in bfloat16 arithmetic (each addition rounded, as index_add_)
                 pats = K.bf16_patterns
                 old = u.zero_except.numpy()
-                kernel = K.sparse_assign_bf16 if distinct else K.sparse_replace_bf16
-                if not kernel(pats(target), old, indices.numpy(), pats(values)):
+                if not K.sparse_replace_bf16(
+                    pats(target), old, indices.numpy(), pats(values), distinct
+                ):
                     raise IndexError(f"a sparse direction's index is outside [0, {target.numel()})")
                 u.zero_except = indices
                 u.mirror = None
@@ -260,8 +261,7 @@ class Plan:
                 # one numba kernel: the old entries zeroed, the new ones added (O(k), serial:
                 # the order of index_add_, so the same sums for repeated indices)
                 old = u.zero_except.numpy()
-                replace = K.sparse_assign if distinct else K.sparse_replace
-                replace(target.numpy(), old, indices.numpy(), values.numpy())
+                K.sparse_replace(target.numpy(), old, indices.numpy(), values.numpy(), distinct)
                 u.zero_except = indices
                 u.mirror = None
                 return
