@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm topk-ef randk qsgd] [--world 4]
 [--steps 5] [--dtype float32|bfloat16] [--no-half-paths] [--no-fused-mirror] [--profile]
-[--interleave-dtypes CYCLES]``.
+[--kernel-split] [--interleave-dtypes CYCLES]``.
 ``benchmarks/ab_ddp_hook.py`` runs it alternately against an older version of the library (A/B).
 
 The model is ``benchmarks/ddp.py``'s MLP (1024 → 2048 → 2048 → 2048 → 16, 10.5 M parameters,
@@ -15,7 +15,11 @@ the buckets of the time from the hook's call until its future is done; median an
 ``--steps`` steps after 3 warm-up steps; ``--clock cpu``: this process's CPU time instead of wall
 time) and its ratio to the baseline measured in the same run:
 a training step of the same model without a hook (forward, backward, DDP's local all-reduce,
-optimizer step). ``--profile`` adds the top functions of a cProfile of the timed steps. glibc's
+optimizer step). ``--profile`` adds the top functions of a cProfile of the timed steps (which
+inflates the Python part about twice); ``--kernel-split`` instead times every compiled kernel
+called from Python during the timed steps and prints, under each configuration, the kernels'
+ms per step against the hook's mean and the largest ones: what is not kernels is the hook's,
+the method's and the compressors' Python and their small torch calls. glibc's
 allocator defaults are used (the hook keeps no per-step multi-megabyte allocations).
 
 The lighter hook's targets (issue 14) are against a **cache-cold memcpy of the gradient**,
@@ -43,6 +47,7 @@ spread between separate runs a minute apart exceeds the effect).
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
 import argparse
+import contextlib
 import cProfile
 import inspect
 import itertools
@@ -53,6 +58,7 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -231,6 +237,48 @@ def _timed(hook: Any, times: list[float]) -> Any:
     return timed
 
 
+#: the numba kernels' time per step, by kernel (``--kernel-split``): None when off
+KERNEL_SPLIT: list[dict[str, float] | None] = [None]
+
+
+@contextlib.contextmanager
+def kernel_clock(acc: dict[str, float]) -> Iterator[None]:
+    """Time every call of a compiled shrinkgrad kernel made from Python (the run's clock,
+    summed into ``acc`` by name) while the block runs: each numba dispatcher held by a loaded
+    shrinkgrad module (``_kernels``, ``_wire`` and the modules that imported one by name) is
+    replaced by a timing wrapper and restored afterwards. Enter it after the warm-up steps:
+    the kernels are compiled by then, so no jitted code is typed against a wrapper. One
+    thread (the benchmark's): a kernel's time is its caller's."""
+    from numba.core.registry import CPUDispatcher
+
+    wrappers: dict[int, Any] = {}
+    patched: list[tuple[Any, str, Any]] = []
+
+    def wrap(f: Any, name: str) -> Any:
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = CLOCK[0]()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[name] = acc.get(name, 0.0) + CLOCK[0]() - t0
+
+        return timed
+
+    for modname, mod in list(sys.modules.items()):
+        if not modname.startswith("shrinkgrad") or mod is None:
+            continue
+        for name, f in list(vars(mod).items()):
+            if isinstance(f, CPUDispatcher) and not name.startswith("_"):
+                w = wrappers.setdefault(id(f), wrap(f, f.__name__))
+                patched.append((mod, name, f))
+                setattr(mod, name, w)
+    try:
+        yield
+    finally:
+        for mod, name, f in patched:
+            setattr(mod, name, f)
+
+
 def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
     hook: Any = compression_hook
     if key in TORCH:  # torch's PowerSGD, one bucket, on the one-process group
@@ -257,14 +305,22 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
     prof = cProfile.Profile() if profile else None
     if prof is not None:
         prof.enable()
-    per_step = _steps(ddp, steps, times)
+    split = KERNEL_SPLIT[0]
+    if split is not None:
+        split.clear()
+    with kernel_clock(split) if split is not None else contextlib.nullcontext():
+        per_step = _steps(ddp, steps, times)
     if prof is not None:
         prof.disable()
         st = pstats.Stats(prof)
         st.sort_stats("tottime").print_stats(20)
         if os.environ.get("PROFILE_CALLERS"):
             st.print_callers(os.environ["PROFILE_CALLERS"])
-    return {"median": statistics.median(per_step), "min": min(per_step)}
+    return {
+        "median": statistics.median(per_step),
+        "min": min(per_step),
+        "mean": statistics.mean(per_step),
+    }
 
 
 def interleave_dtypes(key: str, world: int, cycles: int) -> None:
@@ -298,6 +354,21 @@ def interleave_dtypes(key: str, world: int, cycles: int) -> None:
     )
 
 
+def _print_split(r: dict[str, Any], steps: int) -> None:
+    """``--kernel-split``: the kernels' share of the configuration's hook time (mean per
+    step; the hook's own mean as the reference), the largest kernels by name."""
+    split = KERNEL_SPLIT[0]
+    if split is None:
+        return
+    total = sum(split.values()) / steps
+    r["kernels"] = {name: t / steps for name, t in split.items()}
+    top = sorted(split.items(), key=lambda kv: -kv[1])[:6]
+    print(
+        f"{'':4s}kernels {total * 1e3:.1f} ms/step of the hook's mean {r['mean'] * 1e3:.1f}: "
+        + ", ".join(f"{name} {t / steps * 1e3:.2f}" for name, t in top)
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=[*CONFIGS, *TORCH], default=[*CONFIGS, *TORCH])
@@ -318,6 +389,12 @@ def main() -> None:
         help="bfloat16 models: EF21's output converted after its server's sparse add, not in it",
     )
     ap.add_argument(
+        "--kernel-split",
+        action="store_true",
+        help="also time the compiled kernels inside each hook (what is not kernels is Python "
+        "and small torch calls)",
+    )
+    ap.add_argument(
         "--interleave-dtypes",
         type=int,
         metavar="CYCLES",
@@ -329,6 +406,7 @@ def main() -> None:
         ap.error(f"--interleave-dtypes needs CYCLES >= 1, got {args.interleave_dtypes}")
     if args.steps < 1:
         ap.error(f"--steps needs at least 1 timed step, got {args.steps}")
+    KERNEL_SPLIT[0] = {} if args.kernel_split else None
     HALF_PATHS[0] = not args.no_half_paths
     FUSED_MIRROR[0] = not args.no_fused_mirror
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -382,6 +460,7 @@ def main() -> None:
                     f"{label:44s} {r['median'] * 1e3:13.1f} {r['min'] * 1e3:7.1f} "
                     f"{r['median'] / step:7.2f} {r['median'] / copy['median']:9.2f} {'—':>15s}"
                 )
+                _print_split(r, args.steps)
                 continue
             name, ratio, method, momentum = CONFIGS[key]
             floor = sparse_floor(name, ratio, method)
@@ -394,6 +473,7 @@ def main() -> None:
                 f"{label:44s} {r['median'] * 1e3:13.1f} {r['min'] * 1e3:7.1f} "
                 f"{r['median'] / step:7.2f} {r['median'] / copy['median']:9.2f} {floor_txt:>15s}"
             )
+            _print_split(r, args.steps)
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(numbers, fh)
