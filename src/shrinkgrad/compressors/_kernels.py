@@ -88,7 +88,8 @@ _U1 = np.uint64(1)
 # row statistics: sum of squares or of |x| (float64, deterministic chunked order), finiteness
 # --------------------------------------------------------------------------------------------
 #: chunk length of the parallel loops (a multiple of 4, so a chunk starts on a fresh word)
-CHUNK = 1 << 14
+CHUNK_BITS = 14
+CHUNK = 1 << CHUNK_BITS
 
 
 @njit(cache=True)
@@ -1720,9 +1721,7 @@ def bucket_by_chunk(  # pragma: no cover - compiled
     n, k = idx.shape
     nch = starts.shape[1] - 1
     pos = np.empty(nch, dtype=np.int64)
-    shift = np.int64(0)
-    while (1 << shift) < CHUNK:
-        shift += 1
+    shift = np.int64(CHUNK_BITS)
     low = np.int64(CHUNK - 1)
     for r in range(n):
         s = starts[r]
@@ -1759,9 +1758,7 @@ def sparse_gather(  # pragma: no cover - compiled
     d = x2.shape[1]
     nch = (d + CHUNK - 1) // CHUNK
     sc = scale[0]
-    shift = np.int64(0)
-    while (1 << shift) < CHUNK:
-        shift += 1
+    shift = np.int64(CHUNK_BITS)
     low = np.int64(CHUNK - 1)
     for w in range(w0, w1):
         r = w // nch
