@@ -404,6 +404,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.interleave_dtypes is not None and args.interleave_dtypes < 1:
         ap.error(f"--interleave-dtypes needs CYCLES >= 1, got {args.interleave_dtypes}")
+    if args.interleave_dtypes is not None and args.kernel_split:
+        ap.error("--kernel-split splits the table's hook times; run it without --interleave-dtypes")
     if args.steps < 1:
         ap.error(f"--steps needs at least 1 timed step, got {args.steps}")
     KERNEL_SPLIT[0] = {} if args.kernel_split else None
