@@ -90,3 +90,54 @@ def test_expand_broadcasts_a_scalar_key() -> None:
     assert e.shape == (3,)
     with pytest.raises(ValueError, match="do not match"):
         Keys.derive(1, client=np.arange(2)).expand((3,))
+
+
+def _tensor_key(k: Keys) -> Keys:
+    """The tensor-backed key of the same two words as ``k``."""
+    one = k.scalar()
+    assert one is not None
+    return Keys(torch.tensor(one[0]), torch.tensor(one[1]))
+
+
+def test_a_scalar_key_draws_what_the_tensor_key_of_its_words_draws() -> None:
+    from shrinkgrad.compressors import make_compressor
+
+    k = KeyStream(5, 3, stream="ddp_hook").at(17)  # one client: a ScalarKey
+    assert isinstance(k, rng.ScalarKey)
+    t = _tensor_key(k)
+    assert not isinstance(t, rng.ScalarKey)
+    assert k.scalar() == t.scalar() == (int(k.lo), int(k.hi))
+    assert (k.shape, k.device) == (t.shape, t.device)
+    assert k.fold(9).scalar() == t.fold(9).scalar()
+    assert k.fold("rand_k").scalar() == t.fold("rand_k").scalar()
+    assert [a.tolist() for a in k.numpy()] == [a.tolist() for a in t.numpy()]
+    assert torch.equal(k.bits32(64), t.bits32(64))
+    assert torch.equal(k.uniform(64, torch.float32), t.uniform(64, torch.float32))
+    assert torch.equal(k.expand((3,)).bits32(8), t.expand((3,)).bits32(8))
+    assert k.expand(()) is k and k.to("cpu") is k
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(0))
+    for name in ("rand_k[k=30]", "rand_k[k=30,shared_seed=true]", "qsgd[s=4]", "natural"):
+        C = make_compressor(name)
+        assert torch.equal(C(x, k), C(x, t)), name
+        if C.sparse_message:
+            (i1, v1), (i2, v2) = C.sparse(x, k), C.sparse(x, t)
+            assert torch.equal(i1, i2) and torch.equal(v1, v2), name
+
+
+def test_rand_k_draws_from_a_scalar_key_without_making_its_tensors() -> None:
+    """The hook's per-tensor draw reads the key's ints: no torch tensor is created for it
+    (tens of µs each right after a kernel has streamed a gradient through the caches)."""
+    from shrinkgrad.compressors import make_compressor
+
+    k = KeyStream(1, 0, stream="ddp_hook").at(2).fold(4)
+    C = make_compressor("rand_k[k=50,shared_seed=true]")
+    idx, _ = C.sparse(torch.randn(5000), k)
+    assert k.__dict__["_tensors"] is None
+    assert torch.equal(idx, C.sparse(torch.randn(5000), _tensor_key(k))[0])
+
+
+def test_a_scalar_key_takes_32_bit_words_only() -> None:
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*32\)"):
+        rng.ScalarKey(-1, 0)
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*32\)"):
+        rng.ScalarKey(0, 1 << 32)

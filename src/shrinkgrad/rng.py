@@ -39,6 +39,7 @@ import torch
 __all__ = [
     "KeyStream",
     "Keys",
+    "ScalarKey",
     "bits32_numpy",
     "bits32_torch",
     "mix32_numpy",
@@ -185,14 +186,21 @@ class Keys:
         hi = np.array(self.hi.detach().cpu().numpy(), dtype=np.uint32)
         return lo, hi
 
+    def scalar(self) -> tuple[int, int] | None:
+        """A single CPU key's two words as Python ints; None for a batch or a device key."""
+        if self.lo.ndim == 0 and self.lo.device.type == "cpu":
+            return int(self.lo), int(self.hi)
+        return None
+
     # derived streams ------------------------------------------------------------------------
     def fold(self, tag: int | str) -> Keys:
         """Independent sub-keys, e.g. for the second stage of a composed compressor."""
         t = stream_id(tag) if isinstance(tag, str) else (int(tag) & MASK32)
-        if self.lo.ndim == 0 and self.lo.device.type == "cpu":  # one key: Python ints (µs)
-            return Keys(
-                torch.tensor(mix32_int(int(self.lo) ^ mix32_int(t ^ _INIT_LO))),
-                torch.tensor(mix32_int(int(self.hi) ^ mix32_int(t ^ _INIT_HI))),
+        one = self.scalar()
+        if one is not None:  # one key: Python ints (µs)
+            return ScalarKey(
+                mix32_int(one[0] ^ mix32_int(t ^ _INIT_LO)),
+                mix32_int(one[1] ^ mix32_int(t ^ _INIT_HI)),
             )
         lo = mix32_torch(self.lo ^ mix32_int(t ^ _INIT_LO))
         hi = mix32_torch(self.hi ^ mix32_int(t ^ _INIT_HI))
@@ -218,6 +226,60 @@ class Keys:
         if dtype in (torch.float32, torch.float16, torch.bfloat16):
             return ((w >> 8).to(torch.float32) + 0.5).mul_(2.0**-24).to(dtype)
         raise TypeError(f"uniform draws need a floating dtype, got {dtype}")
+
+
+class ScalarKey(Keys):
+    """One CPU key held as two Python ints (``Keys`` of shape ``()``): what the DDP hook and
+    the runner draw with, one key per tensor and round. Its ``lo``/``hi`` tensors are made on
+    first use only: a compressor that reads the ints (:meth:`scalar`: rand-k's index draw,
+    :meth:`fold`) never creates them — a few µs each, and tens of µs when the hook's kernels
+    have just streamed a gradient through the caches. Everything else behaves as the
+    tensor-backed key of the same words (the same draws, bit for bit)."""
+
+    _ints: tuple[int, int]
+
+    def __init__(self, lo: int, hi: int) -> None:
+        if not (0 <= lo <= MASK32 and 0 <= hi <= MASK32):
+            raise ValueError(f"a key's words must be in [0, 2**32), got ({lo}, {hi})")
+        object.__setattr__(self, "_ints", (int(lo), int(hi)))
+        object.__setattr__(self, "_tensors", None)
+
+    def _made(self) -> tuple[torch.Tensor, torch.Tensor]:
+        made: tuple[torch.Tensor, torch.Tensor] | None = self.__dict__["_tensors"]
+        if made is None:
+            lo, hi = self._ints
+            made = (torch.tensor(lo), torch.tensor(hi))
+            object.__setattr__(self, "_tensors", made)
+        return made
+
+    @property
+    def lo(self) -> torch.Tensor:
+        return self._made()[0]
+
+    @property
+    def hi(self) -> torch.Tensor:
+        return self._made()[1]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(())
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def scalar(self) -> tuple[int, int]:
+        lo, hi = self._ints
+        return lo, hi
+
+    def expand(self, shape: Sequence[int]) -> Keys:
+        return self if tuple(shape) == () else super().expand(shape)
+
+    def to(self, device: torch.device | str) -> Keys:
+        return self if torch.device(device).type == "cpu" else super().to(device)
+
+    def __repr__(self) -> str:
+        return f"ScalarKey(lo={self._ints[0]}, hi={self._ints[1]})"
 
 
 def bits32_torch(lo: torch.Tensor, hi: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -281,7 +343,7 @@ class KeyStream:
         if self._lo.ndim == 0:  # one client: Python ints (µs instead of numpy's 0-d overhead)
             lo_i = mix32_int(mix32_int(int(self._lo) ^ r_lo) ^ r_hi)
             hi_i = mix32_int(mix32_int(int(self._hi) ^ r_lo) ^ r_hi)
-            keys = Keys(torch.tensor(lo_i), torch.tensor(hi_i))
+            keys = ScalarKey(lo_i, hi_i)
             return keys if self.device.type == "cpu" else keys.to(self.device)
         lo = mix32_numpy(mix32_numpy(self._lo ^ np.uint32(r_lo)) ^ np.uint32(r_hi))
         hi = mix32_numpy(mix32_numpy(self._hi ^ np.uint32(r_lo)) ^ np.uint32(r_hi))

@@ -818,8 +818,9 @@ def _out_rows(x: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, 
 
 def _keys_rows(keys: Keys) -> tuple[np.ndarray, np.ndarray]:
     """Row keys as two flat ``uint64`` arrays for the numba kernels."""
-    if keys.lo.ndim == 0 and keys.lo.device.type == "cpu":  # one key (the DDP hook's): µs
-        return (np.array([int(keys.lo)], dtype=np.uint64), np.array([int(keys.hi)], np.uint64))
+    one = keys.scalar()
+    if one is not None:  # one key (the DDP hook's): µs
+        return np.array([one[0]], dtype=np.uint64), np.array([one[1]], dtype=np.uint64)
     lo, hi = keys.numpy()
     return lo.reshape(-1).astype(np.uint64), hi.reshape(-1).astype(np.uint64)
 
