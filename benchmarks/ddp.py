@@ -38,8 +38,9 @@ Unless ``--no-task``, it also trains the example task of ``examples/ddp_mlp.py``
 4 ranks) on ``--task-link`` (default: the emulated 100 Mbit/s link) with DDP's dense
 all-reduce, fp16_compress_hook, torch's powerSGD_hook (rank 4, one bucket), shrinkgrad's top_k
 1% + EF21-SGDM (client momentum) and power_sgd r=4 (shared) + EF21 (``--task-configs`` picks
-among these and more: top_k 1% + classic EF with client or with optimizer momentum, top_k +
-EF21 with optimizer momentum, power_sgd + EF; keys in ``TASK_CONFIGS``), for ``--task-seeds`` paired
+among these and more: top_k 1% + classic EF with client or with optimizer momentum, top_k 2%
++ EF with optimizer momentum, top_k + EF21 with optimizer momentum, power_sgd + EF; keys in
+``TASK_CONFIGS``), for ``--task-seeds`` paired
 seeds (``--task-only``: only this), logging the test loss every 10 steps against the training
 wall-clock (the evaluations left out; the clock starts at step 10, after the one-time costs:
 imports, first-call compilation, DDP's bucket rebuild). fp16 runs ``--task-steps`` steps, the
@@ -372,6 +373,12 @@ TASK_CONFIGS: tuple[tuple[str, str, list[str], int], ...] = (
         "topk_ef_hb",
         "shrinkgrad top_k 1% + EF, optimizer momentum",
         ["--hook", "shrinkgrad", "--method", "ef", "--no-client-momentum"],
+        2,
+    ),
+    (
+        "topk2_ef_hb",
+        "shrinkgrad top_k 2% + EF, optimizer momentum",
+        ["--hook", "shrinkgrad", "--method", "ef", "--no-client-momentum", "--ratio", "0.02"],
         2,
     ),
     (
