@@ -47,7 +47,9 @@ imports, first-call compilation, DDP's bucket rebuild). fp16 runs ``--task-steps
 compressed configurations twice as many (so that they can reach fp16's final test loss). It
 prints, per configuration, the test loss reached at T_fp16/5 and at T_fp16 (fp16's wall time)
 and the time to reach fp16's final test loss as a fraction of T_fp16, paired over seeds, and
-the issue-14 target (best shrinkgrad ≤ T_fp16/5 and no later than torch's PowerSGD).
+the issue-14 target (shrinkgrad ≤ T_fp16/5 and no later than torch's PowerSGD, per seed):
+for each shrinkgrad configuration alone, with its paired difference to torch, and for the
+per-seed best of them (a choice after the fact: quote the single configurations).
 
 Memory allocator: every configuration runs in fresh processes with ``MALLOC_MMAP_THRESHOLD_`` and
 ``MALLOC_TRIM_THRESHOLD_`` set (see ``MALLOC``; no THP variables). The shrinkgrad hooks no longer
@@ -61,6 +63,7 @@ import contextlib
 import importlib.util
 import itertools
 import json
+import math
 import os
 import socket
 import statistics
@@ -475,7 +478,8 @@ def task_report(res: dict[str, Any], link: str) -> str:
     """Per configuration, paired over seeds: T_fp16 is fp16's wall time for ``steps`` steps and
     L_fp16 its final test loss; the test loss each configuration had reached at T_fp16/5 and at
     T_fp16, the time it first reached L_fp16 (as a fraction of T_fp16; "—": not within its run),
-    and the issue-14 target (best shrinkgrad ≤ 1/5 of T_fp16 and no later than torch PowerSGD)."""
+    and the issue-14 target (≤ 1/5 of T_fp16 and no later than torch PowerSGD, per seed) for
+    each shrinkgrad configuration alone and for the per-seed best of them."""
     curves = res["curves"]
     n = res["seeds"]
     base = curves["fp16"]
@@ -516,15 +520,27 @@ def task_report(res: dict[str, Any], link: str) -> str:
             f = reach[key][i]
             return float("inf") if f is None else f
 
-        best = [min(worst(k, i) for k in ours) for i in range(n)]
         torch_ps = [worst("psgd_torch", i) for i in range(n)]
-        fifth = sum(b <= 0.2 for b in best)
-        before = sum(b <= t for b, t in zip(best, torch_ps, strict=True))
-        lines += [
-            "",
-            f"target (per seed, shrinkgrad's best of {', '.join(ours)}): reaches L_fp16 within "
-            f"T_fp16/5 in {fifth}/{n} seeds; no later than torch's PowerSGD in {before}/{n}",
-        ]
+
+        def counts(per_seed: list[float]) -> str:
+            fifth = sum(b <= 0.2 for b in per_seed)
+            before = sum(b <= t for b, t in zip(per_seed, torch_ps, strict=True))
+            return (
+                f"reaches L_fp16 within T_fp16/5 in {fifth}/{n} seeds; no later than torch's "
+                f"PowerSGD in {before}/{n}"
+            )
+
+        best = [min(worst(k, i) for k in ours) for i in range(n)]
+        lines += [""]
+        for k in ours:  # one configuration's record: the honest one to quote
+            per_seed = [worst(k, i) for i in range(n)]
+            diff = [a - b for a, b in zip(per_seed, torch_ps, strict=True)]
+            paired = _mean_se(diff) if all(math.isfinite(d) for d in diff) else "—"
+            lines.append(f"target, {k} alone: {counts(per_seed)}; paired − torch {paired}")
+        lines.append(
+            f"target (per seed, the best of {', '.join(ours)}: picked after the fact): "
+            + counts(best)
+        )
     return "\n".join(lines)
 
 
