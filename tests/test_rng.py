@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -115,6 +116,8 @@ def test_a_scalar_key_draws_what_the_tensor_key_of_its_words_draws() -> None:
     assert torch.equal(k.uniform(64, torch.float32), t.uniform(64, torch.float32))
     assert torch.equal(k.expand((3,)).bits32(8), t.expand((3,)).bits32(8))
     assert k.expand(()) is k and k.to("cpu") is k
+    again = pickle.loads(pickle.dumps(k))  # (keys cross process boundaries in the runners)
+    assert isinstance(again, rng.ScalarKey) and again.scalar() == k.scalar()
     x = torch.randn(3000, generator=torch.Generator().manual_seed(0))
     for name in ("rand_k[k=30]", "rand_k[k=30,shared_seed=true]", "qsgd[s=4]", "natural"):
         C = make_compressor(name)
