@@ -229,12 +229,13 @@ class Keys:
 
 
 class ScalarKey(Keys):
-    """One CPU key held as two Python ints (``Keys`` of shape ``()``): what the DDP hook and
-    the runner draw with, one key per tensor and round. Its ``lo``/``hi`` tensors are made on
-    first use only: a compressor that reads the ints (:meth:`scalar`: rand-k's index draw,
-    :meth:`fold`) never creates them — a few µs each, and tens of µs when the hook's kernels
-    have just streamed a gradient through the caches. Everything else behaves as the
-    tensor-backed key of the same words (the same draws, bit for bit)."""
+    """One CPU key held as two Python ints (``Keys`` of shape ``()``): what a one-client
+    :class:`KeyStream` and :meth:`Keys.fold` of such a key give, e.g. the DDP hook's keys (one
+    per tensor and round). Its ``lo``/``hi`` tensors are made on first use only: a compressor
+    that reads the ints (:meth:`scalar`: rand-k's index draw, :meth:`fold`) never creates them
+    — a few µs each, and tens of µs when the hook's kernels have just streamed a gradient
+    through the caches. Everything else behaves as the tensor-backed key of the same words
+    (the same draws, bit for bit)."""
 
     _ints: tuple[int, int]
 
