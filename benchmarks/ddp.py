@@ -37,11 +37,11 @@ with one bucket (``step target`` lines).
 Unless ``--no-task``, it also trains the example task of ``examples/ddp_mlp.py`` (an MLP on a9a,
 4 ranks) on ``--task-link`` (default: the emulated 100 Mbit/s link) with DDP's dense
 all-reduce, fp16_compress_hook, torch's powerSGD_hook (rank 4, one bucket), shrinkgrad's top_k
-1% + EF21-SGDM (client momentum) and power_sgd r=4 (shared) + EF21 (``--task-configs`` picks
-among these and more: top_k 1% + classic EF with client or with optimizer momentum, top_k 2%
-+ EF with optimizer momentum, top_k + EF21 with optimizer momentum, power_sgd + EF; keys in
-``TASK_CONFIGS``), for ``--task-seeds`` paired
-seeds (``--task-only``: only this), logging the test loss every 10 steps against the training
+1% + EF21-SGDM (client momentum), power_sgd r=4 (shared) + EF21, top_k 1% + classic EF with
+client or with optimizer momentum, top_k 2% + EF with optimizer momentum, top_k + EF21 with
+optimizer momentum and power_sgd + EF (by default all of ``TASK_CONFIGS``; ``--task-configs``
+picks some by key, fp16 always runs), for ``--task-seeds`` paired seeds (``--task-only``: only
+this), logging the test loss every 10 steps against the training
 wall-clock (the evaluations left out; the clock starts at step 10, after the one-time costs:
 imports, first-call compilation, DDP's bucket rebuild). fp16 runs ``--task-steps`` steps, the
 compressed configurations twice as many (so that they can reach fp16's final test loss). It
