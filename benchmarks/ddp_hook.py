@@ -2,13 +2,15 @@
 
 Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm topk-ef randk qsgd] [--world 4]
 [--steps 5] [--dtype float32|bfloat16] [--no-half-paths] [--no-fused-mirror] [--profile]
-[--kernel-split] [--interleave-dtypes CYCLES]``.
+[--kernel-split] [--flat N] [--interleave-dtypes CYCLES]``.
 ``benchmarks/ab_ddp_hook.py`` runs it alternately against an older version of the library (A/B).
 
 The model is ``benchmarks/ddp.py``'s MLP (1024 → 2048 → 2048 → 2048 → 16, 10.5 M parameters,
-batch 32, float32, one thread). DDP runs on a one-process gloo group; the hook's state is
-created with ``skip_communication=True`` and its world size set to ``--world`` (weights 1/n), so
-every step does all of an n-rank job's local work — compressing its buckets, encoding, decoding
+batch 32, float32, one thread); ``--flat N`` replaces it by the same number of parameters as N
+flat vectors (:class:`Flat`; N = 1 or 2: a proxy of one compressor call per bucket). DDP runs
+on a one-process gloo group; the hook's state is created with ``skip_communication=True`` and
+its world size set to ``--world`` (weights 1/n), so every step does all of an n-rank job's
+local work — compressing its buckets, encoding, decoding
 its own message (error feedback) and the n received ones (here n copies of its own) and the
 sums — without any network. Printed per configuration: the hook's time per step (the sum over
 the buckets of the time from the hook's call until its future is done; median and minimum over
@@ -110,8 +112,35 @@ def make_state(name: str, ratio: float | None, method: str, momentum: float) -> 
 DTYPE = [torch.float32]
 
 
+#: ``--flat N``: the MLP's parameters as N flat vectors instead (None: the MLP)
+FLAT: list[int | None] = [None]
+
+
+class Flat(torch.nn.Module):
+    """The MLP's parameter count as ``n`` flat vectors (``--flat``): logits = X[:, :16] · s with
+    s = Σ_i ⟨p_i, c_i⟩, so every gradient entry is dense and the forward/backward is cheap.
+    With n = 1 or 2 the hook makes one or two compressor calls per step: a proxy of one call
+    per bucket (what per-tensor Python costs, against what the kernels cost)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        total = sum(a * b + b for a, b in itertools.pairwise(WIDTHS))
+        sizes = [total // n + (i < total % n) for i in range(n)]
+        g = torch.Generator().manual_seed(0)
+        self.ps = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.randn(m, generator=g) * 0.01) for m in sizes
+        )
+        self.cs = [torch.randn(m, generator=g) for m in sizes]
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        s = sum((p * c.to(p.dtype)).sum() for p, c in zip(self.ps, self.cs, strict=True))
+        return X[:, : WIDTHS[-1]] * s
+
+
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
+    if FLAT[0] is not None:
+        return Flat(FLAT[0]).to(DTYPE[0])
     layers: list[torch.nn.Module] = []
     for a, b in itertools.pairwise(WIDTHS):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
@@ -395,6 +424,13 @@ def main() -> None:
         "and small torch calls)",
     )
     ap.add_argument(
+        "--flat",
+        type=int,
+        metavar="N",
+        help="the MLP's parameters as N flat vectors (N = 1, 2: a proxy of one compressor call "
+        "per bucket)",
+    )
+    ap.add_argument(
         "--interleave-dtypes",
         type=int,
         metavar="CYCLES",
@@ -408,6 +444,9 @@ def main() -> None:
         ap.error("--kernel-split splits the table's hook times; run it without --interleave-dtypes")
     if args.steps < 1:
         ap.error(f"--steps needs at least 1 timed step, got {args.steps}")
+    if args.flat is not None and args.flat < 1:
+        ap.error(f"--flat needs N >= 1 vectors, got {args.flat}")
+    FLAT[0] = args.flat
     KERNEL_SPLIT[0] = {} if args.kernel_split else None
     HALF_PATHS[0] = not args.no_half_paths
     FUSED_MIRROR[0] = not args.no_fused_mirror
@@ -431,7 +470,9 @@ def main() -> None:
         read2, cast = read2_baseline(), cast_baseline()
         print(
             f"shrinkgrad DDP hook, {sum(p.numel() for p in _model().parameters()) / 1e6:.2f} M "
-            f"parameters ({args.dtype}"
+            f"parameters"
+            + ("" if args.flat is None else f" as {args.flat} flat vector(s)")
+            + f" ({args.dtype}"
             + (", dense conversions" if args.no_half_paths else "")
             + (", conversions after the sparse add" if args.no_fused_mirror else "")
             + f"), fake {args.world}-rank payload set, 1 thread, "
