@@ -470,7 +470,7 @@ def main() -> None:
         read2, cast = read2_baseline(), cast_baseline()
         print(
             f"shrinkgrad DDP hook, {sum(p.numel() for p in _model().parameters()) / 1e6:.2f} M "
-            f"parameters"
+            "parameters"
             + ("" if args.flat is None else f" as {args.flat} flat vector(s)")
             + f" ({args.dtype}"
             + (", dense conversions" if args.no_half_paths else "")
