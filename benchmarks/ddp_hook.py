@@ -130,10 +130,12 @@ class Flat(torch.nn.Module):
         self.ps = torch.nn.ParameterList(
             torch.nn.Parameter(torch.randn(m, generator=g) * 0.01) for m in sizes
         )
-        self.cs = [torch.randn(m, generator=g) for m in sizes]
+        for i, m in enumerate(sizes):  # buffers: ``.to(dtype)`` converts them once
+            self.register_buffer(f"c{i}", torch.randn(m, generator=g), persistent=False)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        s = sum((p * c.to(p.dtype)).sum() for p, c in zip(self.ps, self.cs, strict=True))
+        cs = (getattr(self, f"c{i}") for i in range(len(self.ps)))
+        s = sum((p * c).sum() for p, c in zip(self.ps, cs, strict=True))
         return X[:, : WIDTHS[-1]] * s
 
 
