@@ -141,24 +141,52 @@ def test_scaled_rand_k_is_rand_k_scaled_exactly() -> None:
 
 @pytest.mark.parametrize(
     "d,k",
-    [(1, 1), (2, 1), (7, 7), (1000, 13), (65537, 300), (1 << 16, 40_000), (100_003, 40_000)],
+    [
+        (1, 1),
+        (2, 1),
+        (7, 7),
+        (1000, 13),
+        (65537, 300),
+        (65537, 65537),
+        (1 << 16, 40_000),
+        (100_003, 40_000),
+        ((1 << 23) + 16, 20_000),
+        ((1 << 32) + 7, 300),
+    ],
 )
 def test_rand_k_indices_distinct_in_range_and_paths_agree(d: int, k: int) -> None:
     """The torch twin, the scalar kernel and the block kernel (vectorized uint32 Feistel, blocks
-    of 16384 indices on the threads; d = 2^16: no cycle walking, 100003: the most) agree."""
+    of 16384 indices on the threads; d ≤ 2³² only) agree, also where values walk (d = 65537 with
+    k = d: the whole permutation; 2^23 + 16: a DDP bucket's size just above a power of two)."""
     from shrinkgrad.compressors.sparse import RANDK_TAG, ROT_TRIES, randk_indices_torch
 
     keys = Keys.derive(8, round=2, client=np.arange(5)).fold(RANDK_TAG)
     t = randk_indices_torch(keys, d, k)
     lo, hi = (a.astype(np.uint64) for a in keys.numpy())
+    dom = K.randk_domain(d)
     idx = np.empty((5, k), dtype=np.int64)
-    K.randk_indices(lo, hi, d, k, ROT_TRIES, idx)
+    K.randk_indices(lo, hi, d, k, ROT_TRIES, idx, *dom)
     assert np.array_equal(t.numpy(), idx)
-    blocks = np.empty((5, k), dtype=np.int64)
-    K.run(K.randk_block, blocks, lo, hi, d, ROT_TRIES, blocks)
-    assert np.array_equal(blocks, idx)
+    if d <= 1 << 32:
+        blocks = np.empty((5, k), dtype=np.int64)
+        K.run(K.randk_block, blocks, lo, hi, d, ROT_TRIES, blocks, *dom)
+        assert np.array_equal(blocks, idx)
     for row in idx:
         assert len(set(row.tolist())) == k and row.min() >= 0 and row.max() < d
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 5, 1000, 65536, 65537, 100_003, (1 << 23) + 16, 1 << 32])
+def test_the_rand_k_feistel_domain_covers_d_with_less_than_its_root_to_spare(d: int) -> None:
+    """The mixed-radix domain Z_nb × Z_{2^m} holds [0, d) and exceeds it by less than 2^m ≤
+    √(2d) values: cycle walking is rare for every d, not only for powers of two (a
+    power-of-two domain exceeds 2^23 + 16 by 2^23 − 16, almost half of it). The round value
+    masked by hmask is < 2·nb, so one subtraction of nb brings it into Z_nb."""
+    m, mask_lo, hmask, nb = K.randk_domain(d)
+    assert mask_lo == (1 << m) - 1
+    size = nb << m
+    assert d <= size < d + (1 << m)
+    assert (1 << m) ** 2 <= 2 * d or d == 1
+    assert hmask + 1 <= 2 * nb and size <= 1 << 32 or d > 1 << 32
 
 
 @pytest.mark.parametrize("spec", ["rand_k[k=5000]", "rand_k_scaled[k=5000]"])

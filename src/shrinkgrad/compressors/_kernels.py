@@ -1528,37 +1528,67 @@ def topk_rows_hist(  # pragma: no cover - compiled
 # --------------------------------------------------------------------------------------------
 # rand-k indices: a keyed Feistel permutation with cycle walking, then a uniform rotation
 # --------------------------------------------------------------------------------------------
+def randk_domain(d: int) -> tuple[int, int, int, int]:
+    """(m, mask_lo, hmask, nb) of the Feistel domain of [0, d): values v = (l, r), l = v >> m in
+    Z_nb, r = v & mask_lo in Z_{2^m}, with b = ⌈log₂ d⌉, m = ⌊b/2⌋, nb = ⌈d / 2^m⌉ and
+    hmask = 2^(b−m) − 1 (< 2·nb: a round value masked by it needs one subtraction of nb). The
+    domain nb·2^m exceeds d by less than 2^m ≈ √d, so cycle walking is rare (a power-of-two
+    domain walks up to half the draws: d just above 2^b)."""
+    b = 0
+    while (1 << b) < d:
+        b += 1
+    m = b // 2
+    return m, (1 << m) - 1, (1 << (b - m)) - 1, (d + (1 << m) - 1) >> m
+
+
 @njit(cache=True, inline="always")
 def _feistel(  # pragma: no cover - compiled
     v: np.uint64,
     m: np.uint64,
     mask_lo: np.uint64,
-    mask_hi: np.uint64,
+    hmask: np.uint64,
+    nb: np.uint64,
     r0: np.uint64,
     r1: np.uint64,
     r2: np.uint64,
     r3: np.uint64,
 ) -> np.uint64:
+    """A 4-round Feistel permutation of Z_nb × Z_{2^m} (:func:`randk_domain`): the left half
+    adds a round value modulo nb, the right half XORs one (each round a bijection)."""
     left = v >> m
     right = v & mask_lo
-    left ^= mix32(right ^ r0) & mask_hi
+    f = mix32(right ^ r0) & hmask
+    f = f - nb if f >= nb else f
+    left += f
+    left = left - nb if left >= nb else left
     right ^= mix32(left ^ r1) & mask_lo
-    left ^= mix32(right ^ r2) & mask_hi
+    f = mix32(right ^ r2) & hmask
+    f = f - nb if f >= nb else f
+    left += f
+    left = left - nb if left >= nb else left
     right ^= mix32(left ^ r3) & mask_lo
     return (left << m) | right
 
 
 @njit(cache=True)
 def randk_indices(  # pragma: no cover - compiled
-    lo: np.ndarray, hi: np.ndarray, d: int, k: int, rot_tries: int, idx: np.ndarray
+    lo: np.ndarray,
+    hi: np.ndarray,
+    d: int,
+    k: int,
+    rot_tries: int,
+    idx: np.ndarray,
+    m: int,
+    mask_lo: int,
+    hmask: int,
+    nb: int,
 ) -> None:
-    """idx[r, i] = (π_r(i) + ρ_r) mod d for i < k (twin of ``sparse.randk_indices_torch``)."""
-    b = 0
-    while (1 << b) < d:
-        b += 1
-    m = np.uint64(b // 2)
-    mask_lo = (np.uint64(1) << m) - _U1
-    mask_hi = (np.uint64(1) << np.uint64(b - b // 2)) - _U1
+    """idx[r, i] = (π_r(i) + ρ_r) mod d for i < k (twin of ``sparse.randk_indices_torch``);
+    (m, mask_lo, hmask, nb) = :func:`randk_domain` (d)."""
+    um = np.uint64(m)
+    ulo = np.uint64(mask_lo)
+    uh = np.uint64(hmask)
+    unb = np.uint64(nb)
     ud = np.uint64(d)
     limit = np.uint64(4294967296 - (4294967296 % d))
     for r in range(lo.shape[0]):
@@ -1576,9 +1606,9 @@ def randk_indices(  # pragma: no cover - compiled
                 break
         row = idx[r]
         for i in range(k):
-            y = _feistel(np.uint64(i), m, mask_lo, mask_hi, r0, r1, r2, r3)
+            y = _feistel(np.uint64(i), um, ulo, uh, unb, r0, r1, r2, r3)
             while y >= ud:
-                y = _feistel(y, m, mask_lo, mask_hi, r0, r1, r2, r3)
+                y = _feistel(y, um, ulo, uh, unb, r0, r1, r2, r3)
             row[i] = np.int64((y + rot) % ud)
 
 
@@ -1587,19 +1617,27 @@ def _feistel32(  # pragma: no cover - compiled
     v: np.uint32,
     m: np.uint32,
     mask_lo: np.uint32,
-    mask_hi: np.uint32,
+    hmask: np.uint32,
+    nb: np.uint32,
     r0: np.uint32,
     r1: np.uint32,
     r2: np.uint32,
     r3: np.uint32,
 ) -> np.uint32:
-    """:func:`_feistel` in wrapping ``uint32`` arithmetic (the same values for ⌈log₂ d⌉ ≤ 32:
-    every intermediate fits in 32 bits), which LLVM vectorizes."""
+    """:func:`_feistel` in wrapping ``uint32`` arithmetic (the same values for d ≤ 2³²: the
+    domain nb·2^m ≤ 2³² and every intermediate fits in 32 bits), which LLVM vectorizes (the
+    conditional subtractions become selects)."""
     left = v >> m
     right = v & mask_lo
-    left ^= mix32_u32(right ^ r0) & mask_hi
+    f = mix32_u32(right ^ r0) & hmask
+    f = np.uint32(f - nb) if f >= nb else f
+    left = np.uint32(left + f)
+    left = np.uint32(left - nb) if left >= nb else left
     right ^= mix32_u32(left ^ r1) & mask_lo
-    left ^= mix32_u32(right ^ r2) & mask_hi
+    f = mix32_u32(right ^ r2) & hmask
+    f = np.uint32(f - nb) if f >= nb else f
+    left = np.uint32(left + f)
+    left = np.uint32(left - nb) if left >= nb else left
     right ^= mix32_u32(left ^ r3) & mask_lo
     return (left << m) | right
 
@@ -1610,7 +1648,8 @@ def _feistel_fill(  # pragma: no cover - compiled
     y: np.ndarray,
     m: np.uint32,
     mask_lo: np.uint32,
-    mask_hi: np.uint32,
+    hmask: np.uint32,
+    nb: np.uint32,
     r0: np.uint32,
     r1: np.uint32,
     r2: np.uint32,
@@ -1618,7 +1657,7 @@ def _feistel_fill(  # pragma: no cover - compiled
 ) -> None:
     """y[t] = π(i0 + t) before cycle walking (a vectorizable loop)."""
     for t in range(y.size):
-        y[t] = _feistel32(np.uint32(i0 + t), m, mask_lo, mask_hi, r0, r1, r2, r3)
+        y[t] = _feistel32(np.uint32(i0 + t), m, mask_lo, hmask, nb, r0, r1, r2, r3)
 
 
 @njit(cache=True)
@@ -1626,7 +1665,8 @@ def _feistel_again(  # pragma: no cover - compiled
     v: np.ndarray,
     m: np.uint32,
     mask_lo: np.uint32,
-    mask_hi: np.uint32,
+    hmask: np.uint32,
+    nb: np.uint32,
     r0: np.uint32,
     r1: np.uint32,
     r2: np.uint32,
@@ -1634,7 +1674,7 @@ def _feistel_again(  # pragma: no cover - compiled
 ) -> None:
     """v[s] = π(v[s]): one cycle-walking step of a list of values (a vectorizable loop)."""
     for s in range(v.size):
-        v[s] = _feistel32(v[s], m, mask_lo, mask_hi, r0, r1, r2, r3)
+        v[s] = _feistel32(v[s], m, mask_lo, hmask, nb, r0, r1, r2, r3)
 
 
 @njit(cache=True, nogil=True)
@@ -1644,22 +1684,24 @@ def randk_block(  # pragma: no cover - compiled
     d: int,
     rot_tries: int,
     idx: np.ndarray,
+    m: int,
+    mask_lo: int,
+    hmask: int,
+    nb: int,
     w0: int,
     w1: int,
     status: np.ndarray,
 ) -> None:
     """:func:`randk_indices` for d ≤ 2³², as work items (row r, block of CHUNK indices) for
     :func:`run`: the Feistel permutation of a whole block in one vectorized loop, then the
-    cycle walk of the values still ≥ d (≈ 1 − d/2^⌈log₂ d⌉ of them) in vectorized rounds over a
-    shrinking list. The same indices as :func:`randk_indices`."""
+    cycle walk of the values still ≥ d (< 2^m / (nb·2^m) = 1/nb ≈ 1/√d of them) in vectorized
+    rounds over a shrinking list. The same indices as :func:`randk_indices`."""
     k = idx.shape[1]
     nch = (k + CHUNK - 1) // CHUNK
-    b = 0
-    while (1 << b) < d:
-        b += 1
-    m = np.uint32(b // 2)
-    mask_lo = np.uint32((1 << (b // 2)) - 1)
-    mask_hi = np.uint32((1 << (b - b // 2)) - 1)
+    um = np.uint32(m)
+    ulo = np.uint32(mask_lo)
+    uh = np.uint32(hmask)
+    unb = np.uint32(nb)
     ud = np.uint64(d)
     limit = np.uint64(4294967296 - (4294967296 % d))
     y = np.empty(CHUNK, dtype=np.uint32)
@@ -1681,7 +1723,7 @@ def randk_block(  # pragma: no cover - compiled
             rot = word % ud
             if word < limit:
                 break
-        _feistel_fill(i0, y[:cnt], m, mask_lo, mask_hi, r0, r1, r2, r3)
+        _feistel_fill(i0, y[:cnt], um, ulo, uh, unb, r0, r1, r2, r3)
         npend = 0
         for t in range(cnt):
             if np.uint64(y[t]) >= ud:
@@ -1689,7 +1731,7 @@ def randk_block(  # pragma: no cover - compiled
                 values[npend] = y[t]
                 npend += 1
         while npend > 0:  # cycle walking: the values still >= d, one step per round
-            _feistel_again(values[:npend], m, mask_lo, mask_hi, r0, r1, r2, r3)
+            _feistel_again(values[:npend], um, ulo, uh, unb, r0, r1, r2, r3)
             q = 0
             for s in range(npend):
                 v = values[s]

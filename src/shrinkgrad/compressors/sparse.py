@@ -4,9 +4,12 @@ rand-k index sets
 -----------------
 Row r keeps S_r = {(π_r(i) + ρ_r) mod d : i = 0, …, k−1}, where
 
-* π_r is a keyed pseudo-random permutation of [0, d): a 4-round Feistel network on
-  b = ⌈log₂ d⌉ bits (halves of ⌊b/2⌋ and ⌈b/2⌉ bits, round function ``mix32(half ⊕ key_t)``),
-  restricted to [0, d) by cycle walking (re-apply until the value is < d; < 2 steps on average);
+* π_r is a keyed pseudo-random permutation of [0, d): a 4-round Feistel network on the
+  mixed-radix domain Z_nb × Z_{2^m} (m = ⌊b/2⌋ for b = ⌈log₂ d⌉, nb = ⌈d / 2^m⌉; round value
+  ``mix32(half ⊕ key_t)``, added modulo nb to the left half, XORed into the right half),
+  restricted to [0, d) by cycle walking (re-apply until the value is < d). The domain nb·2^m
+  exceeds d by less than 2^m ≈ √d, so fewer than 1/nb of the draws walk at all (on a
+  power-of-two domain up to half of them: d just above a power of two, a DDP bucket's size);
 * ρ_r is uniform on [0, d) (rejection sampling of 32-bit words: exactly uniform unless all
   :data:`ROT_TRIES` = 8 words are rejected, probability (d/2³²)⁸ < 10⁻²⁰ for d ≤ 10⁷).
 
@@ -52,14 +55,17 @@ ROT_TRIES = 8
 
 
 def _feistel(
-    v: torch.Tensor, m: int, mask_lo: int, mask_hi: int, rk: list[torch.Tensor]
+    v: torch.Tensor, m: int, mask_lo: int, hmask: int, nb: int, rk: list[torch.Tensor]
 ) -> torch.Tensor:
+    """``K._feistel`` on ``int64`` tensors: the left half adds round values modulo nb, the right
+    half XORs them."""
     left = v >> m
     right = v & mask_lo
-    left = left ^ (mix32_torch(right ^ rk[0]) & mask_hi)
-    right = right ^ (mix32_torch(left ^ rk[1]) & mask_lo)
-    left = left ^ (mix32_torch(right ^ rk[2]) & mask_hi)
-    right = right ^ (mix32_torch(left ^ rk[3]) & mask_lo)
+    for t in (0, 2):
+        f = mix32_torch(right ^ rk[t]) & hmask
+        left = left + torch.where(f >= nb, f - nb, f)
+        left = torch.where(left >= nb, left - nb, left)
+        right = right ^ (mix32_torch(left ^ rk[t + 1]) & mask_lo)
     return (left << m) | right
 
 
@@ -68,10 +74,7 @@ def randk_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
 
     ``keys`` are the already folded permutation keys (``row_keys.fold("rand_k")``).
     """
-    b = _log2ceil(d)
-    m = b // 2
-    mask_lo = (1 << m) - 1
-    mask_hi = (1 << (b - m)) - 1
+    m, mask_lo, hmask, nb = K.randk_domain(d)
     words = keys.bits32(4 + ROT_TRIES)
     rk = [words[..., t : t + 1] for t in range(4)]
     w = words[..., 4:]
@@ -84,12 +87,12 @@ def randk_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
     )
     rot = w.gather(-1, first[..., None]) % d
     i = torch.arange(k, device=keys.device, dtype=torch.int64).expand(*keys.shape, k)
-    y = _feistel(i, m, mask_lo, mask_hi, rk)
+    y = _feistel(i, m, mask_lo, hmask, nb, rk)
     while True:
         over = y >= d
         if not bool(over.any()):
             break
-        y = torch.where(over, _feistel(y, m, mask_lo, mask_hi, rk), y)
+        y = torch.where(over, _feistel(y, m, mask_lo, hmask, nb, rk), y)
     return (y + rot) % d
 
 
@@ -133,10 +136,11 @@ class _RandKBase(Sparsifier):
         if numba:
             lo, hi = _keys_rows(pk)
             idx = np.empty((lo.shape[0], k), dtype=np.int64)
+            dom = K.randk_domain(d)
             if d <= 1 << 32:  # vectorized uint32 Feistel, blocks of indices on the threads
-                K.run(K.randk_block, idx, lo, hi, d, ROT_TRIES, idx)
+                K.run(K.randk_block, idx, lo, hi, d, ROT_TRIES, idx, *dom)
             else:
-                K.randk_indices(lo, hi, d, k, ROT_TRIES, idx)
+                K.randk_indices(lo, hi, d, k, ROT_TRIES, idx, *dom)
             return torch.from_numpy(idx).reshape(*keys.shape, k)
         return randk_indices_torch(pk, d, k)
 
