@@ -98,6 +98,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "instead of in the optimizer; the same dynamics for an exact compressor",
     )
     p.add_argument(
+        "--granularity",
+        choices=["tensor", "bucket"],
+        default="tensor",
+        help="shrinkgrad's unit of compression: every parameter's gradient, or every DDP bucket "
+        "as one vector (one compressor call per bucket)",
+    )
+    p.add_argument(
         "--amp",
         action="store_true",
         help="float16 autocast with torch.amp.GradScaler (passed to the shrinkgrad state)",
@@ -176,6 +183,7 @@ def train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
             momentum=args.momentum if args.client_momentum else 0.0,
             scaler=scaler if args.amp else None,
+            granularity=args.granularity,
         )
         model.register_comm_hook(state, compression_hook)
     if state is not None and state.momentum > 0:

@@ -82,6 +82,7 @@ class Job:
     accumulate: int = 1  # micro-steps per step: the first ones under DDP.no_sync()
     compile: str | None = None  # torch.compile backend of the DDP model ("aot_eager", ...)
     state_dtype: str = "float32"  # where the hook keeps the method states of 16-bit gradients
+    granularity: str = "tensor"  # the unit of compression: every tensor, or every bucket
 
 
 def _batch(rank: int, step: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,6 +110,7 @@ def run(rank: int, world: int, job: Job) -> dict[str, Any]:
                 seed=job.seed,
                 momentum=0.5 if job.client_momentum else 0.0,
                 state_dtype=job.state_dtype,  # type: ignore[arg-type]
+                granularity=job.granularity,  # type: ignore[arg-type]
             )
         model.register_comm_hook(state, compression_hook)
     forward: Any = model if job.compile is None else torch.compile(model, backend=job.compile)

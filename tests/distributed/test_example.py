@@ -72,6 +72,21 @@ def test_logged_bytes_follow_the_bits_formula() -> None:
     assert math.isfinite(res["final_train_loss"]) and res["final_train_loss"] < math.log(2)
 
 
+def test_bucket_granularity_sends_one_vector_per_bucket() -> None:
+    """--granularity bucket: the whole model is one DDP bucket (25 MB cap), so after the dense
+    warm-up step every rank sends ⌈bits(d)/8⌉ bytes of one top-k of all d parameters."""
+    mod = _example()
+    res = _train(
+        mod, "--hook", "shrinkgrad", "--compressor", "top_k", "--ratio", "0.01",
+        "--granularity", "bucket",
+    )  # fmt: skip
+    d = HIDDEN * 123 + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN + 1
+    per_step = math.ceil(make_compressor(f"top_k[k={math.ceil(0.01 * d)}]").bits(d) / 8)
+    for row in res["history"]:
+        assert row["bytes_sent"] == WORLD * (4 * d + (row["step"] - 1) * per_step)
+    assert math.isfinite(res["final_train_loss"]) and res["final_train_loss"] < math.log(2)
+
+
 def test_mixed_precision_with_the_grad_scaler_trains_like_float32() -> None:
     """--amp: float16 autocast and torch.amp.GradScaler handed to the state. Had the hook not
     multiplied the aggregate back by the scale, the steps would be 65536 times too small."""

@@ -32,7 +32,7 @@ def test_keys_of_a_bucket_use_the_iteration_its_body_started_in() -> None:
     buf = torch.zeros(4)
     step = Step(state, None, buf, buf, False)  # type: ignore[arg-type]
     state.iteration = 8  # the last bucket's body has finished the iteration
-    unit = SimpleNamespace(uid=3)
+    unit = SimpleNamespace(uid=3, key=3)  # (a bucket unit: key = its first tensor's id)
     assert step.iteration == 7
     assert step.keys(unit, "C") == (3, 1, 7)  # type: ignore[arg-type]
     assert step.keys(unit, "C", rank=0) == (3, 0, 7)  # type: ignore[arg-type]

@@ -23,10 +23,12 @@ from ...rng import Keys, KeyStream
 
 __all__ = [
     "ALIASES",
+    "GRANULARITIES",
     "HALF",
     "STATE_DTYPES",
     "STREAM",
     "ErrorFeedback",
+    "Granularity",
     "Mode",
     "Settings",
     "StateDtype",
@@ -52,6 +54,10 @@ HALF = (torch.bfloat16, torch.float16)
 #: where the method states of 16-bit gradients are kept (``CompressionState(state_dtype=...)``)
 StateDtype = Literal["float32", "gradient"]
 STATE_DTYPES: tuple[StateDtype, ...] = ("float32", "gradient")
+#: the unit of compression (``CompressionState(granularity=...)``): every parameter's gradient
+#: (GRANULARITIES[0], GRACE's unit) or every DDP bucket as one flat vector
+Granularity = Literal["tensor", "bucket"]
+GRANULARITIES: tuple[Granularity, ...] = ("tensor", "bucket")
 
 _IDENTITY = COMPRESSORS.make("identity")
 
@@ -158,6 +164,7 @@ class Settings:
     world_size: int
     rank: int
     state_dtype: StateDtype = "float32"
+    granularity: Granularity = "tensor"
     _compressors: dict[tuple[int, tuple[int, ...], torch.dtype], Compressor | None] = (
         dataclasses.field(default_factory=dict)
     )
@@ -180,8 +187,15 @@ class Settings:
         world_size: int,
         rank: int,
         state_dtype: str = "float32",
+        granularity: str = "tensor",
     ) -> Settings:
         seed = _check_int("seed", seed)
+        if granularity not in GRANULARITIES:
+            raise ValueError(
+                f"granularity must be one of {', '.join(GRANULARITIES)} (the unit of compression: "
+                f"every parameter's gradient, or every DDP bucket as one vector), got "
+                f"{granularity!r}"
+            )
         if state_dtype not in STATE_DTYPES:
             raise ValueError(
                 f"state_dtype must be one of {', '.join(STATE_DTYPES)} (where the method states of "
@@ -213,12 +227,19 @@ class Settings:
             world_size=world_size,
             rank=rank,
             state_dtype=state_dtype,
+            granularity=granularity,
         )
         out.weights = out._check_weights(weights)
         C = out.build_compressor(None if ratio is None else 1)  # validates the name
         refusal = None if C is None else factor_refusal(C, out.weights)
         if refusal is not None:
             raise ValueError(refusal)
+        if granularity == "bucket" and C is not None and callable(getattr(C, "for_shape", None)):
+            raise ValueError(
+                f"granularity='bucket' compresses every DDP bucket as one flat vector, and "
+                f"{C.name} acts on each parameter's matrix view; use granularity='tensor' "
+                "(the default) with low-rank compressors"
+            )
         return out
 
     # -- the ranks' weights ----------------------------------------------------------------------
@@ -372,4 +393,5 @@ class Settings:
             "world_size": self.world_size,
             "rank": self.rank,
             "state_dtype": self.state_dtype,
+            "granularity": self.granularity,
         }

@@ -82,7 +82,7 @@ class Step:
 
     def keys(self, u: Unit, C: Any, rank: int | None = None) -> Any:
         return self.state.settings.keys(
-            C, u.uid, self.rank if rank is None else rank, self.iteration
+            C, u.key, self.rank if rank is None else rank, self.iteration
         )
 
     @property
@@ -324,7 +324,7 @@ def _dense_collective(step: Step, finish: Any) -> Fut:
 
 def _unsent(step: Step, u: Unit) -> str:
     return (
-        f"{step.state.adapter.method.name} sent a message for tensor #{u.uid} that is not its "
+        f"{step.state.adapter.method.name} sent a message for {u.label} that is not its "
         f"compressed vector (cfg.compress); with {step.state.settings.name} the hook can only "
         "send compressed messages (a method that sends raw values needs the identity compressor)"
     )

@@ -103,32 +103,152 @@ def _fill(prefix: str, template: Any, saved: dict[str, Any], where: str) -> Any:
     return value
 
 
+def _split_leaf(name: str, value: Any, numel: int) -> bool:
+    """Whether a bucket unit's leaf is split between its parameters: a tensor along the
+    bucket (last dimension ``numel``); every other leaf is the same for all of them."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.ndim >= 1
+        and value.shape[-1] == numel
+        and not name.endswith("compressor_state")
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
+    return bool(a == b)
+
+
+Entry = tuple[int, dict[str, Any]]  # (round, leaves)
+
+
 class Memory:
-    """Method states by tensor id, with the snapshot that undoes an overflowing iteration."""
+    """Method states by unit id, with the snapshot that undoes an overflowing iteration.
+
+    A unit is one parameter's gradient, or with ``granularity="bucket"`` a whole bucket
+    (:attr:`groups`: its parameters). A bucket unit's state is split into its parameters'
+    entries for checkpoints (so a checkpoint is one entry per parameter at either granularity)
+    and whenever DDP regroups those parameters (its bucket rebuild after the first iteration):
+    a new bucket unit is then joined from its parameters' entries — the error-feedback memory
+    follows the parameters, entry for entry.
+    """
 
     def __init__(self, template: Template) -> None:
         self._template = template
         self.states: dict[int, State[Any, Any]] = {}
-        #: loaded from a checkpoint, rebuilt when the tensor is first planned: (round, leaves)
-        self.pending: dict[int, tuple[int, dict[str, Any]]] = {}
+        #: per-parameter entries not in a state yet, built into one when their unit is first
+        #: planned: loaded from a checkpoint, or split from a bucket unit whose parameters DDP
+        #: regrouped
+        self.pending: dict[int, Entry] = {}
+        #: the parameters of every bucket unit: unit id → ((parameter id, numel), ...)
+        self.groups: dict[int, tuple[tuple[int, int], ...]] = {}
         self._backup: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
+        #: since the last snapshot: the pending entries each new state was built from, put back
+        #: when :meth:`restore` drops that state (only kept once snapshots are taken)
+        self._consumed: dict[int, list[tuple[int, Entry]]] = {}
+        self._snapshots = False
 
     def get(self, uid: int) -> State[Any, Any] | None:
         state = self.states.get(uid)
-        if state is None and uid in self.pending:
-            round_, saved = self.pending.pop(uid)
-            t = self._template(uid)
-            where = f"the hook state of tensor #{uid}"
-            state = State(
-                round_,
-                _fill("server", t.server, saved, where),
-                _fill("clients", t.clients, saved, where),
+        if state is not None:
+            return state
+        members = self.groups.get(uid)
+        if members is not None:
+            entry = self._join(uid, members)
+            if entry is None:
+                return None
+            where = "the hook state of the bucket of tensors #" + ", #".join(
+                str(m) for m, _ in members
             )
-            extra = sorted(set(saved) - set(flatten(state)))
-            if extra:
-                raise ValueError(f"{where}: the checkpoint has {extra}, which this method lacks")
-            self.states[uid] = state
+        elif uid in self.pending:
+            entry = self.pending.pop(uid)
+            if self._snapshots:
+                self._consumed[uid] = [(uid, entry)]
+            where = f"the hook state of tensor #{uid}"
+        else:
+            return None
+        round_, saved = entry
+        t = self._template(uid)
+        state = State(
+            round_,
+            _fill("server", t.server, saved, where),
+            _fill("clients", t.clients, saved, where),
+        )
+        extra = sorted(set(saved) - set(flatten(state)))
+        if extra:
+            raise ValueError(f"{where}: the checkpoint has {extra}, which this method lacks")
+        self.states[uid] = state
         return state
+
+    # -- bucket units ---------------------------------------------------------------------------
+    def _pieces(self, uid: int, state: State[Any, Any]) -> dict[int, Entry]:
+        """A bucket unit's state as its parameters' entries (views, no copies)."""
+        members = self.groups[uid]
+        numel = sum(n for _, n in members)
+        leaves = flatten(state)
+        out: dict[int, Entry] = {}
+        offset = 0
+        for m, n in members:
+            out[m] = (
+                state.round,
+                {
+                    name: v[..., offset : offset + n] if _split_leaf(name, v, numel) else v
+                    for name, v in leaves.items()
+                },
+            )
+            offset += n
+        return out
+
+    def _join(self, uid: int, members: tuple[tuple[int, int], ...]) -> Entry | None:
+        """The entry of a new bucket unit from its parameters' entries (None: none has one;
+        its method then initialises it). The live bucket units holding any of its parameters
+        are split into entries first: DDP regrouped them."""
+        ids = [m for m, _ in members]
+        wanted = set(ids)
+        for other, held in list(self.groups.items()):
+            if other != uid and other in self.states and wanted & {m for m, _ in held}:
+                self.pending.update(self._pieces(other, self.states.pop(other)))
+        have = [m for m in ids if m in self.pending]
+        if not have:
+            return None
+        if len(have) != len(ids):
+            lack = [m for m in ids if m not in self.pending]
+            raise RuntimeError(
+                f"the hook state holds some tensors of this bucket but not {lack}: the checkpoint "
+                "belongs to another model (or another parameter order)"
+            )
+        entries = [self.pending.pop(m) for m in ids]
+        if self._snapshots:
+            self._consumed[uid] = list(zip(ids, entries, strict=True))
+        rounds = {r for r, _ in entries}
+        if len(rounds) > 1:
+            raise RuntimeError(
+                f"the tensors #{ids} of one bucket have method states of different rounds "
+                f"{sorted(rounds)}: they cannot be joined into one bucket unit"
+            )
+        names = set(entries[0][1])
+        if any(set(e) != names for _, e in entries):
+            raise RuntimeError(f"the tensors #{ids} of one bucket have states of other structures")
+        joined: dict[str, Any] = {}
+        for name in sorted(names):
+            values = [e[name] for _, e in entries]
+            if all(_split_leaf(name, v, n) for v, (_, n) in zip(values, members, strict=True)):
+                joined[name] = torch.cat(values, dim=-1)
+            elif all(_same(v, values[0]) for v in values[1:]):
+                joined[name] = values[0]
+            else:
+                raise RuntimeError(
+                    f"the tensors #{ids} of one bucket differ in {name!r}, which is not "
+                    "per-entry state: they cannot be joined into one bucket unit"
+                )
+        return rounds.pop(), joined
 
     def put(self, uid: int, state: State[Any, Any]) -> None:
         self.states[uid] = state
@@ -158,27 +278,21 @@ class Memory:
             self.states[uid] = State(state.round, server, state.clients)
 
     def check(self, u: Unit) -> None:
-        """A planned tensor against the memory kept (or loaded) for its id: same size."""
+        """A planned unit against the memory kept (or loaded) for it: same sizes (a bucket
+        unit: its parameters' entries)."""
         state = self.states.get(u.uid)
         if state is not None:
-            leaves = flatten(state)
-        elif u.uid in self.pending:
-            leaves = self.pending[u.uid][1]
-        else:
+            _check_leaves(flatten(state), u.numel, u.label)
             return
-        for name, t in leaves.items():
-            if name.endswith("compressor_state"):
-                continue  # the compressor's own layout (empty, or PowerSGD's factor), not d
-            if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[-1] != u.numel:
-                raise ValueError(
-                    f"the error-feedback state {name!r} of tensor #{u.uid} has {t.shape[-1]} "
-                    f"entries but the model's gradient has {u.numel}: the checkpoint belongs to "
-                    "another model (or another parameter order)"
-                )
+        for m, n in u.members or ((u.uid, u.numel),):
+            if m in self.pending:
+                _check_leaves(self.pending[m][1], n, f"tensor #{m}")
 
     # -- overflows ------------------------------------------------------------------------------
     def snapshot(self) -> None:
         """Copy every state into the backup (buffers reused from the previous snapshot)."""
+        self._snapshots = True
+        self._consumed = {}
         backup: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
         for uid, state in self.states.items():
             old = self._backup.get(uid, (0, {}))[1]
@@ -194,10 +308,13 @@ class Memory:
         self._backup = backup
 
     def restore(self) -> None:
-        """The states as at the last snapshot (states created since are dropped)."""
+        """The states as at the last snapshot: states created since are dropped, and the
+        pending entries they were built from (a checkpoint's, or a regrouped bucket unit's,
+        untouched since) are pending again."""
         for uid in list(self.states):
             if uid not in self._backup:
                 del self.states[uid]
+                self.pending.update(self._consumed.get(uid, []))
                 continue
             round_, saved = self._backup[uid]
             state = self.states[uid]
@@ -205,6 +322,7 @@ class Memory:
                 if name in saved:
                     t.copy_(saved[name])
             self.states[uid] = State(round_, state.server, state.clients)
+        self._consumed = {}
 
     # -- checkpoints ----------------------------------------------------------------------------
     def to_dict(self) -> dict[int, dict[str, Any]]:
@@ -212,15 +330,19 @@ class Memory:
         for uid, (round_, saved) in self.pending.items():
             out[uid] = {"round": round_, "state": {k: _cpu(v) for k, v in saved.items()}}
         for uid, state in self.states.items():
-            out[uid] = {
-                "round": state.round,
-                "state": {k: _cpu(v) for k, v in flatten(state).items()},
-            }
+            pieces = (
+                self._pieces(uid, state)
+                if uid in self.groups
+                else {uid: (state.round, flatten(state))}
+            )
+            for m, (round_, leaves) in pieces.items():
+                out[m] = {"round": round_, "state": {k: _cpu(v) for k, v in leaves.items()}}
         return dict(sorted(out.items()))
 
     def load(self, memory: dict[Any, dict[str, Any]]) -> None:
         self.states = {}
         self._backup = {}
+        self._consumed = {}
         self.pending = {
             int(uid): (int(entry["round"]), {k: _cpu(v) for k, v in entry["state"].items()})
             for uid, entry in memory.items()
@@ -240,6 +362,18 @@ class Memory:
             raise ValueError(
                 "not a CompressionState checkpoint (expected the dict of state_dict(), format "
                 f"{STATE_FORMAT!r})"
+            )
+
+
+def _check_leaves(leaves: dict[str, Any], numel: int, label: str) -> None:
+    for name, t in leaves.items():
+        if name.endswith("compressor_state"):
+            continue  # the compressor's own layout (empty, or PowerSGD's factor), not d
+        if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[-1] != numel:
+            raise ValueError(
+                f"the error-feedback state {name!r} of {label} has {t.shape[-1]} entries but the "
+                f"model's gradient has {numel}: the checkpoint belongs to another model (or "
+                "another parameter order)"
             )
 
 

@@ -1,7 +1,10 @@
 """Bucket planning: which tensors a DDP bucket holds, their canonical ids, where their messages go.
 
-The unit of compression is one parameter's gradient (a *tensor*, GRACE's unit). A bucket's plan
-lists its tensors (:class:`Unit`: shape, compressor — ``None``: sent uncompressed — message size,
+The unit of compression is one parameter's gradient (a *tensor*, GRACE's unit), or with
+``granularity="bucket"`` the whole bucket as one flat vector (one :class:`Unit` holding all its
+parameters, :attr:`Unit.members`; its id is ``GROUP_BASE`` + the order in which the planner
+first saw that group, its draws are keyed by its first parameter). A bucket's plan
+lists its units (:class:`Unit`: shape, compressor — ``None``: sent uncompressed — message size,
 whether its messages travel as sparse (index, value) pairs) and holds the preallocated buffers:
 
 * ``x``: what the method reads as the gradient — the bucket itself, or for 16-bit buckets whose
@@ -46,10 +49,13 @@ from ...compressors import _kernels as K
 from ...methods.rules import Mirror
 from .config import HALF, Mode, Settings
 
-__all__ = ["DTYPES", "Plan", "Planner", "Unit"]
+__all__ = ["DTYPES", "GROUP_BASE", "Plan", "Planner", "Unit"]
 
 #: the gradient dtypes the hook takes
 DTYPES = (torch.float32, torch.float64, *HALF)
+#: the first id of a bucket unit (``granularity="bucket"``): above every parameter's id and
+#: every 32-bit key word, so that it can never be taken for either
+GROUP_BASE = 1 << 32
 
 
 @dataclasses.dataclass
@@ -73,6 +79,23 @@ class Unit:
     #: entry (None: none known): a direction that is this tensor again, changed only where its
     #: method says (``Method.direction_changes``), is written at those entries only
     mirror: torch.Tensor | None = None
+    #: a bucket unit (``granularity="bucket"``): the (canonical id, numel) of the parameters it
+    #: holds, in the bucket's order; () for one parameter's gradient
+    members: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def key(self) -> int:
+        """The id its random draws are keyed by: its own canonical id, or a bucket unit's first
+        parameter's (the bucket units of one iteration hold disjoint parameters, so no two
+        draw alike, and the id depends on the layout only, not on the order plans were made)."""
+        return self.members[0][0] if self.members else self.uid
+
+    @property
+    def label(self) -> str:
+        """How errors name it."""
+        if not self.members:
+            return f"tensor #{self.uid}"
+        return "the bucket of tensors #" + ", #".join(str(m) for m, _ in self.members)
 
     def slice(self, t: torch.Tensor) -> torch.Tensor:
         """This tensor's part of a bucket-sized vector."""
@@ -304,6 +327,9 @@ class Planner:
         self._sparse_method = sparse_method
         self._plans: dict[int, Plan] = {}
         self._uids: dict[int, tuple[int, torch.Tensor]] = {}
+        #: the ids of the bucket units (``granularity="bucket"``) by their parameters' ids:
+        #: ``GROUP_BASE`` + the order of first appearance (no parameter has such an id)
+        self._groups: dict[tuple[int, ...], int] = {}
         #: a loss scaler writes into DDP's tensor: then the plans return the bucket itself
         self.own_output = True
         #: set after this process's first iteration: every parameter has been seen (DDP's later
@@ -373,8 +399,11 @@ class Planner:
         wdtype = self.work_dtype(buf.dtype)
         mode = settings.collective
         esize = buf.element_size()
+        if settings.granularity == "bucket":
+            units = self._bucket_unit(units, buf.dtype)
         for u in units:
-            u.compressor = settings.compressor_for(u.numel, u.shape, buf.dtype)
+            if not u.members:
+                u.compressor = settings.compressor_for(u.numel, u.shape, buf.dtype)
         if all(u.compressor is None for u in units):
             mode = "allreduce"  # nothing to compress: a plain (dense) all-reduce
         for u in units:
@@ -427,6 +456,19 @@ class Planner:
             u.zero_except = torch.empty(0, dtype=torch.int64, device=device)  # out is zero
         self._plans[bucket.index()] = plan
         return plan
+
+    def _bucket_unit(self, units: list[Unit], dtype: torch.dtype) -> list[Unit]:
+        """``granularity="bucket"``: the bucket's tensors as one flat unit with the compressor
+        of its total size (``min_numel`` applies to that size); the tensors themselves when
+        the bucket is smaller (sent uncompressed)."""
+        numel = sum(u.numel for u in units)
+        C = self.settings.compressor_for(numel, (numel,), dtype)
+        if C is None:
+            return units
+        members = tuple((u.uid, u.numel) for u in units)
+        ids = tuple(m for m, _ in members)
+        uid = self._groups.setdefault(ids, GROUP_BASE + len(self._groups))
+        return [Unit(uid, 0, numel, (numel,), C, members=members)]
 
     def _is_sparse(self, C: Compressor) -> bool:
         return bool(C.sparse_message) and self._sparse_method

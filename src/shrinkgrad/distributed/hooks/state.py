@@ -27,7 +27,7 @@ from ...methods.base import Method, State
 from ...methods.ef21_sgdm import ClientMomentum
 from .adapter import Adapter, HookConfig
 from .collectives import Comm
-from .config import ErrorFeedback, Mode, Settings, StateDtype
+from .config import ErrorFeedback, Granularity, Mode, Settings, StateDtype
 from .encoders import fresh_encoder
 from .exchange import exchange
 from .memory import STATE_FORMAT, Memory
@@ -85,6 +85,18 @@ class CompressionState:
         entry and state vector) or ``"gradient"`` (in the gradients' dtype: half the memory,
         but every error-feedback sum is rounded to 8 (bf16) or 11 (fp16) significant bits, so
         small corrections are lost). Either way the values travel in the gradients' dtype.
+    granularity:
+        the unit of compression: ``"tensor"`` (default: every parameter's gradient is
+        compressed on its own, with its own k = ⌈ratio · d_tensor⌉, its own memory and draws;
+        the results do not depend on DDP's bucket size) or ``"bucket"`` (every DDP bucket is one
+        flat vector: one compressor call and one method step per bucket, k = ⌈ratio ·
+        d_bucket⌉, so top-k selects across the bucket's tensors and the small ones — biases,
+        norms — are compressed with the rest; ``min_numel`` then applies to the bucket). A
+        bucket costs about as much Python as one tensor, so models with many tensors run a
+        lighter hook; the results then depend on the bucket layout (``bucket_cap_mb``). The
+        memory follows the parameters through DDP's bucket rebuild, and checkpoints hold one
+        entry per parameter either way. Vector compressors only: low-rank ones (rank_k,
+        power_sgd) act on each parameter's matrix and are refused.
     process_group:
         the group to communicate in (default: the default group, which must be initialised).
     skip_communication:
@@ -121,6 +133,7 @@ class CompressionState:
         momentum: float = 0.0,
         min_numel: int = 1024,
         state_dtype: StateDtype = "float32",
+        granularity: Granularity = "tensor",
         process_group: dist.ProcessGroup | None = None,
         skip_communication: bool = False,
         scaler: Any | None = None,
@@ -149,6 +162,7 @@ class CompressionState:
             world_size=dist.get_world_size(process_group),
             rank=dist.get_rank(process_group),
             state_dtype=state_dtype,
+            granularity=granularity,
         )
         self.scaler = scaler
         self.process_group = process_group
@@ -272,6 +286,8 @@ class CompressionState:
         the bucket is first seen, even if the first iterations are uncompressed) and checked
         against the memory."""
         self._units[u.uid] = (u, wdtype, buf.dtype, buf.device)
+        if u.members:
+            self.memory.groups[u.uid] = u.members
         self._config(u, wdtype, buf.dtype, buf.device, False)
         self.memory.check(u)
 
@@ -282,7 +298,7 @@ class CompressionState:
         like = torch.zeros(u.numel, dtype=wdtype, device=device)
         cfg = self._config(u, wdtype, wire, device, False)
         C = cfg.compressor
-        encoder = fresh_encoder(C, self.settings.keys(C, uid, self.rank, 0))
+        encoder = fresh_encoder(C, self.settings.keys(C, u.key, self.rank, 0))
         clients, msg, _ = self.adapter.init_clients(cfg, like, encoder, torch.empty_like(like))
         agg = None if msg.values is None else torch.zeros_like(like)
         server, _ = self.adapter.init_server(cfg, agg)
@@ -310,7 +326,8 @@ class CompressionState:
         planned, never cast)."""
         Memory.check_format(state)
         # checkpoints from before state_dtype existed kept float32/float64 models only
-        saved = {"state_dtype": "float32", **state["config"]}
+        # (and before granularity existed, per tensor)
+        saved = {"state_dtype": "float32", "granularity": "tensor", **state["config"]}
         now = self.settings.describe()
         diff = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
         if diff:

@@ -1,0 +1,211 @@
+"""``CompressionState(granularity="bucket")``: every DDP bucket compressed as one flat vector
+(forked gloo ranks on 127.0.0.1)."""
+
+# No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from ddp_helpers import SHAPES, Job, _batch, make_model, run
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from shrinkgrad.compressors import make_compressor
+from shrinkgrad.distributed import CompressionState, compression_hook, spawn
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(150)]
+
+RATIO = 0.1
+CAP_MB = 0.02  # several buckets of several tensors each, regrouped by DDP's rebuild
+
+
+def _recorded(rank: int, world: int, method: str, steps: int) -> list[list[Any]]:
+    """Train a float64 model at bucket granularity with top-k, recording for every bucket
+    call its parameters (by position in the model), its raw gradients and what DDP got."""
+    model = DDP(make_model(torch.float64), bucket_cap_mb=CAP_MB)
+    position = {id(p): i for i, p in enumerate(model.parameters())}
+    state = CompressionState(
+        "top_k", ratio=RATIO, method=method, min_numel=45, granularity="bucket"
+    )
+    calls: list[list[Any]] = []
+
+    def hook(st: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        params = [position[id(p)] for p in bucket.parameters()]
+        raw = bucket.buffer().clone()
+        fut = compression_hook(st, bucket)
+
+        def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            out = f.value()
+            calls[-1].append((params, raw, out.clone()))
+            return out
+
+        return fut.then(done)
+
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    for step in range(steps):
+        calls.append([])
+        X, y = _batch(rank, step, torch.float64)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(X), y).backward()
+        opt.step()
+    return calls
+
+
+def _split(params: list[int], v: torch.Tensor) -> dict[int, torch.Tensor]:
+    sizes = [math.prod(SHAPES[i]) for i in params]
+    return dict(zip(params, v.split(sizes), strict=True))
+
+
+def test_a_bucket_unit_is_ef21_on_the_bucket_vector_through_the_bucket_rebuild() -> None:
+    """One rank, EF21 (g = h_1): every bucket's direction is g ← g + top-k(∇f − g) over the
+    whole bucket (k = ⌈0.1 · d_bucket⌉, one selection across its tensors, biases included),
+    with g the directions DDP got for the same parameters the step before — also at step 1,
+    the first one in DDP's rebuilt buckets, where each bucket unit's memory is joined from the
+    old units' parameters. Computed here with torch.topk on the recorded gradients."""
+    steps = 4
+    (calls,) = spawn(_recorded, 1, ("ef21", steps))
+    layouts = [sorted(tuple(p) for p, _, _ in step) for step in calls]
+    assert layouts[1] != layouts[0]  # DDP regrouped the parameters after step 0
+    assert all(layouts[t] == layouts[1] for t in range(1, steps))
+    assert max(len(p) for p, _, _ in calls[1]) >= 3  # a bucket unit of several tensors
+    g: dict[int, torch.Tensor] = {}
+    for t, step in enumerate(calls):
+        for params, raw, out in step:
+            if t == 0:  # EF21's initialisation: g = ∇f, uncompressed
+                assert torch.equal(out, raw)
+            else:
+                prev = torch.cat([g[i] for i in params])
+                diff = raw - prev
+                k = math.ceil(RATIO * raw.numel())
+                idx = diff.abs().topk(k).indices
+                want = prev.clone()
+                want[idx] = prev[idx] + diff[idx]
+                assert torch.equal(out, want), (t, params)
+                assert int((out != prev).sum()) <= k
+        for params, _, out in step:
+            g.update(_split(params, out))
+
+
+def test_a_bucket_checkpoint_holds_one_entry_per_parameter_and_continues_exactly(
+    tmp_path: Path,
+) -> None:
+    """Saved after 3 steps (DDP's rebuilt layout) and resumed in fresh processes (the initial
+    layout again, then the rebuild): the entries are joined into other bucket units twice,
+    and the trajectory is the uninterrupted one bit for bit."""
+    job = Job(
+        compressor="top_k",
+        ratio=RATIO,
+        method="ef21",
+        steps=6,
+        bucket_cap_mb=CAP_MB,
+        granularity="bucket",
+    )
+    straight = spawn(run, 2, (job,))
+    prefix = str(tmp_path / "ckpt")
+    first = spawn(run, 2, (dataclasses.replace(job, steps=3, save=prefix),))
+    second = spawn(run, 2, (dataclasses.replace(job, start=3, steps=3, load=prefix),))
+    for r in range(2):
+        got = first[r]["params"] + second[r]["params"]
+        for t in range(6):
+            assert torch.equal(got[t], straight[r]["params"][t]), f"rank {r}, step {t}"
+        assert second[r]["bytes_sent"] == straight[r]["bytes_sent"]
+        memory = torch.load(f"{prefix}.rank{r}", weights_only=False)["hook"]["memory"]
+        assert sorted(memory) == list(range(len(SHAPES)))  # one entry per parameter
+        for uid, entry in memory.items():
+            for name, v in entry["state"].items():
+                if isinstance(v, torch.Tensor) and v.ndim >= 1 and "compressor" not in name:
+                    assert v.shape[-1] in {math.prod(s) for s in SHAPES}, (uid, name)
+
+
+def _keyed(rank: int, world: int, steps: int) -> list[list[Any]]:
+    """Shared-seed rand-k (DCGD) at bucket granularity on one rank: for every bucket call,
+    its raw gradients, what DDP got, and the canonical id of its first parameter."""
+    model = DDP(make_model(torch.float64), bucket_cap_mb=CAP_MB)
+    state = CompressionState(
+        "rand_k[shared_seed=true]", ratio=RATIO, min_numel=45, seed=7, granularity="bucket"
+    )
+    calls: list[list[Any]] = []
+
+    def hook(st: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        first = bucket.parameters()[0]
+        raw = bucket.buffer().clone()
+        fut = compression_hook(st, bucket)
+        calls[-1].append((raw, fut.wait().clone(), st.planner.uid(first)))
+        return fut
+
+    model.register_comm_hook(state, hook)
+    for step in range(steps):
+        calls.append([])
+        X, y = _batch(rank, step, torch.float64)
+        torch.nn.functional.cross_entropy(model(X), y).backward()
+    return calls
+
+
+def test_a_bucket_units_draw_is_keyed_by_its_first_parameter() -> None:
+    """A bucket unit draws as the hook documents for a tensor, with its first parameter's
+    canonical id: ``Keys.derive(seed, round=t, client=0, stream="ddp_hook").fold(id)`` — a
+    function of the layout, not of the order in which its plan was made."""
+    from shrinkgrad.rng import Keys
+
+    (calls,) = spawn(_keyed, 1, (3,))
+    for t, step in enumerate(calls[1:], start=1):  # (step 0: the uncompressed warm-up)
+        for raw, out, first in step:
+            d = raw.numel()
+            C = make_compressor(f"rand_k[shared_seed=true,k={math.ceil(RATIO * d)}]")
+            keys = Keys.derive(7, round=t, client=0, stream="ddp_hook").fold(first)
+            assert torch.equal(out, C(raw, keys)), (t, first)
+
+
+def _bytes(rank: int, world: int, granularity: str) -> tuple[int, list[int]]:
+    """The compressed step's bytes and the bucket sizes of the rebuilt layout."""
+    model = DDP(make_model(), bucket_cap_mb=0.008)  # float32: the same bucket count
+    state = CompressionState(
+        "rand_k[shared_seed=true]", ratio=RATIO, min_numel=45, granularity=granularity
+    )
+    model.register_comm_hook(state, compression_hook)
+    for step in range(3):
+        X, y = _batch(rank, step, torch.float32)
+        torch.nn.functional.cross_entropy(model(X), y).backward()
+    return state.last_step_bytes, sorted(p.numel for p in state.planner.plans)
+
+
+def test_a_bucket_sends_the_bits_of_one_vector_of_its_size() -> None:
+    """Shared-seed rand-k all-reduces k = ⌈0.1 · d⌉ values per unit: at bucket granularity d
+    is each bucket's size (the biases included), per tensor each compressed tensor's."""
+    per_bucket = spawn(_bytes, 2, ("bucket",))
+    per_tensor = spawn(_bytes, 2, ("tensor",))
+    sizes = per_bucket[0][1]
+    assert len(sizes) >= 2 and sum(sizes) == sum(math.prod(s) for s in SHAPES)
+    want = sum(4 * math.ceil(RATIO * d) for d in sizes)
+    want_tensor = sum(
+        4 * math.ceil(RATIO * math.prod(s)) if math.prod(s) >= 45 else 4 * math.prod(s)
+        for s in SHAPES
+    )
+    for r in range(2):
+        assert per_bucket[r][0] == want
+        assert per_tensor[r][0] == want_tensor
+    assert want != want_tensor
+
+
+def _refusal(rank: int, world: int, compressor: str, granularity: str) -> str:
+    try:
+        CompressionState(compressor, granularity=granularity)  # type: ignore[arg-type]
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_bucket_granularity_mistakes_are_one_line_errors() -> None:
+    unknown, lowrank = (
+        spawn(_refusal, 1, args)[0]
+        for args in [("top_k[k=4]", "layer"), ("power_sgd[rank=2,shared=true]", "bucket")]
+    )
+    assert unknown.startswith("granularity must be one of tensor, bucket")
+    assert "'layer'" in unknown
+    assert lowrank.startswith("granularity='bucket' compresses every DDP bucket as one flat")
+    assert "use granularity='tensor'" in lowrank
+    assert "\n" not in unknown + lowrank
