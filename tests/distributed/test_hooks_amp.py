@@ -4,6 +4,7 @@ gradients, and an overflowing step is skipped on every rank as if it had not hap
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +39,8 @@ class AmpJob:
     overflow_at: int | None = None  # rank 1's last-layer gradient becomes inf at this step
     scale: float | None = SCALE  # None: no scaler
     granularity: str = "tensor"
+    load: str | None = None  # checkpoint to resume from (model, optimizer, hook)
+    save: str | None = None  # checkpoint to write after the last step
 
 
 def _train(rank: int, world: int, job: AmpJob) -> dict[str, Any]:
@@ -56,6 +59,11 @@ def _train(rank: int, world: int, job: AmpJob) -> dict[str, Any]:
     )
     model.register_comm_hook(state, compression_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    if job.load is not None:
+        ckpt = torch.load(f"{job.load}.rank{rank}", weights_only=False)
+        model.module.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        state.load_state_dict(ckpt["hook"])
     last = list(model.parameters())[-2]  # the last weight matrix: one bucket of several
     skipped, nan_grads = [], []
     for step in job.steps:
@@ -78,6 +86,9 @@ def _train(rank: int, world: int, job: AmpJob) -> dict[str, Any]:
             if g is not None:
                 g.div_(job.scale or 1.0)
         opt.step()
+    if job.save is not None:
+        ckpt = {"model": model.module.state_dict(), "opt": opt.state_dict()}
+        torch.save(ckpt | {"hook": state.state_dict()}, f"{job.save}.rank{rank}")
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {
         "params": params,
@@ -114,6 +125,27 @@ def test_an_overflow_is_undone_at_bucket_granularity_through_the_bucket_rebuild(
     them and puts the split entries back, so that step 2 joins them again (at 0: the
     initialisation; at 2: a step within one layout)."""
     _check_skipped(AmpJob("top_k", ratio=0.1, error_feedback="ef21", granularity="bucket"), at)
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "bucket"])
+def test_an_overflow_in_the_first_step_after_a_restore_keeps_the_checkpoint(
+    granularity: str, tmp_path: Path
+) -> None:
+    """A restored memory waits as pending entries until its units are first planned; the
+    first step after the restore builds the states from them. When that step overflows, the
+    undo drops those states and must put the entries back (else the memory is lost and the
+    next step initialises afresh): resumed with an overflow at step 3, the run ends where a
+    resumed run without step 3 does."""
+    job = AmpJob("top_k", ratio=0.1, error_feedback="ef21", granularity=granularity)
+    prefix = str(tmp_path / "ckpt")
+    spawn(_train, 2, (dataclasses.replace(job, steps=(0, 1, 2), save=prefix),))
+    rest = dataclasses.replace(job, steps=(3, 4, 5), load=prefix)
+    hit = spawn(_train, 2, (dataclasses.replace(rest, overflow_at=3),))
+    clean = spawn(_train, 2, (dataclasses.replace(rest, steps=(4, 5)),))
+    for r in range(2):
+        assert hit[r]["skipped"] == [3] and hit[r]["overflows"] == 1
+        assert hit[r]["iteration"] == clean[r]["iteration"] == 5
+        assert torch.equal(hit[r]["params"], clean[r]["params"])
 
 
 def _check_skipped(job: AmpJob, at: int) -> None:
