@@ -160,8 +160,9 @@ def test_a_bucket_units_draw_is_keyed_by_its_first_parameter() -> None:
             assert torch.equal(out, C(raw, keys)), (t, first)
 
 
-def _bytes(rank: int, world: int, granularity: str) -> tuple[int, list[int]]:
-    """The compressed step's bytes and the bucket sizes of the rebuilt layout."""
+def _bytes(rank: int, world: int, granularity: str) -> tuple[int, list[int], list[list[int]]]:
+    """The compressed step's bytes, the bucket sizes of the rebuilt layout and its tensors'
+    sizes bucket by bucket."""
     model = DDP(make_model(), bucket_cap_mb=0.008)  # float32: the same bucket count
     state = CompressionState(
         "rand_k[shared_seed=true]", ratio=RATIO, min_numel=45, granularity=granularity
@@ -170,12 +171,17 @@ def _bytes(rank: int, world: int, granularity: str) -> tuple[int, list[int]]:
     for step in range(3):
         X, y = _batch(rank, step, torch.float32)
         torch.nn.functional.cross_entropy(model(X), y).backward()
-    return state.last_step_bytes, sorted(p.numel for p in state.planner.plans)
+    plans = state.planner.plans
+    layout = [[n for u in p.units for n in ([m for _, m in u.members] or [u.numel])] for p in plans]
+    return state.last_step_bytes, sorted(p.numel for p in plans), layout
 
 
 def test_a_bucket_sends_the_bits_of_one_vector_of_its_size() -> None:
     """Shared-seed rand-k all-reduces k = ⌈0.1 · d⌉ values per unit: at bucket granularity d
-    is each bucket's size (the biases included), per tensor each compressed tensor's."""
+    is each bucket's size (the biases included), per tensor each compressed tensor's. The
+    network model (``hook_collectives(..., granularity=...)``) charges the same bytes."""
+    from shrinkgrad.network import hook_collectives
+
     per_bucket = spawn(_bytes, 2, ("bucket",))
     per_tensor = spawn(_bytes, 2, ("tensor",))
     sizes = per_bucket[0][1]
@@ -189,6 +195,11 @@ def test_a_bucket_sends_the_bits_of_one_vector_of_its_size() -> None:
         assert per_bucket[r][0] == want
         assert per_tensor[r][0] == want_tensor
     assert want != want_tensor
+    for (sent, _, layout), granularity in [(per_bucket[0], "bucket"), (per_tensor[0], "tensor")]:
+        model = hook_collectives(
+            "rand_k[shared_seed=true]", layout, ratio=RATIO, min_numel=45, granularity=granularity
+        )
+        assert sum(c.nbytes for c in model) == sent, granularity
 
 
 def _refusal(rank: int, world: int, compressor: str, granularity: str) -> str:
@@ -209,3 +220,13 @@ def test_bucket_granularity_mistakes_are_one_line_errors() -> None:
     assert lowrank.startswith("granularity='bucket' compresses every DDP bucket as one flat")
     assert "use granularity='tensor'" in lowrank
     assert "\n" not in unknown + lowrank
+    from shrinkgrad.network import hook_collectives  # the network model refuses the same
+
+    for (compressor, granularity), message in zip(
+        [("top_k[k=4]", "layer"), ("power_sgd[rank=2,shared=true]", "bucket")],
+        [unknown, lowrank],
+        strict=True,
+    ):
+        with pytest.raises(ValueError) as info:
+            hook_collectives(compressor, [1152, 48], granularity=granularity)
+        assert str(info.value) == message

@@ -87,6 +87,10 @@ CASES = [
     dict(compressor="rank_k[r=2]", method="ef21", min_numel=45),  # factors all-gathered
     # PowerSGD's shared basis: the raw values and P all-reduced, then Q (the matrix views)
     dict(compressor="power_sgd[rank=2,shared=true]", method="ef21", min_numel=45),
+    # every bucket one vector (CompressionState(granularity="bucket"))
+    dict(compressor="top_k", ratio=0.1, error_feedback="ef21", min_numel=45, granularity="bucket"),
+    dict(compressor="rand_k[shared_seed=true]", ratio=0.1, min_numel=45, granularity="bucket"),
+    dict(compressor="qsgd[s=4]", min_numel=100, granularity="bucket"),
 ]
 #: DDP's default (one bucket for so small a model) and a cap that cuts it in two after the
 #: first iteration (DDP's rebuild; tensors fill a bucket until it reaches the cap)
@@ -105,7 +109,9 @@ def test_model_bytes_equal_the_hooks_counters() -> None:
         for cap in CAPS:
             for kwargs in CASES:
                 r = next(runs)
-                args = {k: v for k, v in kwargs.items() if k in ("ratio", "min_numel")}
+                args = {
+                    k: v for k, v in kwargs.items() if k in ("ratio", "min_numel", "granularity")
+                }
                 for step in range(STEPS):
                     layout = r["layouts"][step]
                     several |= len(layout) > 1

@@ -163,6 +163,7 @@ def hook_collectives(
     warmup: bool = False,
     scaler: bool = False,
     shapes: Sequence[Sequence[Sequence[int]]] | None = None,
+    granularity: str = "tensor",
 ) -> list[Collective]:
     """The collectives of one step of :func:`~shrinkgrad.distributed.compression_hook`.
 
@@ -171,7 +172,9 @@ def hook_collectives(
     the matrix views of the low-rank compressors (default: every tensor a vector, the flat
     rule); ``compressor``, ``ratio``, ``min_numel`` as given to ``CompressionState``; ``dtype``
     the gradients' (float32 by default); ``warmup`` for a warm-up step (dense all-reduce);
-    ``scaler`` when a loss scaler is attached (one flag byte per all-gathered block). The sum of
+    ``scaler`` when a loss scaler is attached (one flag byte per all-gathered block);
+    ``granularity="bucket"`` as given to ``CompressionState``: every bucket one flat vector of
+    its total size (vector compressors only, as in the hook). The sum of
     the ``nbytes`` equals the hook's ``last_step_bytes`` for fixed-size messages; for
     variable-size ones (bernoulli) the block holds the expected payload (the hook pads to the
     largest rank's actual one).
@@ -185,12 +188,18 @@ def hook_collectives(
     if ratio is not None and not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) <= 1.0):
         raise ValueError(f"ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got {ratio!r}")
     template = _template(compressor, ratio)
-    from ..distributed.hooks.config import factor_refusal
+    from ..distributed.hooks.config import factor_refusal, granularity_refusal
 
     refusal = factor_refusal(template)  # the hook refuses it: no traffic to model
     if refusal is not None:
         raise ValueError(refusal)
+    refusal = granularity_refusal(template, granularity)
+    if refusal is not None:
+        raise ValueError(refusal)
     buckets = _buckets(tensors)
+    if granularity == "bucket":
+        buckets = [[sum(bucket)] for bucket in buckets]
+        shapes = None
     views = _shapes(buckets, shapes)
     out: list[Collective] = []
     for b, bucket in enumerate(buckets):

@@ -33,6 +33,7 @@ __all__ = [
     "Settings",
     "StateDtype",
     "factor_refusal",
+    "granularity_refusal",
     "resolve_method",
 ]
 
@@ -90,6 +91,24 @@ def factor_refusal(C: Compressor, weights: torch.Tensor | None = None) -> str | 
         return (
             f"{C.name} shares one Q, the mean of the ranks' Q_i, and the hook does not run it with "
             "weighted methods (ef21_w); use method='ef21' or 'ef'"
+        )
+    return None
+
+
+def granularity_refusal(C: Compressor, granularity: str) -> str | None:
+    """Why the hook cannot compress with ``C`` at ``granularity`` (None when it can): an
+    unknown granularity, or a low-rank compressor (it acts on each parameter's matrix view,
+    ``for_shape``) for whole buckets."""
+    if granularity not in GRANULARITIES:
+        return (
+            f"granularity must be one of {', '.join(GRANULARITIES)} (the unit of compression: "
+            f"every parameter's gradient, or every DDP bucket as one vector), got {granularity!r}"
+        )
+    if granularity == "bucket" and callable(getattr(C, "for_shape", None)):
+        return (
+            f"granularity='bucket' compresses every DDP bucket as one flat vector, and {C.name} "
+            "acts on each parameter's matrix view; use granularity='tensor' (the default) with "
+            "low-rank compressors"
         )
     return None
 
@@ -191,11 +210,7 @@ class Settings:
     ) -> Settings:
         seed = _check_int("seed", seed)
         if granularity not in GRANULARITIES:
-            raise ValueError(
-                f"granularity must be one of {', '.join(GRANULARITIES)} (the unit of compression: "
-                f"every parameter's gradient, or every DDP bucket as one vector), got "
-                f"{granularity!r}"
-            )
+            raise ValueError(granularity_refusal(_IDENTITY, granularity))
         if state_dtype not in STATE_DTYPES:
             raise ValueError(
                 f"state_dtype must be one of {', '.join(STATE_DTYPES)} (where the method states of "
@@ -234,12 +249,9 @@ class Settings:
         refusal = None if C is None else factor_refusal(C, out.weights)
         if refusal is not None:
             raise ValueError(refusal)
-        if granularity == "bucket" and C is not None and callable(getattr(C, "for_shape", None)):
-            raise ValueError(
-                f"granularity='bucket' compresses every DDP bucket as one flat vector, and "
-                f"{C.name} acts on each parameter's matrix view; use granularity='tensor' "
-                "(the default) with low-rank compressors"
-            )
+        refusal = None if C is None else granularity_refusal(C, granularity)
+        if refusal is not None:
+            raise ValueError(refusal)
         return out
 
     # -- the ranks' weights ----------------------------------------------------------------------
