@@ -2,12 +2,18 @@
 
 Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm topk-ef randk qsgd] [--world 4]
 [--steps 5] [--dtype float32|bfloat16] [--no-half-paths] [--no-fused-mirror] [--profile]
-[--kernel-split] [--flat N] [--interleave-dtypes CYCLES]``.
+[--kernel-split] [--deep] [--flat N] [--granularity tensor|bucket] [--interleave-dtypes CYCLES]
+[--interleave-granularity CYCLES]``.
 ``benchmarks/ab_ddp_hook.py`` runs it alternately against an older version of the library (A/B).
 
 The model is ``benchmarks/ddp.py``'s MLP (1024 → 2048 → 2048 → 2048 → 16, 10.5 M parameters,
-batch 32, float32, one thread); ``--flat N`` replaces it by the same number of parameters as N
-flat vectors (:class:`Flat`; N = 1 or 2: a proxy of one compressor call per bucket). DDP runs
+batch 32, float32, one thread); ``--deep`` replaces it by 41 layers (1024 → 512 × 40 → 16, 10.8 M
+parameters in 82 tensors: a model of many tensors), ``--flat N`` by the same number of parameters
+as N flat vectors (:class:`Flat`; N = 1 or 2: a proxy of one compressor call per bucket).
+``--granularity bucket`` compresses every DDP bucket as one unit
+(``CompressionState(granularity="bucket")``), and ``--interleave-granularity CYCLES`` runs a
+per-tensor and a per-bucket hook of each configuration in turn in one process, printing the
+per-cycle ratios bucket/tensor. DDP runs
 on a one-process gloo group; the hook's state is created with ``skip_communication=True`` and
 its world size set to ``--world`` (weights 1/n), so every step does all of an n-rank job's
 local work — compressing its buckets, encoding, decoding
@@ -73,6 +79,11 @@ from shrinkgrad.distributed import CompressionState, compression_hook, free_port
 #: cpu``: on a shared, loaded machine it leaves out the time other processes take the core)
 CLOCK = [time.perf_counter]
 WIDTHS = (1024, 2048, 2048, 2048, 16)
+#: ``--deep``: 41 layers of the same input, output and about the same parameter count (10.8 M in
+#: 82 tensors instead of 8: what per-unit Python costs in a model of many tensors)
+DEEP = (1024, *(512,) * 40, 16)
+#: the widths of the model measured (WIDTHS, or DEEP with ``--deep``)
+LAYERS = [WIDTHS]
 BATCH = 32
 #: key: (compressor, ratio, method, client momentum), as in benchmarks/ddp.py
 CONFIGS: dict[str, tuple[str, float | None, str, float]] = {
@@ -92,12 +103,24 @@ TORCH = ("torch-psgd1",)
 _OLD_NAMES = {"ef21": "ef21", "dcgd": "none", "ef": "ef"}
 
 
+#: ``--granularity``: the hook's unit of compression (``CompressionState(granularity=...)``)
+GRANULARITY = ["tensor"]
+
+
 def make_state(name: str, ratio: float | None, method: str, momentum: float) -> CompressionState:
     """The hook state of a configuration, with ``method=`` or, for older versions of the library,
-    the ``error_feedback=`` it replaced (so that the A/B script can run both)."""
-    if "method" in inspect.signature(CompressionState).parameters:
+    the ``error_feedback=`` it replaced (so that the A/B script can run both); at
+    ``--granularity bucket`` with every bucket one compression unit (versions before it: per
+    tensor)."""
+    params = inspect.signature(CompressionState).parameters
+    if "method" in params:
+        extra: dict[str, Any] = {}
+        if "granularity" in params:
+            extra["granularity"] = GRANULARITY[0]
+        elif GRANULARITY[0] != "tensor":
+            sys.exit("this version of the library compresses per tensor only (no granularity=)")
         return CompressionState(
-            name, ratio=ratio, method=method, momentum=momentum, skip_communication=True
+            name, ratio=ratio, method=method, momentum=momentum, skip_communication=True, **extra
         )
     return CompressionState(  # type: ignore[call-arg]
         name,
@@ -124,7 +147,7 @@ class Flat(torch.nn.Module):
 
     def __init__(self, n: int) -> None:
         super().__init__()
-        total = sum(a * b + b for a, b in itertools.pairwise(WIDTHS))
+        total = sum(a * b + b for a, b in itertools.pairwise(LAYERS[0]))
         sizes = [total // n + (i < total % n) for i in range(n)]
         g = torch.Generator().manual_seed(0)
         self.ps = torch.nn.ParameterList(
@@ -144,7 +167,7 @@ def _model() -> torch.nn.Module:
     if FLAT[0] is not None:
         return Flat(FLAT[0]).to(DTYPE[0])
     layers: list[torch.nn.Module] = []
-    for a, b in itertools.pairwise(WIDTHS):
+    for a, b in itertools.pairwise(LAYERS[0]):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers[:-1]).to(DTYPE[0])
 
@@ -194,18 +217,23 @@ def read2_baseline() -> dict[str, float]:
     return _cold(lambda: torch.dot(a, b))
 
 
-def sparse_floor(name: str, ratio: float | None, method: str = "dcgd") -> dict[str, float] | None:
+def sparse_floor(
+    name: str, ratio: float | None, method: str = "dcgd", units: list[int] | None = None
+) -> dict[str, float] | None:
     """The compressor's sparse form of every compressed gradient of the model alone (the part of
     a step no hook can avoid), cache-cold; None for compressors without one. For EF21 (and
     EF21-SGDM) the sparse form of the difference g − h (``C.sparse_difference``: Top-k
-    selects from it chunk by chunk) that its client step compresses."""
+    selects from it chunk by chunk) that its client step compresses. ``units``: the sizes
+    of the vectors the hook compressed (its plans' compressed units: the tensors, or at
+    ``--granularity bucket`` the buckets); default the model's tensors of ≥ 1024 entries."""
     from shrinkgrad.compressors import COMPRESSORS, make_compressor
     from shrinkgrad.rng import Keys
 
     if "k" not in {p.name for p in COMPRESSORS.entry(name.split("[")[0]).keyword}:
         return None  # no sparsity parameter: not a sparsifier (qsgd, natural, ...)
-    grads = [torch.randn(p.numel()).to(DTYPE[0]) for p in _model().parameters()]
-    grads = [g for g in grads if g.numel() >= 1024]  # the hook's min_numel
+    if units is None:
+        units = [n for n in (p.numel() for p in _model().parameters()) if n >= 1024]
+    grads = [torch.randn(n).to(DTYPE[0]) for n in units]
     comps = []
     for g in grads:
         k = max(1, math.ceil((ratio or 0.01) * g.numel()))
@@ -347,41 +375,75 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
         st.sort_stats("tottime").print_stats(20)
         if os.environ.get("PROFILE_CALLERS"):
             st.print_callers(os.environ["PROFILE_CALLERS"])
-    return {
+    out: dict[str, Any] = {
         "median": statistics.median(per_step),
         "min": min(per_step),
         "mean": statistics.mean(per_step),
     }
+    plans = getattr(getattr(state, "planner", None), "plans", None)
+    if plans and all(hasattr(p, "compressed") for p in plans):
+        out["units"] = [u.numel for p in plans for u in p.compressed]  # what the hook compresses
+    return out
 
 
-def interleave_dtypes(key: str, world: int, cycles: int) -> None:
-    """A float32 and a bfloat16 model of the same configuration in one process, one step of
-    each in turn for ``cycles`` cycles (after 3 warm-up steps each): prints the hook's median
-    time per step of each and the median and range of the per-cycle bf16/f32 ratios. Both
-    hooks then see the same machine state (load, frequency, other processes), which separate
-    runs a minute apart do not on a shared VM."""
-    per: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
+def _interleave(key: str, world: int, cycles: int, variants: dict[str, Any]) -> None:
+    """Two variants of one configuration in one process, one step of each in turn for
+    ``cycles`` cycles (after 3 warm-up steps each): prints the hook's median time per step of
+    each and the median and range of the per-cycle ratios second/first. Both hooks then see
+    the same machine state (load, frequency, other processes), which separate runs a minute
+    apart do not on a shared VM. ``variants``: label → a function that sets the globals
+    (:data:`DTYPE`, :data:`GRANULARITY`) the model and the state are then made with."""
+    per: dict[str, list[float]] = {label: [] for label in variants}
     runs = {}
-    for dt in per:
-        DTYPE[0] = dt
+    for label, setup in variants.items():
+        setup()
         ddp = DDP(_model(), bucket_cap_mb=25)
         state = make_state(*CONFIGS[key])
         state.world_size = world
         times: list[float] = []
         ddp.register_comm_hook(state, _timed(compression_hook, times))
         _steps(ddp, 3, times)
-        runs[dt] = (ddp, times)
+        runs[label] = (ddp, times)
+    first, second = per
     ratios = []
     for _ in range(cycles):
-        for dt, (ddp, times) in runs.items():
-            per[dt].append(_steps(ddp, 1, times)[0])
-        ratios.append(per[torch.bfloat16][-1] / per[torch.float32][-1])
+        for label, (ddp, times) in runs.items():
+            per[label].append(_steps(ddp, 1, times)[0])
+        ratios.append(per[second][-1] / per[first][-1])
     name, ratio, method, _ = CONFIGS[key]
     print(
-        f"{name} {ratio or ''} + {method}: hook ms/step float32 "
-        f"{statistics.median(per[torch.float32]) * 1e3:.1f}, bfloat16 "
-        f"{statistics.median(per[torch.bfloat16]) * 1e3:.1f}; bf16/f32 per cycle median "
+        f"{name} {ratio or ''} + {method}: hook ms/step {first} "
+        f"{statistics.median(per[first]) * 1e3:.1f}, {second} "
+        f"{statistics.median(per[second]) * 1e3:.1f}; {second}/{first} per cycle median "
         f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] ({cycles} cycles)"
+    )
+
+
+def interleave_dtypes(key: str, world: int, cycles: int) -> None:
+    """The bf16/f32 target: a float32 and a bfloat16 model of the configuration
+    (:func:`_interleave`)."""
+    _interleave(
+        key,
+        world,
+        cycles,
+        {
+            "float32": lambda: DTYPE.__setitem__(0, torch.float32),
+            "bfloat16": lambda: DTYPE.__setitem__(0, torch.bfloat16),
+        },
+    )
+
+
+def interleave_granularity(key: str, world: int, cycles: int) -> None:
+    """Per-tensor against per-bucket compression units of the configuration, in the model's
+    dtype (:func:`_interleave`)."""
+    _interleave(
+        key,
+        world,
+        cycles,
+        {
+            "tensor": lambda: GRANULARITY.__setitem__(0, "tensor"),
+            "bucket": lambda: GRANULARITY.__setitem__(0, "bucket"),
+        },
     )
 
 
@@ -433,6 +495,24 @@ def main() -> None:
         "per bucket)",
     )
     ap.add_argument(
+        "--deep",
+        action="store_true",
+        help="an MLP of 41 layers of width 512 (10.8 M parameters in 82 tensors) instead",
+    )
+    ap.add_argument(
+        "--granularity",
+        choices=["tensor", "bucket"],
+        default="tensor",
+        help="the hook's unit of compression: every parameter's gradient, or every DDP bucket",
+    )
+    ap.add_argument(
+        "--interleave-granularity",
+        type=int,
+        metavar="CYCLES",
+        help="instead of the table: per-tensor and per-bucket hooks stepping in turn in one "
+        "process, CYCLES steps of each",
+    )
+    ap.add_argument(
         "--interleave-dtypes",
         type=int,
         metavar="CYCLES",
@@ -440,15 +520,29 @@ def main() -> None:
         "(the bf16/f32 target), CYCLES steps of each",
     )
     args = ap.parse_args()
-    if args.interleave_dtypes is not None and args.interleave_dtypes < 1:
-        ap.error(f"--interleave-dtypes needs CYCLES >= 1, got {args.interleave_dtypes}")
-    if args.interleave_dtypes is not None and args.kernel_split:
-        ap.error("--kernel-split splits the table's hook times; run it without --interleave-dtypes")
+    interleave = None
+    for flag in ("interleave_dtypes", "interleave_granularity"):
+        cycles = getattr(args, flag)
+        option = "--" + flag.replace("_", "-")
+        if cycles is None:
+            continue
+        if cycles < 1:
+            ap.error(f"{option} needs CYCLES >= 1, got {cycles}")
+        if args.kernel_split:
+            ap.error(f"--kernel-split splits the table's hook times; run it without {option}")
+        if interleave is not None:
+            ap.error("give one of --interleave-dtypes and --interleave-granularity")
+        interleave = (
+            interleave_dtypes if flag == "interleave_dtypes" else interleave_granularity,
+            cycles,
+        )
     if args.steps < 1:
         ap.error(f"--steps needs at least 1 timed step, got {args.steps}")
     if args.flat is not None and args.flat < 1:
         ap.error(f"--flat needs N >= 1 vectors, got {args.flat}")
     FLAT[0] = args.flat
+    LAYERS[0] = DEEP if args.deep else WIDTHS
+    GRANULARITY[0] = args.granularity
     KERNEL_SPLIT[0] = {} if args.kernel_split else None
     HALF_PATHS[0] = not args.no_half_paths
     FUSED_MIRROR[0] = not args.no_fused_mirror
@@ -459,12 +553,13 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        if args.interleave_dtypes is not None:
+        if interleave is not None:
             ours = [key for key in args.only if key not in TORCH]
             if not ours:
-                sys.exit("--interleave-dtypes measures shrinkgrad's hooks: name one in --only")
+                sys.exit("the interleaved runs measure shrinkgrad's hooks: name one in --only")
+            run_pair, cycles = interleave
             for key in ours:
-                interleave_dtypes(key, args.world, args.interleave_dtypes)
+                run_pair(key, args.world, cycles)
             return
         base = _steps(DDP(_model(), bucket_cap_mb=25), 3 + args.steps)[3:]
         step = statistics.median(base)
@@ -473,7 +568,9 @@ def main() -> None:
         print(
             f"shrinkgrad DDP hook, {sum(p.numel() for p in _model().parameters()) / 1e6:.2f} M "
             "parameters"
+            + (f" in {len(DEEP) - 1} layers" if args.deep else "")
             + ("" if args.flat is None else f" as {args.flat} flat vector(s)")
+            + ("" if args.granularity == "tensor" else ", one compression unit per bucket")
             + f" ({args.dtype}"
             + (", dense conversions" if args.no_half_paths else "")
             + (", conversions after the sparse add" if args.no_fused_mirror else "")
@@ -508,7 +605,7 @@ def main() -> None:
                 _print_split(r, args.steps)
                 continue
             name, ratio, method, momentum = CONFIGS[key]
-            floor = sparse_floor(name, ratio, method)
+            floor = sparse_floor(name, ratio, method, r.get("units"))
             if floor is not None:
                 r["floor"] = floor
             label = f"{name}" + (f" {ratio:g}" if ratio else "") + f" + {method}"
