@@ -385,6 +385,22 @@ TASK_CONFIGS: tuple[tuple[str, str, list[str], int], ...] = (
         2,
     ),
     (
+        "topk2_ef_hb_bucket",
+        "shrinkgrad top_k 2% + EF, optimizer momentum, one unit per bucket",
+        [
+            "--hook",
+            "shrinkgrad",
+            "--method",
+            "ef",
+            "--no-client-momentum",
+            "--ratio",
+            "0.02",
+            "--granularity",
+            "bucket",
+        ],
+        2,
+    ),
+    (
         "topk_ef21_hb",
         "shrinkgrad top_k 1% + EF21, optimizer momentum",
         ["--hook", "shrinkgrad", "--method", "ef21", "--no-client-momentum"],
