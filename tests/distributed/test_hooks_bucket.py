@@ -230,3 +230,48 @@ def test_bucket_granularity_mistakes_are_one_line_errors() -> None:
         with pytest.raises(ValueError) as info:
             hook_collectives(compressor, [1152, 48], granularity=granularity)
         assert str(info.value) == message
+
+
+def _half(rank: int, world: int, dtype: torch.dtype, fast: bool) -> dict[str, Any]:
+    """A 16-bit model at bucket granularity (top-k + EF21, float32 memory), with the hook's
+    16-bit fast paths on or off; its parameters per step and what it sent."""
+    model = DDP(make_model(dtype), bucket_cap_mb=0.004)  # 16-bit: the same bucket count
+    state = CompressionState(
+        "top_k", ratio=RATIO, method="ef21", min_numel=45, granularity="bucket"
+    )
+    if not fast:
+        state.planner.direct_half = state.planner.sparse_downcast = False
+    model.register_comm_hook(state, compression_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    params, sent = [], []
+    for step in range(4):
+        X, y = _batch(rank, step, dtype)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(X), y).backward()
+        opt.step()
+        params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
+        sent.append(state.last_step_bytes)
+    return {"params": params, "sent": sent, "sizes": [p.numel for p in state.planner.plans]}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_16_bit_model_at_bucket_granularity_sends_16_bit_values(dtype: torch.dtype) -> None:
+    """Every rank ends each step with the same 16-bit parameters; a compressed step sends
+    ⌈bits(d_bucket, dtype)/8⌉ bytes per bucket (16-bit values); the 16-bit fast paths (the
+    compressor reading the bfloat16 bucket itself, the changed entries only converted) give
+    the bits of the dense conversions."""
+    fast = spawn(_half, 2, (dtype, True))
+    slow = spawn(_half, 2, (dtype, False))
+    sizes = fast[0]["sizes"]
+    assert len(sizes) >= 2
+    want = sum(
+        math.ceil(make_compressor(f"top_k[k={math.ceil(RATIO * d)}]").bits(d, dtype) / 8)
+        for d in sizes
+    )
+    for r in range(2):
+        assert fast[r]["sent"][1:] == [want] * 3
+        for t in range(4):
+            assert fast[r]["params"][t].dtype == dtype
+            assert torch.equal(fast[r]["params"][t], fast[0]["params"][t])
+            assert torch.equal(fast[r]["params"][t], slow[r]["params"][t]), (r, t)
+    assert not torch.equal(fast[0]["params"][0], fast[0]["params"][-1])
