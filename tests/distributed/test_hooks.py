@@ -174,8 +174,18 @@ def test_ef21_hook_follows_the_simulators_trajectory(mode: str) -> None:
         Job(compressor="qsgd[s=2]", steps=6, client_momentum=True),
         # PowerSGD's shared Q is part of the method's state and continues with it
         Job(compressor="power_sgd[rank=2,shared=true]", method="ef21", steps=6),
+        # every bucket one unit: the entries are joined into the restarted job's initial
+        # layout, then split and joined again at DDP's rebuild (tests/.../test_hooks_bucket.py)
+        Job(
+            compressor="top_k",
+            ratio=0.1,
+            method="ef21",
+            steps=6,
+            bucket_cap_mb=0.02,
+            granularity="bucket",
+        ),
     ],
-    ids=lambda j: f"{j.compressor}-{j.method}",
+    ids=lambda j: f"{j.compressor}-{j.method}-{j.granularity}",
 )
 def test_restart_from_a_checkpoint_continues_the_same_trajectory(job: Job, tmp_path: Path) -> None:
     straight = spawn(run, 2, (job,))

@@ -2,7 +2,6 @@
 (forked gloo ranks on 127.0.0.1)."""
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -90,35 +89,33 @@ def test_a_bucket_unit_is_ef21_on_the_bucket_vector_through_the_bucket_rebuild()
             g.update(_split(params, out))
 
 
-def test_a_bucket_checkpoint_holds_one_entry_per_parameter_and_continues_exactly(
-    tmp_path: Path,
-) -> None:
-    """Saved after 3 steps (DDP's rebuilt layout) and resumed in fresh processes (the initial
-    layout again, then the rebuild): the entries are joined into other bucket units twice,
-    and the trajectory is the uninterrupted one bit for bit."""
+def test_a_bucket_checkpoint_holds_one_entry_per_parameter(tmp_path: Path) -> None:
+    """Saved after 3 steps (DDP's rebuilt layout): one entry per parameter, each of its
+    parameter's size, as at tensor granularity (the restart itself continues bit for bit:
+    ``test_restart_from_a_checkpoint_continues_the_same_trajectory`` in test_hooks.py)."""
+    prefix = str(tmp_path / "ckpt")
     job = Job(
         compressor="top_k",
         ratio=RATIO,
         method="ef21",
-        steps=6,
+        steps=3,
         bucket_cap_mb=CAP_MB,
         granularity="bucket",
+        save=prefix,
     )
-    straight = spawn(run, 2, (job,))
-    prefix = str(tmp_path / "ckpt")
-    first = spawn(run, 2, (dataclasses.replace(job, steps=3, save=prefix),))
-    second = spawn(run, 2, (dataclasses.replace(job, start=3, steps=3, load=prefix),))
+    spawn(run, 2, (job,))
     for r in range(2):
-        got = first[r]["params"] + second[r]["params"]
-        for t in range(6):
-            assert torch.equal(got[t], straight[r]["params"][t]), f"rank {r}, step {t}"
-        assert second[r]["bytes_sent"] == straight[r]["bytes_sent"]
         memory = torch.load(f"{prefix}.rank{r}", weights_only=False)["hook"]["memory"]
-        assert sorted(memory) == list(range(len(SHAPES)))  # one entry per parameter
-        for uid, entry in memory.items():
-            for name, v in entry["state"].items():
-                if isinstance(v, torch.Tensor) and v.ndim >= 1 and "compressor" not in name:
-                    assert v.shape[-1] in {math.prod(s) for s in SHAPES}, (uid, name)
+        assert sorted(memory) == list(range(len(SHAPES)))
+        sizes = {math.prod(s) for s in SHAPES}  # (distinct: a size names its tensor)
+        for entry in memory.values():
+            assert entry["round"] == 2  # (the initialisation is round 0)
+            lengths = {
+                v.shape[-1]
+                for name, v in entry["state"].items()
+                if isinstance(v, torch.Tensor) and v.ndim >= 1 and "compressor" not in name
+            }
+            assert len(lengths) == 1 and lengths <= sizes
 
 
 def _keyed(rank: int, world: int, steps: int) -> list[list[Any]]:

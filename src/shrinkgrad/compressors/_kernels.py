@@ -1570,6 +1570,22 @@ def _feistel(  # pragma: no cover - compiled
     return (left << m) | right
 
 
+@njit(cache=True, inline="always")
+def _rotation(  # pragma: no cover - compiled
+    k0: np.uint64, k1: np.uint64, ud: np.uint64, rot_tries: int
+) -> np.uint64:
+    """ρ of the row key (k0, k1): the first of its words 4, 5, … below the largest multiple of
+    d under 2³² (rejection sampling), mod d; the last word tried if all are rejected."""
+    limit = np.uint64(4294967296) - (np.uint64(4294967296) % ud)
+    rot = np.uint64(0)
+    for t in range(rot_tries):
+        word = bits32(k0, k1, np.uint64(4 + t))
+        rot = word % ud
+        if word < limit:
+            break
+    return rot
+
+
 @njit(cache=True)
 def randk_indices(  # pragma: no cover - compiled
     lo: np.ndarray,
@@ -1590,7 +1606,6 @@ def randk_indices(  # pragma: no cover - compiled
     uh = np.uint64(hmask)
     unb = np.uint64(nb)
     ud = np.uint64(d)
-    limit = np.uint64(4294967296 - (4294967296 % d))
     for r in range(lo.shape[0]):
         k0 = lo[r]
         k1 = hi[r]
@@ -1598,12 +1613,7 @@ def randk_indices(  # pragma: no cover - compiled
         r1 = bits32(k0, k1, np.uint64(1))
         r2 = bits32(k0, k1, np.uint64(2))
         r3 = bits32(k0, k1, np.uint64(3))
-        rot = np.uint64(0)
-        for t in range(rot_tries):
-            w = bits32(k0, k1, np.uint64(4 + t))
-            rot = w % ud
-            if w < limit:
-                break
+        rot = _rotation(k0, k1, ud, rot_tries)
         row = idx[r]
         for i in range(k):
             y = _feistel(np.uint64(i), um, ulo, uh, unb, r0, r1, r2, r3)
@@ -1703,7 +1713,6 @@ def randk_block(  # pragma: no cover - compiled
     uh = np.uint32(hmask)
     unb = np.uint32(nb)
     ud = np.uint64(d)
-    limit = np.uint64(4294967296 - (4294967296 % d))
     y = np.empty(CHUNK, dtype=np.uint32)
     pending = np.empty(CHUNK, dtype=np.int64)
     values = np.empty(CHUNK, dtype=np.uint32)
@@ -1717,12 +1726,7 @@ def randk_block(  # pragma: no cover - compiled
         r1 = np.uint32(bits32(k0, k1, np.uint64(1)))
         r2 = np.uint32(bits32(k0, k1, np.uint64(2)))
         r3 = np.uint32(bits32(k0, k1, np.uint64(3)))
-        rot = np.uint64(0)
-        for t in range(rot_tries):
-            word = bits32(k0, k1, np.uint64(4 + t))
-            rot = word % ud
-            if word < limit:
-                break
+        rot = _rotation(k0, k1, ud, rot_tries)
         _feistel_fill(i0, y[:cnt], um, ulo, uh, unb, r0, r1, r2, r3)
         npend = 0
         for t in range(cnt):
