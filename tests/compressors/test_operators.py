@@ -158,18 +158,23 @@ def test_rand_k_indices_distinct_in_range_and_paths_agree(d: int, k: int) -> Non
     """The torch twin, the scalar kernel and the block kernel (vectorized uint32 Feistel, blocks
     of 16384 indices on the threads; d ≤ 2³² only) agree, also where values walk (d = 65537 with
     k = d: the whole permutation; 2^23 + 16: a DDP bucket's size just above a power of two)."""
-    from shrinkgrad.compressors.sparse import RANDK_TAG, ROT_TRIES, randk_indices_torch
+    from shrinkgrad.compressors.sparse import (
+        RANDK_TAG,
+        ROT_TRIES,
+        randk_domain,
+        randk_indices_torch,
+    )
 
     keys = Keys.derive(8, round=2, client=np.arange(5)).fold(RANDK_TAG)
     t = randk_indices_torch(keys, d, k)
     lo, hi = (a.astype(np.uint64) for a in keys.numpy())
-    dom = K.randk_domain(d)
+    dom = randk_domain(d)
     idx = np.empty((5, k), dtype=np.int64)
-    K.randk_indices(lo, hi, d, k, ROT_TRIES, idx, *dom)
+    K.randk_indices(lo, hi, d, k, ROT_TRIES, idx, dom)
     assert np.array_equal(t.numpy(), idx)
     if d <= 1 << 32:
         blocks = np.empty((5, k), dtype=np.int64)
-        K.run(K.randk_block, blocks, lo, hi, d, ROT_TRIES, blocks, *dom)
+        K.run(K.randk_block, blocks, lo, hi, d, ROT_TRIES, blocks, dom)
         assert np.array_equal(blocks, idx)
     for row in idx:
         assert len(set(row.tolist())) == k and row.min() >= 0 and row.max() < d
@@ -181,7 +186,9 @@ def test_the_rand_k_feistel_domain_covers_d_with_less_than_its_root_to_spare(d: 
     √(2d) values: cycle walking is rare for every d, not only for powers of two (a
     power-of-two domain exceeds 2^23 + 16 by 2^23 − 16, almost half of it). The round value
     masked by hmask is < 2·nb, so one subtraction of nb brings it into Z_nb."""
-    m, mask_lo, hmask, nb = K.randk_domain(d)
+    from shrinkgrad.compressors.sparse import randk_domain
+
+    m, mask_lo, hmask, nb = randk_domain(d)
     assert mask_lo == (1 << m) - 1
     size = nb << m
     assert d <= size < d + (1 << m)

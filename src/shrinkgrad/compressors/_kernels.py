@@ -77,11 +77,6 @@ NON_FINITE = 1
 OVERFLOW = 2
 
 _TWO32 = 4294967296.0
-_U8 = np.uint64(8)
-_U255 = np.uint64(255)
-_U3 = np.uint64(3)
-_U2 = np.uint64(2)
-_U1 = np.uint64(1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1528,19 +1523,6 @@ def topk_rows_hist(  # pragma: no cover - compiled
 # --------------------------------------------------------------------------------------------
 # rand-k indices: a keyed Feistel permutation with cycle walking, then a uniform rotation
 # --------------------------------------------------------------------------------------------
-def randk_domain(d: int) -> tuple[int, int, int, int]:
-    """(m, mask_lo, hmask, nb) of the Feistel domain of [0, d): values v = (l, r), l = v >> m in
-    Z_nb, r = v & mask_lo in Z_{2^m}, with b = ⌈log₂ d⌉, m = ⌊b/2⌋, nb = ⌈d / 2^m⌉ and
-    hmask = 2^(b−m) − 1 (< 2·nb: a round value masked by it needs one subtraction of nb). The
-    domain nb·2^m exceeds d by less than 2^m ≈ √d, so cycle walking is rare (a power-of-two
-    domain walks up to half the draws: d just above 2^b)."""
-    b = 0
-    while (1 << b) < d:
-        b += 1
-    m = b // 2
-    return m, (1 << m) - 1, (1 << (b - m)) - 1, (d + (1 << m) - 1) >> m
-
-
 @njit(cache=True, inline="always")
 def _feistel(  # pragma: no cover - compiled
     v: np.uint64,
@@ -1553,7 +1535,7 @@ def _feistel(  # pragma: no cover - compiled
     r2: np.uint64,
     r3: np.uint64,
 ) -> np.uint64:
-    """A 4-round Feistel permutation of Z_nb × Z_{2^m} (:func:`randk_domain`): the left half
+    """A 4-round Feistel permutation of Z_nb × Z_{2^m} (``sparse.randk_domain``): the left half
     adds a round value modulo nb, the right half XORs one (each round a bijection)."""
     left = v >> m
     right = v & mask_lo
@@ -1594,17 +1576,14 @@ def randk_indices(  # pragma: no cover - compiled
     k: int,
     rot_tries: int,
     idx: np.ndarray,
-    m: int,
-    mask_lo: int,
-    hmask: int,
-    nb: int,
+    dom: tuple[int, int, int, int],
 ) -> None:
     """idx[r, i] = (π_r(i) + ρ_r) mod d for i < k (twin of ``sparse.randk_indices_torch``);
-    (m, mask_lo, hmask, nb) = :func:`randk_domain` (d)."""
-    um = np.uint64(m)
-    ulo = np.uint64(mask_lo)
-    uh = np.uint64(hmask)
-    unb = np.uint64(nb)
+    ``dom`` = (m, mask_lo, hmask, nb) = ``sparse.randk_domain(d)``."""
+    um = np.uint64(dom[0])
+    ulo = np.uint64(dom[1])
+    uh = np.uint64(dom[2])
+    unb = np.uint64(dom[3])
     ud = np.uint64(d)
     for r in range(lo.shape[0]):
         k0 = lo[r]
@@ -1694,10 +1673,7 @@ def randk_block(  # pragma: no cover - compiled
     d: int,
     rot_tries: int,
     idx: np.ndarray,
-    m: int,
-    mask_lo: int,
-    hmask: int,
-    nb: int,
+    dom: tuple[int, int, int, int],
     w0: int,
     w1: int,
     status: np.ndarray,
@@ -1708,10 +1684,10 @@ def randk_block(  # pragma: no cover - compiled
     rounds over a shrinking list. The same indices as :func:`randk_indices`."""
     k = idx.shape[1]
     nch = (k + CHUNK - 1) // CHUNK
-    um = np.uint32(m)
-    ulo = np.uint32(mask_lo)
-    uh = np.uint32(hmask)
-    unb = np.uint32(nb)
+    um = np.uint32(dom[0])
+    ulo = np.uint32(dom[1])
+    uh = np.uint32(dom[2])
+    unb = np.uint32(dom[3])
     ud = np.uint64(d)
     y = np.empty(CHUNK, dtype=np.uint32)
     pending = np.empty(CHUNK, dtype=np.int64)

@@ -46,12 +46,29 @@ from .base import (
     take,
 )
 
-__all__ = ["Bernoulli", "LazyBernoulli", "RandK", "RandKScaled", "randk_indices_torch"]
+__all__ = [
+    "Bernoulli",
+    "LazyBernoulli",
+    "RandK",
+    "RandKScaled",
+    "randk_domain",
+    "randk_indices_torch",
+]
 
 #: fold tag of the rand-k permutation keys
 RANDK_TAG = "rand_k"
 #: 32-bit words tried for the uniform rotation (rejection probability < d/2³² each)
 ROT_TRIES = 8
+
+
+def randk_domain(d: int) -> tuple[int, int, int, int]:
+    """(m, mask_lo, hmask, nb) of the Feistel domain of [0, d): values v = (l, r), l = v >> m in
+    Z_nb, r = v & mask_lo in Z_{2^m}, with b = ⌈log₂ d⌉, m = ⌊b/2⌋, nb = ⌈d / 2^m⌉ and
+    hmask = 2^(b−m) − 1 (< 2·nb: a round value masked by it needs one subtraction of nb). The
+    domain nb·2^m exceeds d by less than 2^m ≈ √d, so cycle walking is rare (a power-of-two
+    domain walks up to half the draws: d just above a power of two)."""
+    m = _log2ceil(d) // 2
+    return m, (1 << m) - 1, (1 << (_log2ceil(d) - m)) - 1, (d + (1 << m) - 1) >> m
 
 
 def _feistel(
@@ -74,7 +91,7 @@ def randk_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
 
     ``keys`` are the already folded permutation keys (``row_keys.fold("rand_k")``).
     """
-    m, mask_lo, hmask, nb = K.randk_domain(d)
+    m, mask_lo, hmask, nb = randk_domain(d)
     words = keys.bits32(4 + ROT_TRIES)
     rk = [words[..., t : t + 1] for t in range(4)]
     w = words[..., 4:]
@@ -136,11 +153,11 @@ class _RandKBase(Sparsifier):
         if numba:
             lo, hi = _keys_rows(pk)
             idx = np.empty((lo.shape[0], k), dtype=np.int64)
-            dom = K.randk_domain(d)
+            dom = randk_domain(d)
             if d <= 1 << 32:  # vectorized uint32 Feistel, blocks of indices on the threads
-                K.run(K.randk_block, idx, lo, hi, d, ROT_TRIES, idx, *dom)
+                K.run(K.randk_block, idx, lo, hi, d, ROT_TRIES, idx, dom)
             else:
-                K.randk_indices(lo, hi, d, k, ROT_TRIES, idx, *dom)
+                K.randk_indices(lo, hi, d, k, ROT_TRIES, idx, dom)
             return torch.from_numpy(idx).reshape(*keys.shape, k)
         return randk_indices_torch(pk, d, k)
 
