@@ -272,3 +272,42 @@ def test_a_16_bit_model_at_bucket_granularity_sends_16_bit_values(dtype: torch.d
             assert torch.equal(fast[r]["params"][t], fast[0]["params"][t])
             assert torch.equal(fast[r]["params"][t], slow[r]["params"][t]), (r, t)
     assert not torch.equal(fast[0]["params"][0], fast[0]["params"][-1])
+
+
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("partial", "holds some tensors of the bucket of tensors #0, #1 but not [1]"),
+        ("rounds", "have method states of different rounds [1, 2]"),
+        ("structure", "have method states of other structures"),
+        ("shared", "differ in 'server.w', which is not per-entry state"),
+    ],
+)
+def test_a_bucket_unit_is_not_joined_from_entries_that_do_not_fit(case: str, message: str) -> None:
+    """Joining a bucket unit of tensors #0 (3 entries) and #1 (2 entries) from their pending
+    entries refuses, naming the bucket: an entry missing (a checkpoint of another model), other
+    rounds, other leaves, or a leaf that is not per-entry (not split along the tensor) but
+    differs between them — never a silently mixed state."""
+    from shrinkgrad.distributed.hooks.memory import Memory
+    from shrinkgrad.distributed.hooks.plan import GROUP_BASE
+
+    def template(uid: int) -> Any:
+        raise AssertionError("a refused join builds no state")
+
+    g3, g2, w = torch.zeros(1, 3), torch.zeros(1, 2), torch.ones(1)
+    pending = {
+        "partial": {0: (1, {"clients.g": g3})},
+        "rounds": {0: (1, {"clients.g": g3}), 1: (2, {"clients.g": g2})},
+        "structure": {0: (1, {"clients.g": g3}), 1: (1, {"clients.h": g2})},
+        "shared": {
+            0: (1, {"clients.g": g3, "server.w": w}),
+            1: (1, {"clients.g": g2, "server.w": 2 * w}),
+        },
+    }[case]
+    memory = Memory(template)
+    memory.groups[GROUP_BASE] = ((0, 3), (1, 2))
+    memory.pending = dict(pending)
+    with pytest.raises(RuntimeError) as info:
+        memory.get(GROUP_BASE)
+    assert message in str(info.value)
+    assert "the bucket of tensors #0, #1" in str(info.value)

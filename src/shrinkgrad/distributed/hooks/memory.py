@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ...methods.base import State
-from .plan import Unit
+from .plan import Unit, bucket_label
 
 __all__ = ["STATE_FORMAT", "Memory"]
 
@@ -164,9 +164,7 @@ class Memory:
             entry = self._join(uid, members)
             if entry is None:
                 return None
-            where = "the hook state of the bucket of tensors #" + ", #".join(
-                str(m) for m, _ in members
-            )
+            where = f"the hook state of {bucket_label(members)}"
         elif uid in self.pending:
             entry = self.pending.pop(uid)
             if self._snapshots:
@@ -211,6 +209,7 @@ class Memory:
         its method then initialises it). The live bucket units holding any of its parameters
         are split into entries first: DDP regrouped them."""
         ids = [m for m, _ in members]
+        label = bucket_label(members)
         wanted = set(ids)
         for other, held in list(self.groups.items()):
             if other != uid and other in self.states and wanted & {m for m, _ in held}:
@@ -221,7 +220,7 @@ class Memory:
         if len(have) != len(ids):
             lack = [m for m in ids if m not in self.pending]
             raise RuntimeError(
-                f"the hook state holds some tensors of this bucket but not {lack}: the checkpoint "
+                f"the hook state holds some tensors of {label} but not {lack}: the checkpoint "
                 "belongs to another model (or another parameter order)"
             )
         entries = [self.pending.pop(m) for m in ids]
@@ -230,12 +229,12 @@ class Memory:
         rounds = {r for r, _ in entries}
         if len(rounds) > 1:
             raise RuntimeError(
-                f"the tensors #{ids} of one bucket have method states of different rounds "
+                f"the tensors of {label} have method states of different rounds "
                 f"{sorted(rounds)}: they cannot be joined into one bucket unit"
             )
         names = set(entries[0][1])
         if any(set(e) != names for _, e in entries):
-            raise RuntimeError(f"the tensors #{ids} of one bucket have states of other structures")
+            raise RuntimeError(f"the tensors of {label} have method states of other structures")
         joined: dict[str, Any] = {}
         for name in sorted(names):
             values = [e[name] for _, e in entries]
@@ -245,7 +244,7 @@ class Memory:
                 joined[name] = values[0]
             else:
                 raise RuntimeError(
-                    f"the tensors #{ids} of one bucket differ in {name!r}, which is not "
+                    f"the tensors of {label} differ in {name!r}, which is not "
                     "per-entry state: they cannot be joined into one bucket unit"
                 )
         return rounds.pop(), joined

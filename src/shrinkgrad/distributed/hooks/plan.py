@@ -93,13 +93,16 @@ class Unit:
     @property
     def label(self) -> str:
         """How errors name it."""
-        if not self.members:
-            return f"tensor #{self.uid}"
-        return "the bucket of tensors #" + ", #".join(str(m) for m, _ in self.members)
+        return bucket_label(self.members) if self.members else f"tensor #{self.uid}"
 
     def slice(self, t: torch.Tensor) -> torch.Tensor:
         """This tensor's part of a bucket-sized vector."""
         return t[self.offset : self.offset + self.numel]
+
+
+def bucket_label(members: tuple[tuple[int, int], ...]) -> str:
+    """How errors name a bucket unit: by its parameters' canonical ids."""
+    return "the bucket of tensors #" + ", #".join(str(m) for m, _ in members)
 
 
 @dataclasses.dataclass
