@@ -70,6 +70,29 @@ def test_clustered_large_entries_overflow_chunk_slots(fused_calls: list[int]) ->
     assert fused_calls
 
 
+def test_a_partial_last_mask_word_is_selected_from(fused_calls: list[int]) -> None:
+    # the candidates of a chunk are a bitmask of 64 entries a word: a row whose length is no
+    # multiple of 64 ends in a partial word, here holding the largest entries and then a NaN
+    g = torch.Generator().manual_seed(3)
+    d = D + 37
+    a = torch.randn(d, generator=g)
+    b = 0.5 * torch.randn(d, generator=g)
+    a[-37:] = 100.0 + torch.arange(37.0)
+    c = make_compressor(f"top_k[k={K_}]")
+    x = a - b
+    idx, _ = c.sparse(x)
+    want = torch.topk(x.abs(), K_).indices.sort().values  # (no ties: continuous values)
+    assert torch.equal(idx, want) and (idx[-37:] == torch.arange(d - 37, d)).all()
+    _check(a, b)
+    _check(torch.stack([a, a.flip(0)]), torch.stack([b, b.flip(0)]))  # rows at odd offsets
+    assert fused_calls
+    a[-1] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        c.sparse_difference(a, b)
+    with pytest.raises(ValueError, match="non-finite"):
+        c.sparse(a - b)
+
+
 def test_ties_go_to_the_lower_index() -> None:
     a, b = _pair()
     _check((4 * a).round(), (4 * b).round())  # many equal magnitudes at the k-th
