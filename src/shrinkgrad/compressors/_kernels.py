@@ -788,11 +788,11 @@ def _set_bits(bits: np.ndarray, m: int, pos: np.ndarray) -> int:  # pragma: no c
         pos[cnt] = base + np.int64(trailing_zeros(word | top))  # type: ignore[call-arg]
         cnt += word != 0
         word &= word - one
-        pos[cnt] = base + np.int64(trailing_zeros(word | top))  # type: ignore[call-arg]
+        pos[cnt] = base + np.int64(trailing_zeros(word | top))
         cnt += word != 0
         word &= word - one
         while word:
-            pos[cnt] = base + np.int64(trailing_zeros(word))  # type: ignore[call-arg]
+            pos[cnt] = base + np.int64(trailing_zeros(word))
             cnt += 1
             word &= word - one
     return cnt
