@@ -1223,13 +1223,15 @@ def topk_select(  # pragma: no cover - compiled
                 offs = eo[est[c] : est[c] + cnt]
                 raws = er[est[c] : est[c] + cnt]
             j0 = c * CHUNK
-            for t in range(cnt):
+            for t in range(cnt):  # branch-free: the slot o is written, then kept or not
                 a = raws[t] & mask
-                if a > kth or (a == kth and need > 0):
-                    need -= a == kth
+                eq = a == kth
+                keep = (a > kth) | (eq & (need > 0))
+                need -= keep & eq
+                if o < k:  # (false only after the k-th kept entry)
                     idx[r, o] = j0 + np.int64(offs[t])
                     vals[r, o] = raws[t]
-                    o += 1
+                o += keep
         starts[r, nch] = o
     return OK
 
