@@ -1,6 +1,8 @@
 """A/B of the DDP hook's CPU time: this tree against another version, alternating runs.
 
-Run: ``python benchmarks/ab_ddp_hook.py [--old REF] [--rounds 3] [--steps 5] [--only ...]``.
+Run: ``python benchmarks/ab_ddp_hook.py [--old REF] [--rounds 3] [--steps 5] [--only ...]
+[--dtype float32|bfloat16|float16] [--granularity tensor|bucket]`` (``--granularity bucket``
+needs an old version that has ``CompressionState(granularity=)``).
 
 ``REF`` (default ``main``) is any git revision of this repository: its ``src/`` is exported with
 ``git archive`` into a temporary directory (no worktree, nothing checked out). Then
@@ -47,6 +49,8 @@ def run_once(src: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cmd += ["--world", str(args.world), "--clock", args.clock, "--dtype", args.dtype]
     if args.only:
         cmd += ["--only", *args.only]
+    if args.granularity != "tensor":
+        cmd += ["--granularity", args.granularity]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     with open(out, encoding="utf-8") as fh:
         data: dict[str, Any] = json.load(fh)
@@ -67,6 +71,12 @@ def main() -> None:
         help="cpu (default): the process's CPU time, robust to other load; wall: elapsed time",
     )
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    ap.add_argument(
+        "--granularity",
+        choices=["tensor", "bucket"],
+        default="tensor",
+        help="the hook's unit of compression (benchmarks/ddp_hook.py --granularity)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old_src = export(args.old, Path(tmp))
