@@ -980,30 +980,31 @@ def _candidates_diff_chunk(  # pragma: no cover - compiled
     pos: np.ndarray,
     so: np.ndarray,
     sr: np.ndarray,
-    one: np.ndarray,
-    one_u: np.ndarray,
+    scratch: np.ndarray,
+    su: np.ndarray,
     rnd: int,
 ) -> tuple[int, bool]:
     """:func:`_candidates_chunk` of a − b in one read of a and b: the bitmask comes from the
     difference in registers (``tau``: a float threshold on |a − b|, for ROUND_BF16 the
     smallest magnitude that rounds to the bfloat16 threshold or above), and only the
-    candidates' differences are computed again and rounded (``one``/``one_u``: a 1-entry float
-    buffer and its pattern view)."""
-    _, emask = _abs_mask(one_u)
+    candidates' differences are computed again, into ``scratch`` (``su``: its pattern view),
+    and rounded there as one block."""
+    _, emask = _abs_mask(su)
     _mask_diff_block(a, b, tau, bits)
     cnt = _set_bits(bits, a.size, pos)
-    kept = min(cnt, so.size)
-    bad = False
     for t in range(cnt):
         i = pos[t]
-        one[0] = load(a, i) - b[i]
-        if rnd == ROUND_BF16:
-            _round_bf16_block(one_u)
-        v = one_u[0]
-        bad |= (v & emask) == emask
-        if t < kept:
-            so[t] = i
-            sr[t] = v
+        scratch[t] = load(a, i) - b[i]
+    us = su[:cnt]
+    if rnd == ROUND_BF16:
+        _round_bf16_block(us)
+    bad = False
+    for t in range(cnt):
+        bad |= (us[t] & emask) == emask
+    kept = min(cnt, so.size)
+    for t in range(kept):
+        so[t] = pos[t]
+        sr[t] = us[t]
     return cnt, bad
 
 
@@ -1054,8 +1055,6 @@ def topk_candidates_diff(  # pragma: no cover - compiled
     pos = np.empty(CHUNK + 2, dtype=np.int64)
     scratch = np.empty(CHUNK, dtype=b2.dtype)
     su = scratch.view(tb.dtype)
-    one = scratch[:1]
-    one_u = su[:1]
     taus = np.empty(tb.size, dtype=b2.dtype)
     tu = taus.view(tb.dtype)
     tu[:] = tb  # the thresholds as floats (patterns of non-negative floats)
@@ -1079,7 +1078,7 @@ def topk_candidates_diff(  # pragma: no cover - compiled
         if rnd == ROUND_NONE or taus[r] > 0:
             a = a2[r, j0 : j0 + m]
             b = b2[r, j0 : j0 + m]
-            cnt, bad = _candidates_diff_chunk(a, b, taus[r], bits, pos, so, sr, one, one_u, rnd)
+            cnt, bad = _candidates_diff_chunk(a, b, taus[r], bits, pos, so, sr, scratch, su, rnd)
         else:
             xs = _diff_chunk(a2[r, j0 : j0 + m], b2[r, j0 : j0 + m], scratch, su, rnd)
             cnt, bad = _candidates_chunk(xs, tb[r], bits, pos, so, sr)
