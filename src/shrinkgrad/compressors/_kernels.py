@@ -2375,10 +2375,19 @@ def _mirror_blocks(  # pragma: no cover - compiled
 ) -> None:
     """The block-wise walk of :func:`bf16_at` and :func:`sparse_add_bf16_at` over the ``runs``
     ascending runs of ``idx`` (:func:`_count_runs`, checked in range): block by block of the
-    float32 ``g`` (ADD_BLOCK entries), every run's entries of the block in run order —
-    with ``add``, g[j] += vals[t] (−= with ``negate``; ``sparse_add``'s order) — marked in a
-    bitmap, then mirror[j] = bfloat16(g[j]) at the marked entries (:func:`_bf16_marked`),
-    after the block's last addition to each."""
+    float32 ``g`` (ADD_BLOCK entries), every run's entries of the block in run order.
+
+    With ``add``: g[j] += vals[t] (−= with ``negate``; ``sparse_add``'s order), each followed
+    by mirror[j] = bfloat16(g[j]) while g[j] is in a register. An entry that several runs
+    touch is converted once per run, the last time after its last addition, so it ends as the
+    bfloat16 of its final sum. This measured 0.82–0.90× the time of the bitmap sweep below
+    (2 and 4 runs of 1 % of 10.5 M entries, cold), which re-read g and paid a mispredicted
+    loop exit per bitmap word.
+
+    Without: the block's entries are marked in a bitmap, then converted in one ascending sweep
+    (:func:`_bf16_marked`), which the hardware prefetcher follows as it follows a single run;
+    here g is not loaded by the runs, and converting at each run's entry measured 1.15–1.7×
+    as long."""
     n = g.size
     src = g.view(np.uint32)  # the float32 patterns of g (the same memory)
     cur, end = _run_bounds(idx, runs, strict)  # each run's next entry, and its end
@@ -2396,11 +2405,14 @@ def _mirror_blocks(  # pragma: no cover - compiled
                 j = idx[t]
                 if add:
                     g[j] += -vals[t] if negate else vals[t]  # x − v = x + (−v) exactly
-                q = j - b0
-                marks[q >> 6] |= np.uint64(1) << np.uint64(q & 63)
+                    mirror[j] = _bf16_of(src[j])
+                else:
+                    q = j - b0
+                    marks[q >> 6] |= np.uint64(1) << np.uint64(q & 63)
                 t += 1
             cur[r] = t
-        _bf16_marked(marks, b0, mirror, src)
+        if not add:
+            _bf16_marked(marks, b0, mirror, src)
 
 
 def bf16_patterns(t: torch.Tensor) -> np.ndarray:
@@ -2420,9 +2432,8 @@ def bf16_at(  # pragma: no cover - compiled
     without a dense pass. Indices made of a few ascending runs (the hook's aggregate: the n
     ranks' sorted Top-k lists) are converted block by block (ADD_BLOCK entries), as in
     :func:`sparse_add`: the runs' entries of a block are marked in a bitmap, then converted in
-    one ascending sweep (each entry once; the result does not depend on the order), which the
-    hardware prefetcher follows as it follows a single run. False (nothing written) when an
-    index is outside [0, len)."""
+    one ascending sweep (:func:`_mirror_blocks`; each entry once; the result does not depend
+    on the order). False (nothing written) when an index is outside [0, len)."""
     n = out.size
     m = idx.size
     runs = _count_runs(idx, n, False)  # repeats allowed within a run
@@ -2451,28 +2462,21 @@ def sparse_add_bf16_at(  # pragma: no cover - compiled
 
     The same bits as the two calls: the additions in :func:`sparse_add`'s order (block by
     block, the runs' entries of a block in run order: each index's additions in index order),
-    and each touched entry converted (:func:`_bf16_of`) after the block's last addition to it
-    (a bitmap of the block's entries, converted in one sweep, as :func:`bf16_at` does), so a
-    repeated index (several ranks picked it) gets the bfloat16 of its final sum. False, with
-    both vectors untouched, when an index lies outside [0, out.size) or ``mirror`` has
-    another length."""
+    and each touched entry converted (:func:`_bf16_of`) right after each addition to it
+    (:func:`_mirror_blocks`), so a repeated index (several ranks picked it) ends with the
+    bfloat16 of its final sum. False, with both vectors untouched, when an index lies outside
+    [0, out.size) or ``mirror`` has another length."""
     n = out.size
     m = idx.size
     runs = _count_runs(idx, n, True)
     if runs < 0 or mirror.size != n:
         return False
     src = out.view(np.uint32)  # the float32 patterns of out (the same memory)
-    if runs == 1:  # each index once: its conversion follows its addition
+    if runs == 1 or runs > ADD_MAX_RUNS:  # the loop in order, converting after each addition
         for t in range(m):
             j = idx[t]
             out[j] += -vals[t] if negate else vals[t]  # x − v = x + (−v) exactly
             mirror[j] = _bf16_of(src[j])
-        return True
-    if runs > ADD_MAX_RUNS:  # no structure to use: the loop in order, then the conversions
-        for t in range(m):
-            out[idx[t]] += -vals[t] if negate else vals[t]
-        for t in range(m):
-            mirror[idx[t]] = _bf16_of(src[idx[t]])
         return True
     _mirror_blocks(out, idx, vals, negate, True, mirror, runs, True)
     return True
