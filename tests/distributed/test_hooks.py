@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,13 @@ def _user_errors(rank: int, world: int) -> list[str]:
         {"compressor": "top_k", "method": "ef21_sgdm", "momentum": 0.5},
         {"compressor": "top_k", "method": "ef21_sgd[b=4]"},
         {"compressor": "top_k", "method": "iag"},
+        # a method and a compressor that cannot run together: refused by the method's own
+        # check (Method.bind) when the state is built, also where no tensor of the model would
+        # reach min_numel (the tensors' own check would then never run)
+        {"compressor": "rand_k", "ratio": 0.1, "method": "ef21"},
+        {"compressor": "top_k", "ratio": 0.1, "method": "dcgd"},
+        {"compressor": "top_k", "ratio": 0.1, "method": "gd"},
+        {"compressor": "rand_k", "ratio": 0.1, "method": "ef21", "min_numel": 10**9},
     ]
     for kw in attempts:
         try:
@@ -252,16 +260,6 @@ def _user_errors(rank: int, world: int) -> list[str]:
             out.append("no error")
         except (ValueError, TypeError) as e:
             out.append(str(e))
-    # an unbiased compressor with ω >= 1 under error feedback: refused when the bucket is seen,
-    # by the method's own check (Method.bind)
-    model = DDP(torch.nn.Linear(64, 1, bias=False))
-    state = CompressionState("rand_k", ratio=0.1, method="ef21", min_numel=0)
-    model.register_comm_hook(state, compression_hook)
-    try:
-        model(torch.ones(2, 64)).sum().backward()
-        out.append("no error")
-    except (ValueError, RuntimeError) as e:
-        out.append(str(e))
     dist.barrier()
     return out
 
@@ -287,13 +285,48 @@ def test_user_mistakes_are_clear_errors() -> None:
         first[8],
         "iag has no per-tensor rule for a DDP communication hook",
         "ef21 needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] Def. 1)",
+        "dcgd needs an unbiased compressor (E[Q(x)] = x, [K18] Def. 1)",
+        first[12],
+        "ef21 needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] Def. 1)",
     ]
+    assert first[12].startswith("gd sends uncompressed gradients and takes no compressor")
     assert first[5].startswith("unknown compressor 'nope'")
     assert first[8].startswith("ef21_sgd[b=4] samples minibatches through the problem's oracle")
     # a method that cannot run in a hook names those that can
     for m in (msgs[8], msgs[9]):
         assert m.endswith(f"the methods that run there: {hook_methods}")
-    assert "Use scaled(rand_k[k=7])" in msgs[10]  # and the method's check says what to use
+    assert "Use scaled(rand_k[k=" in msgs[10]  # and the method's check says what to use
+
+
+def _compressed_or_warned(rank: int, world: int) -> list[list[str]]:
+    """The hook's warnings over two steps of a small model (every tensor below min_numel),
+    and of the same model with min_numel=0."""
+    out = []
+    for min_numel in (1024, 0):
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(20, 50), torch.nn.Linear(50, 1)))
+        state = CompressionState("top_k", ratio=0.1, method="ef21", min_numel=min_numel)
+        model.register_comm_hook(state, compression_hook)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                model(torch.ones(2, 20)).sum().backward()
+        out.append([str(w.message) for w in seen if issubclass(w.category, UserWarning)])
+    dist.barrier()
+    return out
+
+
+def test_a_model_with_nothing_to_compress_is_warned_about_once() -> None:
+    """The README's two lines on a model whose tensors all have fewer than min_numel entries
+    compress nothing: the hook says so (once, at the end of the first iteration), and names
+    the option; a model with a compressed tensor gets no such warning."""
+    (small, compressed), _ = spawn(_compressed_or_warned, 2)
+    assert small == [
+        "CompressionState: no tensor of this model has min_numel=1024 entries or more, so "
+        "nothing is compressed (every gradient is sent dense by ef21); lower min_numel to "
+        "compress smaller tensors"
+    ]
+    assert compressed == []
 
 
 def _aliases(rank: int, world: int) -> list[str]:

@@ -252,7 +252,25 @@ class Settings:
         refusal = None if C is None else granularity_refusal(C, granularity)
         if refusal is not None:
             raise ValueError(refusal)
+        out.check_pairing()
         return out
+
+    def check_pairing(self) -> None:
+        """Refuse a method that cannot run with the compressor (EF21 with an unbiased rand_k,
+        DCGD with Top-k, ...) when the state is built: the method is bound once, as every
+        compressed tensor is bound later (:meth:`~shrinkgrad.methods.Method.bind`), for the
+        smallest compressed size (``min_numel``) or, where the compressor cannot take that
+        many entries (``top_k[k=5000]``), 2²⁰ — so a model whose tensors are all below
+        ``min_numel`` is not spared the check. A compressor too large for both sizes is left to
+        the tensors' own check."""
+        for d in dict.fromkeys((max(self.min_numel, 1), 1 << 20)):
+            try:
+                C = self.compressor_for(d)
+            except ValueError:
+                continue
+            if C is not None:
+                self.method.bind(self.constants(d), C, stepsize=1.0, seed=self.seed)
+            return
 
     # -- the ranks' weights ----------------------------------------------------------------------
     def _check_weights(self, weights: Sequence[float] | torch.Tensor | None) -> torch.Tensor | None:

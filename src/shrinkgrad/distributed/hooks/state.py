@@ -15,6 +15,7 @@ iteration. It also keeps the iteration counter, the byte counters and the loss-s
 # (``bucket: dist.GradBucket``, return exactly ``torch.futures.Future[torch.Tensor]``), and string
 # annotations fail that check.
 import functools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -396,6 +397,15 @@ class CompressionState:
     def _end_bucket(self, bucket: GradBucket, dense_bytes: int) -> None:
         self.dense_bytes += dense_bytes
         if bucket.is_last():
+            if not self.planner.sealed and not any(p.compressed for p in self.planner.plans):
+                warnings.warn(
+                    f"CompressionState: no {self.settings.granularity} of this model has "
+                    f"min_numel={self.settings.min_numel} entries or more, so nothing is "
+                    f"compressed (every gradient is sent dense by {self.method.name}); lower "
+                    "min_numel to compress smaller tensors",
+                    UserWarning,
+                    stacklevel=2,
+                )
             step = self.comm.step_bytes
             self.bytes_sent += step
             self.last_step_bytes = step
