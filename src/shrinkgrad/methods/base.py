@@ -190,10 +190,18 @@ class State(Generic[ServerT, ClientT]):
 # Problem constants and gradient oracles
 # --------------------------------------------------------------------------------------------
 class ProblemLike(Protocol):
-    """What binding a method needs from a problem: sizes and smoothness constants."""
+    """What binding a method needs from a problem: sizes and smoothness constants (read
+    only: a problem's attributes and the frozen :class:`Constants` both qualify)."""
 
-    n: int
-    d: int
+    @property
+    def n(self) -> int:
+        """The number of clients."""
+        ...
+
+    @property
+    def d(self) -> int:
+        """The dimension."""
+        ...
 
     @property
     def L(self) -> float | None:
