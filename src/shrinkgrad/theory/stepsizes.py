@@ -24,7 +24,7 @@ from typing import SupportsFloat
 import numpy as np
 import torch
 
-from .constants import check_alpha, check_nonnegative, check_positive, xi
+from .constants import _as_float, check_alpha, check_nonnegative, check_positive, xi
 
 __all__ = [
     "dcgd_neighborhood",
@@ -328,6 +328,23 @@ def ef21_sgd_nu(alpha: SupportsFloat, sigma2: SupportsFloat = 0.0) -> float:
     return math.inf if a == 1.0 else a / (2.0 * (1.0 - a))
 
 
+def _nu(a: float, sigma2: SupportsFloat, nu: SupportsFloat | None) -> float:
+    """ν as given (or :func:`ef21_sgd_nu`'s default), validated for the contraction α = ``a``.
+
+    ν = ∞ is accepted at α = 1 only: it is :func:`ef21_sgd_nu`'s value there, the limit of
+    α/(2(1 − α)) as α → 1, and a legitimate one, since without compression error
+    (1 + ν)(1 − α) = 0 for every finite ν, the step 1/(L + L̃ ξ(1)) = 1/L does not depend on ν,
+    and the noise constant (1 + ν)(1 − α) + 1 + 1/ν of the recursion tends to 1 (the floor σ²;
+    the (D) derivation of :func:`stepsize_ef21_sgd`, from [EF21] Lemma 3).
+    """
+    if nu is None:
+        return ef21_sgd_nu(a, sigma2)
+    v = _as_float("nu", nu)
+    if a == 1.0 and v == math.inf:
+        return v
+    return check_nonnegative("nu", v)
+
+
 def _alpha_nu(a: float, nu: float) -> float:
     if a == 1.0 or nu == 0.0:
         return a
@@ -360,14 +377,15 @@ def stepsize_ef21_sgd(
     (1/T) Σ_t E‖∇f(x^t)‖² ≤ 2Φ⁰/(γT) + :func:`ef21_sgd_noise_floor`.
 
     ``nu`` defaults to :func:`ef21_sgd_nu` (0 when ``sigma2`` is 0, so the rule is then exactly
-    :func:`stepsize_ef21`). (?) [BW] Thm 4 states EF21-SGD under the more general "ABC"
-    assumption with its own constants, which were not available to check; this rule is the
-    bounded-variance special case derived above, and the authors' code runs EF21-SGD with the
-    deterministic step (V).
+    :func:`stepsize_ef21`); ν = ∞, that function's value at α = 1, is accepted there (no
+    compression: the step is 1/L for every ν). (?) [BW] Thm 4 states EF21-SGD under the more
+    general "ABC" assumption with its own constants, which were not available to check; this
+    rule is the bounded-variance special case derived above, and the authors' code runs EF21-SGD
+    with the deterministic step (V).
     """
     L_, Q = check_nonnegative("L", L), check_nonnegative("L_QM", L_QM)
     a = check_alpha(alpha)
-    v = ef21_sgd_nu(a, sigma2) if nu is None else check_nonnegative("nu", nu)
+    v = _nu(a, sigma2, nu)
     return _inverse(L_ + Q * xi(_alpha_nu(a, v)), "stepsize_ef21_sgd")
 
 
@@ -387,7 +405,7 @@ def stepsize_ef21w_sgd(
     """
     L_, A = check_nonnegative("L", L), check_nonnegative("L_AM", L_AM)
     a = check_alpha(alpha)
-    v = ef21_sgd_nu(a, sigma2) if nu is None else check_nonnegative("nu", nu)
+    v = _nu(a, sigma2, nu)
     return _inverse(L_ + A * xi(_alpha_nu(a, v)), "stepsize_ef21w_sgd")
 
 
@@ -425,7 +443,7 @@ def ef21_sgd_noise_floor(
     """
     a = check_alpha(alpha)
     s2 = check_nonnegative("sigma2", sigma2)
-    v = ef21_sgd_nu(a, s2) if nu is None else check_nonnegative("nu", nu)
+    v = _nu(a, s2, nu)
     if s2 == 0.0:
         return 0.0
     if a == 1.0:
