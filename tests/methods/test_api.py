@@ -122,7 +122,7 @@ def test_theory_rules_follow_methods_md(lsq: LeastSquares) -> None:
         ("ef21", "top_k[k=2]"): (1 / (L + L_QM * xi(a)), "stepsize_ef21"),
         ("ef21[rule=reloaded]", "top_k[k=2]"): (1 / (L + L_AM * xi(a)), "stepsize_ef21_reloaded"),
         ("ef21_w", "top_k[k=2]"): (1 / (L + L_AM * xi(a)), "stepsize_ef21_reloaded"),
-        ("gd", None): (1 / L, "stepsize_dcgd"),
+        ("gd", None): (1 / L, "1/L"),
         ("dcgd", UnbiasedRandK(2)): (
             1 / (L + 2 * (lsq.d / 2 - 1) * L_max / lsq.n),
             "stepsize_dcgd",

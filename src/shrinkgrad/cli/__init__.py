@@ -15,13 +15,13 @@ import importlib
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from ..storage import StorageError
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "exit_interrupted", "main"]
 
 #: command name -> ("module:attribute", one-line help shown by ``shrinkgrad --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: key of ``ctx.meta`` holding the subcommand being run, as ``(name, command)``
+_SUBCOMMAND = "shrinkgrad.subcommand"
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
@@ -53,6 +57,26 @@ class LazyGroup(click.Group):
         cmd = getattr(importlib.import_module(module), attr)
         assert isinstance(cmd, click.Command)
         return cmd
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if name is not None and cmd is not None:
+            ctx.meta[_SUBCOMMAND] = (name, cmd)  # for the usage errors click leaves without one
+        return name, cmd, rest
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.UsageError as e:
+            # click raises some parse errors of a subcommand's options (a missing value:
+            # "Option '--eps' requires an argument") without a context; name the subcommand so
+            # that the error points to its help, not the group's
+            sub = ctx.meta.get(_SUBCOMMAND)
+            if e.ctx is None and sub is not None:
+                e.ctx = click.Context(sub[1], info_name=sub[0], parent=ctx)
+            raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_) for name, (_, help_) in sorted(COMMANDS.items())]
@@ -87,9 +111,17 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def _exit_interrupted(word: str) -> None:
-    """Exit with status 130 after Ctrl-C; a further Ctrl-C while exiting is ignored (it would
-    otherwise end the process by SIGINT, not with the status)."""
+#: click >= 8.2 raises this (a UsageError whose message is the help) for a group given no
+#: arguments; older versions print the help and exit 0 themselves
+_NO_ARGS_IS_HELP: tuple[type[click.exceptions.UsageError], ...] = tuple(
+    c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c is not None
+)
+
+
+def exit_interrupted(word: str) -> NoReturn:
+    """Print ``word`` and exit with status 130 after Ctrl-C; a further Ctrl-C while exiting is
+    ignored (it would otherwise end the process by SIGINT, not with the status). Commands that
+    catch the interruption themselves call it with their own message (``train``)."""
     with contextlib.suppress(ValueError):  # not the main thread: nothing to protect
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     click.echo(word, err=True)
@@ -101,9 +133,12 @@ def main(argv: list[str] | None = None) -> Any:
     try:
         return cli.main(args=argv, prog_name="shrinkgrad", standalone_mode=False)
     except click.exceptions.Abort:
-        _exit_interrupted("aborted")
+        exit_interrupted("aborted")
     except KeyboardInterrupt:
-        _exit_interrupted("interrupted")
+        exit_interrupted("interrupted")
+    except _NO_ARGS_IS_HELP as e:  # bare ``shrinkgrad``: the help alone, as click shows it
+        e.show()
+        sys.exit(e.exit_code)
     except click.exceptions.UsageError as e:  # one line, like every other user mistake
         where = e.ctx.command_path if e.ctx is not None else "shrinkgrad"
         click.echo(f"error: {e.format_message()} (see '{where} --help')", err=True)

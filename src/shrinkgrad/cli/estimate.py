@@ -91,6 +91,7 @@ def estimate_cmd(
     from ..methods import make_method
     from ..network.estimate import estimate, measure_rounds, rounds_theorem
     from ..problems import make_problem
+    from ..sim.engine import check_round_memory
 
     if rounds is None:
         rounds_theorem(method)  # a method no theorem covers: refuse before building anything
@@ -99,7 +100,9 @@ def estimate_cmd(
     for net in nets:  # per-client lists of the wrong length, before any simulation
         net.links(prob.n)
         net.compute_times(prob.n)
-    bound = make_method(method).bind(prob, compressor, stepsize, seed)
+    meth = make_method(method)
+    check_round_memory(prob, meth)  # n × d arrays that cannot fit: one line, before binding
+    bound = meth.bind(prob, compressor, stepsize, seed)
     measured = measure_rounds(bound, prob, measure)
     results = [
         estimate(

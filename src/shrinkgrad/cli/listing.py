@@ -63,15 +63,26 @@ def _dtypes(cls: Any) -> str:
 
 
 def _datasets(console: Console) -> None:
-    from ..problems.datasets import BUNDLED
+    import math
+
+    from ..problems.datasets import BUNDLED, IMAGE_DATASETS
 
     table = Table(title=escape("bundled datasets (load with shrinkgrad.datasets.load('name'))"))
-    for col in ("name", "samples", "features", "raw labels → (−1, +1)", "description"):
+    for col in ("name", "samples", "features", "labels", "description"):
         table.add_column(col)
-    for name, info in sorted(BUNDLED.items()):
+    rows: list[list[str]] = []
+    for name, info in BUNDLED.items():
         lo, hi = info.label_values
-        labels = f"{lo:g}, {hi:g}"
-        cells = [name, str(info.n_samples), str(info.n_features), labels, info.description]
+        labels = f"{lo:g}, {hi:g} → −1, +1"
+        rows.append([name, str(info.n_samples), str(info.n_features), labels, info.description])
+    for name, img in IMAGE_DATASETS.items():  # multi-class images: the class indices are kept
+        channels, *pixels = img.image_shape
+        shape = "×".join(str(s) for s in pixels)
+        per = "" if channels == 1 else f", {channels} channels"
+        features = f"{math.prod(img.image_shape)} ({shape} images{per})"
+        labels = f"{img.n_classes} classes (0 … {img.n_classes - 1})"
+        rows.append([name, str(img.n_samples), features, labels, img.description])
+    for cells in sorted(rows):
         table.add_row(*(escape(c) for c in cells))
     console.print(table)
 

@@ -98,16 +98,69 @@ def _summary_lines(s: dict[str, Any], out: str | None) -> list[str]:
 def build_config(
     config: str | None, sets: tuple[str, ...], speeds: str | None, flags: dict[str, Any]
 ) -> PSConfig:
-    """The run the command line describes: the config file, then the flags, then ``--set``."""
+    """The run the command line describes: the config file, then the flags, then ``--set``.
+
+    An invalid value is reported with the option that gave it (``--stepsize 0: the step size
+    must be ...``), not as the config file's: see :func:`_blame`.
+    """
     from ..distributed.ps import load_ps_config
 
-    overrides: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    overrides: dict[str, Any] = {}
+    given: dict[str, str] = {}  # field -> the option that set it, as typed
+    for key, value in flags.items():
+        if value is not None:
+            overrides[key] = value
+            given[key] = f"--{key.replace('_', '-')} {value}"
     if speeds is not None:
         overrides["speeds"] = _speeds(speeds)
+        given["speeds"] = f"--speeds {speeds}"
     for item in sets:
         key, value = _set_value(item)
         overrides[key] = value
-    return load_ps_config(config, overrides=overrides)
+        given[key] = f"--set {item}"
+    try:
+        return load_ps_config(config, overrides=overrides)
+    except (TypeError, ValueError) as e:
+        blamed = _blame(config, overrides, given, e)
+        if blamed is None:
+            raise
+        raise type(e)(blamed) from None
+
+
+def _blame(
+    config: str | None, overrides: dict[str, Any], given: dict[str, str], error: Exception
+) -> str | None:
+    """The error's message naming the options that cause it, or None when the config file
+    alone does (its message names the file already).
+
+    The options to blame are a smallest set that still gives the same message when every other
+    option is left out (options are dropped while the message stays, until none can be): a value
+    wrong on its own (``--stepsize 0``) blames its option alone, a combination (``--workers 2
+    --tau-max 0``) the options that make it up.
+    """
+    from ..distributed.ps import load_ps_config
+
+    message = str(error)
+
+    def same_error(keys: list[str]) -> bool:
+        try:
+            load_ps_config(config, overrides={k: overrides[k] for k in keys})
+        except (TypeError, ValueError) as e:
+            return str(e) == message
+        return False
+
+    keys = list(overrides)
+    dropped = True
+    while dropped:
+        dropped = False
+        for key in list(keys):
+            rest = [k for k in keys if k != key]
+            if same_error(rest):
+                keys, dropped = rest, True
+    if not keys:
+        return None
+    prefix = f"{config}: " if config is not None else "<config>: "
+    return f"{', '.join(given[k] for k in keys)}: {message.removeprefix(prefix)}"
 
 
 @click.command("ps")
@@ -156,6 +209,10 @@ def ps_cmd(
     from ..distributed.ps.launch import PROGRESS_EVERY
 
     cfg = build_config(config, sets, speeds, flags)
+    if out:  # the one pre-check of run, train, reproduce and plot: before any process starts
+        from ..storage import probe_writable
+
+        probe_writable(out)
     if cfg.speeds is not None and cfg.delay == 0:
         click.echo(
             "warning: speeds without a delay change nothing: a worker spends delay x speed "

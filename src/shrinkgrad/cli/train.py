@@ -22,7 +22,14 @@ import click
 
 from .options import format_option, load_run_config, out_option, profile_option, set_option
 
-__all__ = ["train_cmd"]
+__all__ = ["INTERRUPTED", "train_cmd"]
+
+#: what an interrupted ``train`` prints before exiting with 130 (``run``'s message: the ranks
+#: checkpoint every ``run.checkpoint_every`` rounds, so a run continues from its last one)
+INTERRUPTED = (
+    "interrupted: finished runs are saved and running ones resume from their last checkpoint; "
+    "run the same command again to resume"
+)
 
 
 @click.command("train")
@@ -86,22 +93,30 @@ def train_cmd(
             err=True,
         )
     # (no launch.preload(): it imports torch._dynamo for DDP, which the method runner never uses)
-    with DirectoryLock(out_dir, " ".join(command)):
-        try:
-            spawn(
-                _rank_main,
-                nproc,
-                (cfg, out_dir, fmt, problems, show, command),
-                timeout=365 * 24 * 3600.0,
-                pg_timeout=timeout,
-            )
-        except WorkerError as e:
-            first = e.failures[0]
-            debug = os.environ.get("SHRINKGRAD_DEBUG") and first.traceback
-            raise click.ClickException(
-                f"{e}\nfinished runs are saved in {out_dir}; run the same command again to resume"
-                + (f"\n\nrank {first.rank}'s traceback:\n{first.traceback}" if debug else "")
-            ) from None
+    try:
+        with DirectoryLock(out_dir, " ".join(command)):
+            try:
+                spawn(
+                    _rank_main,
+                    nproc,
+                    (cfg, out_dir, fmt, problems, show, command),
+                    timeout=365 * 24 * 3600.0,
+                    pg_timeout=timeout,
+                )
+            except WorkerError as e:
+                if all(f.message.startswith("KeyboardInterrupt") for f in e.failures):
+                    raise KeyboardInterrupt from None  # the ranks saw the Ctrl-C first
+                first = e.failures[0]
+                debug = os.environ.get("SHRINKGRAD_DEBUG") and first.traceback
+                raise click.ClickException(
+                    f"{e}\nfinished runs are saved in {out_dir}; run the same command again to "
+                    "resume"
+                    + (f"\n\nrank {first.rank}'s traceback:\n{first.traceback}" if debug else "")
+                ) from None
+    except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped and the lock released
+        from . import exit_interrupted
+
+        exit_interrupted(INTERRUPTED)
     click.echo(f"{len(runs)} runs on {nproc} processes → {out_dir / 'results'}.{fmt or 'parquet'}")
 
 

@@ -101,13 +101,18 @@ class GD(_GradientStep):
     """Gradient descent: x^{t+1} = x^t − γ ∇f(x^t), each client sending ∇f_i(x^t) in full.
 
     The uncompressed parent of every method (the identity compressor reduces DCGD, EF, EF21 and
-    EF21-W to it). Theory step: 1/L (descent lemma; ``stepsize_dcgd`` with ω = 0).
+    EF21-W to it). Theory step: 1/L (descent lemma; the value of ``stepsize_dcgd`` at ω = 0),
+    recorded as the rule ``"1/L"``, gd's own, not DCGD's.
     """
 
     requires = "none"
 
     def theory_formula(self) -> str:
         return "1/L (descent lemma)"
+
+    def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
+        gamma, _ = dcgd_theory(cfg)  # ω = 0: exactly 1/L (GD sends its gradients uncompressed)
+        return gamma, "1/L"
 
     def client_step(
         self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int

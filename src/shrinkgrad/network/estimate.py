@@ -221,9 +221,11 @@ def measure_rounds(bound: Any, problem: Any, rounds: int = 10) -> MeasuredRounds
     import torch
 
     from ..methods.oracle import ProblemOracle
+    from ..sim.engine import check_round_memory
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"the number of measured rounds must be an integer >= 1, got {rounds!r}")
+    check_round_memory(problem, bound.method)
     oracle = ProblemOracle(problem)
     x0 = problem.x0()
     n = int(problem.n)
@@ -297,12 +299,15 @@ def estimate(
     """
     from ..methods import make_method
     from ..problems import make_problem
+    from ..sim.engine import check_round_memory
     from .units import parse_duration
 
     prob = make_problem(problem)
     meth = make_method(method)
     if rounds is None:
         rounds_theorem(meth)  # refuse a method without a theorem before binding or simulating
+    if measured is None:
+        check_round_memory(prob, meth)  # a d too large to simulate: refuse before binding
     bound = meth.bind(prob, compressor, stepsize, seed)
     net = make_network(network)
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):

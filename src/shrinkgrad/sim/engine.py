@@ -55,6 +55,7 @@ __all__ = [
     "SimResult",
     "SimulationInterrupted",
     "Status",
+    "check_round_memory",
     "held_out_values",
     "run_rounds",
     "setup_run",
@@ -439,6 +440,40 @@ class RunSetup:
         return r % self.options.log_every == 0 or r == self.options.rounds
 
 
+#: n × d arrays that every simulated round holds at least: the clients' gradients and their
+#: messages (measured peaks on a LIBSVM problem: about 2 of them for gd, 3 for dcgd, 7 for ef21)
+ROUND_CLIENT_ARRAYS = 2
+
+
+def check_round_memory(problem: Any, method: Any) -> None:
+    """Refuse in one line, before anything of size n × d is allocated, a problem whose simulated
+    rounds cannot fit in the available memory (:func:`setup_run`, and the measured rounds of
+    :func:`shrinkgrad.network.estimate.measure_rounds`).
+
+    A round holds at least :data:`ROUND_CLIENT_ARRAYS` arrays of n × d entries in the problem's
+    dtype, and x: a lower bound, so a refusal is certain to be right. A LIBSVM file can declare
+    a d of 10⁹ in a few bytes, and its loader only checks that one d-vector fits. The check is
+    :func:`shrinkgrad.problems.memory.check_memory` (the one of ``shrinkgrad theory`` and the
+    dataset loader); problems on an accelerator are not checked (their memory is not the host's).
+    """
+    from ..problems.memory import check_memory
+
+    device = getattr(problem, "device", "cpu")
+    if getattr(device, "type", str(device)) != "cpu":
+        return
+    n, d = int(problem.n), int(problem.d)
+    dtype = getattr(problem, "dtype", None)
+    itemsize = int(getattr(dtype, "itemsize", 8))
+    kind = str(dtype).removeprefix("torch.") if dtype is not None else "float64"
+    name = getattr(method, "name", method)
+    check_memory(
+        float(itemsize) * d * (ROUND_CLIENT_ARRAYS * n + 1),
+        f"simulating {name} on n = {n:,} clients at d = {d:,} (at least "
+        f"{ROUND_CLIENT_ARRAYS} n × d {kind} arrays: the clients' gradients and messages)",
+        "select or hash the features to fewer dimensions, or use fewer clients",
+    )
+
+
 def setup_run(
     problem: Problem | str,
     method: Method[Any, Any] | str,
@@ -456,6 +491,7 @@ def setup_run(
         raise TypeError(f"options must be a RunOptions, got {type(options).__name__}")
     prob = _prepare_problem(problem, options.dtype, options.device)
     meth = make_method(method)
+    check_round_memory(prob, meth)  # n × d arrays that cannot fit: one line, before binding
     bound: BoundMethod[Any, Any] = meth.bind(
         prob,
         compressor,
