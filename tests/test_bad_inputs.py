@@ -174,7 +174,8 @@ CASES: dict[str, Cli | Api] = {
     ),
     "theory of a network (L unknown)": Cli(
         "theory --problem mlp[dataset=australian_scale,hidden=2,n_clients=2]",
-        r"L is not known for this problem; pass a number or estimate it",
+        r"the smoothness constants L and L_i of mlp\[.*\] are not known .* the command line "
+        r"cannot estimate them .* theory_report\(estimate_smoothness\(problem\)\.apply",
     ),
     # ---- config files --------------------------------------------------------------------------
     "config: typo'd key": Cli(

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from shrinkgrad.cli import main
@@ -112,7 +113,12 @@ def test_run_and_train_share_their_config_options(
     monkeypatch.chdir(tmp_path)
     args = [command, str(config), "--set", "run.roundz=3", "--out", "o"]
     assert run_cli(args) == 2
-    assert "run.roundz: unknown key" in capsys.readouterr().err
+    assert "error: --set run.roundz=3: unknown key" in capsys.readouterr().err
+    # a bad value from --set is blamed on the --set, not on the file
+    assert run_cli([command, str(config), "--set", "run.rounds=abc", "--out", "o"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --set run.rounds=abc: must be an integer >= 1, got 'abc'\n"
+    )
     assert run_cli([command, str(config), "--profile", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
     default = Path("runs") / ("cli-small" if command == "run" else "cli-small-distributed")
@@ -152,3 +158,113 @@ def test_list_reproductions(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for name in ("ef21w-libsvm", "ef21w-synthetic", "ef21w-sgd-pp", "ef21-vs-ef", "k18-quantizers"):
         assert name in text
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_run_without_progress_is_not_reported_as_completed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # gd at 30× its theory step on a1a: f 0.69 → 4.4 in 10 rounds; exit 0 (a finding, not an
+    # error), but never "completed"
+    cfg = tmp_path / "steps.toml"
+    cfg.write_text(
+        'problem = "logistic_regression[dataset=a1a,n_clients=4]"\n[run]\nrounds = 10\n'
+        'log_every = 5\n[grid]\nmethods = ["gd"]\nstepsizes = ["theory", "theory*30"]\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    assert run_cli(["run", str(cfg), "--out", str(out), "-j", "1", "--no-progress"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.startswith("2 runs (1 completed, 1 no progress): 2 started, 0 already finished")
+    (warning,) = cap.err.strip().splitlines()
+    assert warning.startswith("warning: no progress: gd · identity · γ=theory*30 · seed 0 · ")
+    assert "the loss ended above its start: f(x_T) = " in warning
+
+
+@pytest.mark.parametrize("when", ["running", "preparing"])
+def test_a_failing_run_is_failed_in_the_summary(
+    when: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a run that raises (an error the config check could not foresee) is "failed", with its
+    # error, in the summary and runs.csv: not "pending"
+    import shrinkgrad.experiments.execute as execute
+    import shrinkgrad.sim as sim
+    from shrinkgrad.experiments.config import load_config
+    from shrinkgrad.experiments.grid import expand
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise ValueError("batch size 1000 for client 0 must be in [1, m_i = 160]")
+
+    monkeypatch.setattr(
+        sim if when == "running" else execute,
+        "simulate" if when == "running" else "prepare_run",
+        boom,
+    )
+    cfg = tmp_path / "one.toml"
+    cfg.write_text(
+        'problem = "logistic_regression[dataset=a1a,n_clients=3]"\n[run]\nrounds = 5\n'
+        '[grid]\nmethods = ["ef21"]\ncompressors = ["top_k[k=1]"]\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    (run,) = expand(load_config(cfg))
+    assert run_cli(["run", str(cfg), "--out", str(out), "-j", "1", "--no-progress"]) == 1
+    cap = capsys.readouterr()
+    assert cap.out.startswith("1 run (1 failed): 1 started, 0 already finished → ")
+    message = "ValueError: batch size 1000 for client 0 must be in [1, m_i = 160]"
+    assert cap.err == f"failed: {run.label} [{run.run_id}]: {message}\n"
+    runs = pd.read_csv(out / "runs.csv")
+    assert runs[["status", "message"]].to_dict("records") == [
+        {"status": "failed", "message": message}
+    ]
+
+
+def test_impossible_minibatches_are_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "mb.toml"
+    cfg.write_text(
+        'problem = "logistic_regression[dataset=a1a,n_clients=10]"\n[run]\nrounds = 5\n'
+        '[grid]\nmethods = ["ef21_sgd[b=1000]"]\nstepsizes = [0.01]\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    assert run_cli(["run", str(cfg), "--out", str(out), "-j", "1", "--no-progress"]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: {cfg}: grid: ef21_sgd[b=1000] · identity · γ=0.01: ")
+    assert "minibatch size b = 1000 is larger than client 0's m_i = 160 samples" in line
+    assert not out.exists()
+
+
+def test_an_out_of_another_experiment_is_refused(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert run_cli(["run", str(config), "--out", str(out), "-j", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    other = tmp_path / "sweep.toml"
+    other.write_text(
+        CONFIG.replace('name = "cli-small"', "").replace('"ef21", "ef21_w"', '"ef21"'),
+        encoding="utf-8",
+    )
+    before = sorted(p.name for p in out.iterdir())
+    for extra in ([], ["--dry-run"]):
+        assert run_cli(["run", str(other), "--out", str(out), *extra]) == 2
+        line = _one_error_line(capsys)
+        assert line.startswith(
+            f"error: --out {str(out)!r} holds the results of another experiment ('cli-small', "
+            f"from {config}); writing 'sweep' there would replace"
+        )
+        assert line.endswith(f"give another --out, or delete or move {str(out)!r} first")
+    # train checks the same, before any process starts
+    assert run_cli(["train", str(other), "--out", str(out), "--nproc", "1"]) == 2
+    assert _one_error_line(capsys).startswith(
+        f"error: --out {str(out)!r} holds the results of another experiment ('cli-small'"
+    )
+    assert sorted(p.name for p in out.iterdir()) == before

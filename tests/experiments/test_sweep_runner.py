@@ -108,10 +108,20 @@ def test_a_failing_run_is_reported_and_the_others_finish(tmp_path: Path) -> None
     assert res.failed[0].run.run_id == bad.run_id and "checkpoint" in res.failed[0].message
     assert set(res.table["method"]) == {"ef21_w"}
     runs = pd.read_csv(tmp_path / "runs.csv")
+    # a run that raised is "failed" with its error (not "interrupted" or "pending")
     assert dict(zip(runs["method"], runs["status"], strict=True)) == {
-        "ef21": "interrupted",
+        "ef21": "failed",
         "ef21_w": "completed",
     }
+    (msg,) = runs.loc[runs["method"] == "ef21", "message"]
+    assert msg == res.failed[0].message and "checkpoint" in msg
+    # recorded in the run's directory: a later read of the directory says the same
+    assert (tmp_path / "runs" / bad.run_id / "failed.json").exists()
+    # once the cause is gone, the same command retries it and the failure is forgotten
+    (tmp_path / "runs" / bad.run_id / "checkpoint.pt").unlink()
+    again = run_experiment(cfg, tmp_path, jobs=1, progress=False)
+    assert again.complete and set(again.runs["status"]) == {"completed"}
+    assert not (tmp_path / "runs" / bad.run_id / "failed.json").exists()
 
 
 def test_csv_format_and_line_progress(

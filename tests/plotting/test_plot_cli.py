@@ -94,3 +94,46 @@ def test_held_out_axes_need_their_columns(
 ) -> None:
     assert run_cli(["plot", str(results), "--y", "test_accuracy"]) == 2
     one_line_error(capsys, "error: cannot plot y='test_accuracy': the results table has no column")
+
+
+def test_a_sweep_without_a_finished_run_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a sweep stopped before its first run finished: its results table has no rows
+    from shrinkgrad.experiments.config import loads_config
+    from shrinkgrad.experiments.runner import run_experiment
+
+    class StopAtOnce:  # an executor interrupted (Ctrl-C) before any run finished
+        def describe(self) -> str:
+            return "stop"
+
+        def workers(self, tasks: int) -> int:
+            return 1
+
+        def run(self, tasks: list[object], emit: object) -> bool:
+            return True
+
+    cfg = loads_config(
+        'problem = "logistic_regression[dataset=a1a,n_clients=3]"\n[run]\nrounds = 4\n'
+        '[grid]\nmethods = ["ef21", "ef21_w"]\ncompressors = ["top_k[k=1]"]\n'
+    )
+    out = tmp_path / "sweep"
+    res = run_experiment(
+        cfg, out, executor=StopAtOnce(), progress=False, command=["shrinkgrad", "run", "c.toml"]
+    )
+    assert res.interrupted and res.table.empty
+    assert run_cli(["plot", str(out)]) == 2
+    one_line_error(
+        capsys,
+        f"error: {str(out)!r}: no run has finished yet (2 pending), so there is nothing to plot; "
+        "run 'shrinkgrad run c.toml' again to resume it",
+    )
+    # killed before the first save: no results file at all, only the run directories
+    (out / "results.parquet").unlink()
+    (out / "env.json").unlink()
+    assert run_cli(["plot", str(out)]) == 2
+    one_line_error(
+        capsys,
+        f"error: {str(out)!r}: no run has finished yet (2 pending), so there is nothing to plot; "
+        f"resume the sweep with 'shrinkgrad run {out / 'config.toml'} --out {out}'",
+    )

@@ -131,6 +131,65 @@ def test_a_diverged_run_is_never_drawn_as_the_best_curve() -> None:
     assert set(agg.loc[agg["compressor"] == "rand_k[k=3]", "diverged"]) == {1}
 
 
+def test_a_panel_whose_every_run_diverged_keeps_its_log_axis() -> None:
+    # the diverged runs' ‖∇f‖² grows 1e2 → 1e26 and then 0 (saturated): on a linear axis it
+    # would look like a clean descent to 0; the documented log axis shows what happened
+    def value(method: str, comp: str, seed: int, r: int, p: str) -> float:
+        if p == "dataset=b":
+            return 0.0 if r == 7 else 10.0 ** (2 + 4 * r)
+        return (1 + 0.1 * seed) * 0.5**r
+
+    t = make_table(
+        [("ef21", "top_k[k=1]")],
+        problems=("dataset=a", "dataset=b"),
+        value=value,
+        status=lambda m, c, s, p: "diverged" if p == "dataset=b" else "completed",
+    )
+    fig, _ = plot_results(t, "rounds", "grad_norm_sq")
+    fine, bad = fig.axes[:2]
+    assert fine.get_yscale() == "log" and bad.get_yscale() == "log"
+    lo, hi = bad.get_ylim()
+    assert hi > 1e26 and 1e13 < lo < 1e14  # at most 12 decades below the top, as elsewhere
+    (line,) = [ln for ln in bad.get_lines() if ln.get_label()[:1] != "_"]
+    assert line.get_label().endswith("— diverged") and line.get_linestyle() == ":"
+    assert np.all(np.asarray(line.get_ydata()) > 0)  # the 0 is drawn below the floor
+    # --linear-y still gives a linear axis
+    fig, _ = plot_results(t, "rounds", "grad_norm_sq", logy=False)
+    assert fig.axes[1].get_yscale() == "linear"
+
+
+def test_runs_that_made_no_progress_are_marked_and_left_out() -> None:
+    # status no_progress: the run ended above its starting loss; its ‖∇f‖² may be the smallest
+    def value(method: str, comp: str, seed: int, r: int, p: str) -> float:
+        if comp == "qsgd[s=4]" or (comp == "rand_k[k=3]" and seed == 0):
+            return 1e-9
+        return (1 + 0.1 * seed) * 0.5**r
+
+    def status(method: str, comp: str, seed: int, p: str) -> str:
+        bad = comp == "qsgd[s=4]" or (comp == "rand_k[k=3]" and seed == 0)
+        return "no_progress" if bad else "completed"
+
+    curves = [("ef21", "top_k[k=1]"), ("ef21", "qsgd[s=4]"), ("ef21", "rand_k[k=3]")]
+    t = make_table(curves, value=value, status=status)
+    fig, _ = plot_results(t, "rounds", "grad_norm_sq")
+    ax = fig.axes[0]
+    by = {ln.get_label(): ln for ln in ax.get_lines() if ln.get_label()[:1] != "_"}
+    stalled = next(ln for k, ln in by.items() if "qsgd" in k)
+    assert stalled.get_label().endswith("— no progress (ended above f(x⁰))")
+    assert stalled.get_linestyle() == ":" and stalled.get_color() == "0.55"
+    assert ax.get_ylim()[0] > 1e-8  # not a curve that counts for the limits
+    partial = next(ln for k, ln in by.items() if "rand_k" in k)
+    assert "(1/3 seeds made no progress, left out)" in partial.get_label()
+    ok = t[(t["compressor"] == "rand_k[k=3]") & (t["seed_index"] > 0)]
+    np.testing.assert_allclose(
+        partial.get_ydata(), ok.groupby("round")["grad_norm_sq"].median().to_numpy()
+    )
+    agg = aggregate(t, "rounds", "grad_norm_sq")
+    rand = agg[agg["compressor"] == "rand_k[k=3]"]
+    assert set(rand["no_progress"]) == {1} and set(rand["diverged"]) == {0}
+    assert set(agg.loc[agg["compressor"] == "qsgd[s=4]", "all_diverged"]) == {True}
+
+
 @pytest.mark.parametrize("facet", ["method", "compressor"])
 def test_facet_by_a_curve_key(facet: str) -> None:
     t = make_table(MANY[:3] + MANY[6:9])  # 2 methods × 3 compressors

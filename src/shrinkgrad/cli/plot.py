@@ -20,7 +20,7 @@ from ..plotting.axes import X_AXES, Y_AXES
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["filter_rows", "plot_cmd"]
+__all__ = ["filter_rows", "nothing_finished", "plot_cmd"]
 
 
 def _band(text: str) -> tuple[float, float]:
@@ -63,6 +63,30 @@ def filter_rows(table: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFram
             )
         table = table[keep]
     return table
+
+
+def nothing_finished(directory: Path) -> str:
+    """The error for a results directory in which no run has finished yet (a sweep interrupted
+    before its first run ended): what the runs are doing (``runs.csv``) and how to resume."""
+    import json
+
+    import pandas as pd
+
+    where = f"{str(directory)!r}"
+    states = ""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        counts = pd.read_csv(directory / "runs.csv")["status"].value_counts()
+        states = " (" + ", ".join(f"{v} {str(k).replace('_', ' ')}" for k, v in counts.items())
+        states += ")"
+    command = ""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        command = str(json.loads((directory / "env.json").read_text("utf-8")).get("command", ""))
+    resume = (
+        f"run '{command}' again to resume it"
+        if command.startswith("shrinkgrad run")
+        else f"resume the sweep with 'shrinkgrad run {directory / 'config.toml'} --out {directory}'"
+    )
+    return f"{where}: no run has finished yet{states}, so there is nothing to plot; {resume}"
 
 
 @click.command("plot")
@@ -110,7 +134,16 @@ def plot_cmd(
     from ..experiments.results import load_results
     from ..plotting import plot_results
 
-    table = filter_rows(load_results(directory), where)
+    d = Path(directory)
+    try:
+        table = load_results(d)
+    except FileNotFoundError:  # no results file yet: a sweep killed before its first save?
+        if d.is_dir() and ((d / "runs").is_dir() or (d / "config.toml").is_file()):
+            raise ValueError(nothing_finished(d)) from None
+        raise
+    if table.empty and d.is_dir():
+        raise ValueError(nothing_finished(d))
+    table = filter_rows(table, where)
     stem = out if out is not None else Path(directory) / "plots" / f"{y}_vs_{x}"
     try:
         _, paths = plot_results(

@@ -72,7 +72,10 @@ def run_cmd(
     cfg, out_dir = load_run_config(config, out, profile, overrides)
     execu = make_executor(executor, jobs)  # a bad --executor is an error before anything runs
     if dry_run:
+        from ..experiments.runner import check_output_dir
+
         runs, notes, infos = check_runs(cfg, expand(cfg))
+        check_output_dir(cfg, out_dir)
         print_plan(runs, notes, infos, out_dir)
         return
     from ..experiments.runner import run_experiment
@@ -89,13 +92,35 @@ def run_cmd(
     report(result)
 
 
+#: no-progress runs named one by one after a sweep (the rest are counted; runs.csv has all)
+SHOW_NO_PROGRESS = 10
+
+
 def report(result: ExperimentResult) -> None:
-    """Print the outcome of a sweep; exit 1 on failed runs and 130 when interrupted."""
+    """Print the outcome of a sweep; exit 1 on failed runs and 130 when interrupted.
+
+    Runs that made no progress (status ``no_progress``: they ended above their starting loss)
+    are named in ``warning:`` lines; they are results of the sweep (a step size too large is a
+    finding), so they do not change the exit status.
+    """
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(summary_line(result))
     for f in result.failed:
         click.echo(f"failed: {f.run.label} [{f.run.run_id}]: {f.message}", err=True)
+    runs = result.runs
+    flagged = runs[runs["status"] == "no_progress"] if "status" in runs.columns else runs[:0]
+    for _, row in flagged.head(SHOW_NO_PROGRESS).iterrows():
+        label = f"{row['method']} · {row['compressor']} · γ={row['stepsize_spec']} · seed " + (
+            f"{row['seed_index']} · {row['problem']}"
+        )
+        click.echo(f"warning: no progress: {label} [{row['run_id']}]: {row['message']}", err=True)
+    if len(flagged) > SHOW_NO_PROGRESS:
+        click.echo(
+            f"warning: {len(flagged) - SHOW_NO_PROGRESS} more runs made no progress "
+            f"(status no_progress in {result.out / 'runs.csv'})",
+            err=True,
+        )
     if result.interrupted:
         click.echo(
             "interrupted: finished runs are saved and running ones checkpointed; run the same "
@@ -108,10 +133,11 @@ def report(result: ExperimentResult) -> None:
 
 
 def summary_line(result: ExperimentResult) -> str:
-    """``12 runs (12 completed): 6 started, 3 resumed from checkpoints, 3 already finished → …``"""
+    """``12 runs (11 completed, 1 no progress): 6 started, 3 resumed from checkpoints, 3 already
+    finished → …`` (the statuses of runs.csv, ``_`` written as a space)."""
     counts = result.runs["status"].value_counts().to_dict()
     total = len(result.runs)
-    detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    detail = ", ".join(f"{v} {str(k).replace('_', ' ')}" for k, v in sorted(counts.items()))
     parts = [f"{result.started} started"]
     if result.resumed:
         parts.append(f"{result.resumed} resumed from checkpoints")
@@ -119,7 +145,8 @@ def summary_line(result: ExperimentResult) -> str:
     left = total - result.skipped - result.ran
     if left:
         parts.append(f"{left} not reached")
-    return f"{total} runs ({detail}): {', '.join(parts)} → {result.results_path}"
+    runs = "run" if total == 1 else "runs"
+    return f"{total} {runs} ({detail}): {', '.join(parts)} → {result.results_path}"
 
 
 def print_plan(

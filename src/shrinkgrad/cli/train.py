@@ -75,11 +75,13 @@ def train_cmd(
     from ..distributed.launch import WorkerError, spawn
     from ..experiments.distributed_sweep import check_world, plan
     from ..experiments.executors import default_jobs
+    from ..experiments.runner import check_output_dir
     from ..storage import DirectoryLock, probe_writable
 
     problems: dict[str, Any] = {}
     runs, notes, infos = plan(cfg, problems)  # checks everything (and loads the data) first
     check_world(cfg, runs, infos, out_dir, nproc)  # ranks > clients, a resume on other --nproc
+    check_output_dir(cfg, out_dir)  # not the results of another experiment (as run does)
     probe_writable(out_dir)
     command = ["shrinkgrad", *sys.argv[1:]]
     for note in notes:

@@ -23,16 +23,22 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
+    "NOT_A_RESULT",
     "Claim",
     "claims_table",
     "diverged",
     "final_value",
     "median",
+    "no_result",
     "rank_correlation",
     "reach",
     "runs_of",
     "tail_mean",
 ]
+
+#: statuses of runs whose numbers are not results: stopped by the divergence rule, or ended
+#: above their starting loss (``no_progress``, docs/experiments.md "Run statuses")
+NOT_A_RESULT = ("diverged", "no_progress")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,10 +123,11 @@ def reach(
     """The first logged ``x`` at which ``y ≤ eps`` (inf when the run never gets there).
 
     Between two logged rows the crossing is placed by log-linear interpolation of ``y``, so the
-    measurement does not jump by a whole logging interval. A diverged run (its ``status``
-    column) reaches nothing: a saturated loss can show a small ‖∇f‖² while it blows up.
+    measurement does not jump by a whole logging interval. A diverged run, or one that made no
+    progress (its ``status`` column, :func:`no_result`), reaches nothing: a saturated loss can
+    show a small ‖∇f‖² while it blows up.
     """
-    if diverged(run):
+    if no_result(run):
         return math.inf
     xs = run[x].to_numpy(dtype=np.float64)
     ys = run[y].to_numpy(dtype=np.float64)
@@ -143,9 +150,16 @@ def diverged(run: pd.DataFrame) -> bool:
     return "status" in run.columns and bool((run["status"] == "diverged").any())
 
 
+def no_result(run: pd.DataFrame) -> bool:
+    """Whether the run's ``status`` column says its numbers are not a result: it diverged or
+    made no progress (:data:`NOT_A_RESULT`). Such a run is never the best of anything."""
+    return "status" in run.columns and bool(run["status"].isin(NOT_A_RESULT).any())
+
+
 def final_value(run: pd.DataFrame, y: str = "grad_norm_sq") -> float:
-    """The last logged value of ``y`` (inf for a diverged run, whatever its last row shows)."""
-    if diverged(run):
+    """The last logged value of ``y`` (inf for a run that diverged or made no progress,
+    whatever its last row shows: it is never chosen as the best run)."""
+    if no_result(run):
         return math.inf
     return float(run.sort_values("round")[y].iloc[-1])
 

@@ -294,19 +294,39 @@ def parse_config(
             )
         _check_keys(profiles[profile], source, f"profiles.{profile}", partial=True)
         doc = _merge(doc, profiles[profile])
-    if overrides:
-        items = (
-            overrides.items() if isinstance(overrides, Mapping) else map(parse_override, overrides)
-        )
-        for key, value in items:
-            _set_dotted(doc, key, value, source)
-    _check_keys(doc, source, "", partial=False)
-    cfg = _build(doc, source, profile)
+    origins: list[tuple[str, str]] = []  # (key, how the user wrote it) of every override
+    try:
+        if overrides:
+            if isinstance(overrides, Mapping):
+                items = list(overrides.items())
+                origins = [(k, f"override {k}={_show(v)}") for k, v in items]
+            else:
+                texts = list(overrides)
+                items = [parse_override(text) for text in texts]
+                origins = [
+                    (key, f"--set {text.strip()}")
+                    for key, text in zip((k for k, _ in items), texts, strict=True)
+                ]
+            for key, value in items:
+                _set_dotted(doc, key, value, source)
+        _check_keys(doc, source, "", partial=False)
+        cfg = _build(doc, source, profile)
+    except ConfigError as e:
+        raise _blame_override(e, origins) from None
     # keep the profiles in the resolved document so --quick still works on it
     resolved = _resolved_document(cfg, doc)
     if profiles:
         resolved["profiles"] = profiles
     return dataclasses.replace(cfg, data=resolved)
+
+
+def _blame_override(error: ConfigError, origins: Sequence[tuple[str, str]]) -> ConfigError:
+    """``error`` about a value an override set, re-addressed to the override that set it
+    (``--set run.rounds=abc: must be an integer >= 1``); other errors as they are."""
+    for key, origin in reversed(origins):  # the last override of a key is the one in effect
+        if error.key == key or error.key.startswith((f"{key}.", f"{key}[")):
+            return ConfigError(origin, "" if error.key == key else error.key, error.reason)
+    return error
 
 
 def parse_override(text: str) -> tuple[str, Any]:

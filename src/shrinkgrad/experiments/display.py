@@ -2,7 +2,8 @@
 
 On a terminal: a bar over runs (finished / total, elapsed, remaining) and one transient bar per
 active run over its rounds. A failed run (an exception, a worker process that died) and a run
-rescheduled on another worker (dask) are printed the moment it happens. Elsewhere (a log file,
+rescheduled on another worker (dask) are printed the moment it happens, and so is a run that made
+no progress (status ``no_progress``: it ended above its starting loss). Elsewhere (a log file,
 ``nohup``): a line per finished run, so a long sweep's log says what finished and how.
 ``progress=False`` shows nothing.
 """
@@ -13,6 +14,7 @@ import sys
 import time
 from typing import Any, Protocol
 
+from .execute import NO_PROGRESS
 from .grid import RunSpec
 
 __all__ = ["Display", "LineDisplay", "NullDisplay", "RichDisplay", "make_display"]
@@ -43,10 +45,13 @@ class NullDisplay:
 
 def _outcome(payload: dict[str, Any]) -> str:
     status = payload.get("status", "?")
-    return (
-        f"{status} after {payload.get('rounds', '?')} rounds, ‖∇f‖²="
-        f"{payload.get('grad_norm_sq', float('nan')):.3g} ({payload.get('wall_s', 0.0):.1f} s)"
+    no_progress = status == NO_PROGRESS  # never a plain "completed": say so, and why
+    text = (
+        f"{'NO PROGRESS' if no_progress else status} after {payload.get('rounds', '?')} rounds, "
+        f"‖∇f‖²={payload.get('grad_norm_sq', float('nan')):.3g} "
+        f"({payload.get('wall_s', 0.0):.1f} s)"
     )
+    return f"{text}: {payload.get('message', '')}" if no_progress else text
 
 
 class LineDisplay:
@@ -129,6 +134,9 @@ class RichDisplay:
                 p.remove_task(task)
             if kind == "done":
                 p.advance(self.overall)
+                if payload.get("status") == NO_PROGRESS:
+                    text = f"[no progress] {run.label}: {payload.get('message', '')}"
+                    p.console.print(text, markup=False)
             elif kind == "failed":
                 p.console.print(f"[failed] {run.label}: {payload.get('message', '')}", markup=False)
         elif kind == "rescheduled":

@@ -8,7 +8,11 @@ processes) and ``shrinkgrad train`` (torch.distributed ranks) share everything h
 * :func:`finish_run` turns the result into the run's table (the simulator's columns plus the
   sweep's, :data:`~shrinkgrad.experiments.results.RESULT_COLUMNS`) and its summary
   (``done.json``, one row of ``runs.csv``); :func:`write_run` writes both;
-* :func:`collect_results` concatenates the finished runs of a config and summarises every run;
+* :func:`no_progress` is the sweep's criterion for a run that ran all its rounds without
+  getting anywhere (it ended above its starting loss): :func:`finish_run` records such a run as
+  ``no_progress`` instead of ``completed`` (docs/experiments.md, "Run statuses");
+* :func:`collect_results` concatenates the finished runs of a config and summarises every run
+  (a run that raised is ``failed``, from the ``failed.json`` :func:`write_failure` leaves);
   :func:`run_state` says whether a run directory holds a finished run, a checkpoint or nothing
   (and names the file when a finished run's files cannot be read);
 * :func:`execute_run` runs one :class:`RunTask` with the simulator into its directory: what every
@@ -18,6 +22,7 @@ processes) and ``shrinkgrad train`` (torch.distributed ranks) share everything h
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -43,16 +48,26 @@ if TYPE_CHECKING:
     from ..sim import SimResult
 
 __all__ = [
+    "FAILED",
+    "NO_PROGRESS",
     "Emit",
     "PreparedRun",
     "RunTask",
     "collect_results",
     "execute_run",
     "finish_run",
+    "no_progress",
     "prepare_run",
     "run_state",
+    "write_failure",
     "write_run",
 ]
+
+#: the status of a run that ran all its rounds and ended above its starting loss
+#: (:func:`no_progress`): not a result, whatever its last ‖∇f‖² shows
+NO_PROGRESS = "no_progress"
+#: the status of a run that raised (or whose worker died); its directory keeps the checkpoint
+FAILED = "failed"
 
 #: event callback of a running run: ``emit(kind, run_id, payload)`` with kind ``start``
 #: (``rounds``, ``label``, ``resumed``), ``progress`` (``round``), ``done`` (the summary)
@@ -120,6 +135,48 @@ def prepare_run(run: RunSpec, problem: Any = None) -> PreparedRun:
     return PreparedRun(run, problem, tol)
 
 
+def no_progress(table: pd.DataFrame, status: str, dtype: str = "float64") -> str | None:
+    """Why a run that ran to its end made no progress (one clause), or None.
+
+    The criterion (conservative on purpose, docs/experiments.md): a ``completed`` run whose last
+    logged loss is not finite, or is above its loss at round 0 by more than rounding,
+    f(x_T) > f(x⁰) + √eps·|f(x⁰)| (eps of the run's ``dtype``, the rounding level the
+    simulator's divergence rule also uses). It ended worse than where it started, so it made no
+    progress at all, whatever its last ‖∇f‖² shows (a saturated logistic loss has a small
+    gradient while it grows). Only the loss is read: the last ‖∇f‖² of a stochastic method
+    fluctuates and may end above its start in a run that converged. Runs that stopped for
+    another reason (``converged``, ``diverged``, ``stopped``) keep their status.
+    """
+    if status != "completed" or "loss" not in table.columns or len(table) < 2:
+        return None
+    f0, fT = float(table["loss"].iloc[0]), float(table["loss"].iloc[-1])
+    if not math.isfinite(f0):
+        return None
+    if not math.isfinite(fT):
+        return f"the loss ended non-finite: f(x_T) = {fT}, f(x⁰) = {f0:.4g}"
+    eps = 2.0**-23 if dtype == "float32" else 2.0**-52
+    if fT > f0 + math.sqrt(eps) * abs(f0):
+        return f"the loss ended above its start: f(x_T) = {fT:.4g} > f(x⁰) = {f0:.4g}"
+    return None
+
+
+def _mark_no_progress(
+    table: pd.DataFrame, summary: dict[str, Any], dtype: str
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """``table`` and ``summary`` with the status ``no_progress`` when :func:`no_progress` says
+    so (unchanged otherwise)."""
+    why = no_progress(table, str(summary.get("status", "")), dtype)
+    if why is None:
+        return table, summary
+    table = table.copy()
+    table["status"] = NO_PROGRESS
+    old = summary.get("message")
+    message = f"{why} (no progress; try a smaller step size)"
+    if isinstance(old, str) and old:
+        message += f" ({old})"
+    return table, {**summary, "status": NO_PROGRESS, "message": message}
+
+
 def finish_run(
     prepared: PreparedRun,
     result: SimResult,
@@ -165,13 +222,33 @@ def finish_run(
         "wall_s": wall_s,
         **extra,
     }
-    return table, summary
+    return _mark_no_progress(table, summary, run.settings.dtype)
 
 
 def write_run(run_dir: Path, table: pd.DataFrame, summary: dict[str, Any], fmt: Format) -> None:
     """Write a finished run: ``table.<fmt>``, then ``done.json`` (which marks it finished)."""
     write_table(table, run_dir / "table", fmt)
     write_json(run_dir / "done.json", summary)
+
+
+def write_failure(run_dir: Path, run_id: str, message: str) -> None:
+    """Record that the run raised (``failed.json``): :func:`collect_results` then reports it as
+    ``failed`` with ``message`` until it runs again (:func:`execute_run` removes the file)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "failed.json", {"run_id": run_id, "status": FAILED, "message": message})
+
+
+def _failure_message(run_dir: Path) -> str | None:
+    """The message of the run's ``failed.json``, or None when it has none (or an unreadable
+    one: the run is then reported by its checkpoint, as before)."""
+    path = run_dir / "failed.json"
+    if not path.exists():
+        return None
+    try:
+        data = read_json(path)
+    except (CorruptFileError, OSError):
+        return None
+    return str(data.get("message", "")) if isinstance(data, dict) else None
 
 
 RunState = Literal["finished", "checkpoint", "new"]
@@ -214,15 +291,21 @@ def collect_results(
     runs: Sequence[RunSpec],
     experiment: str,
     cache: dict[str, tuple[pd.DataFrame, dict[str, Any]]] | None = None,
+    failures: dict[str, str] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Concatenate the finished runs' tables (config order) and summarise every run.
 
     The presentation columns (``problem_label``, ``experiment``) are taken from the current
     config, so relabelling a problem does not require re-running it. A run that has not finished
-    is ``interrupted`` when it left a checkpoint (the simulator's ``checkpoint.pt`` or the ranks'
-    ``checkpoint.pt.rank*``), else ``pending``. ``cache`` (run id → (table, summary)) keeps the
-    finished runs already read, so a sweep can rewrite its results often.
+    is ``failed`` (with its error as ``message``) when it raised — it is in ``failures`` (run id
+    → message) or left a ``failed.json`` (:func:`write_failure`) —, ``interrupted`` when it left
+    a checkpoint (the simulator's ``checkpoint.pt`` or the ranks' ``checkpoint.pt.rank*``), else
+    ``pending``. A finished ``completed`` run that made no progress (:func:`no_progress`, also
+    for directories written before the criterion existed) is ``no_progress``. ``cache`` (run id →
+    (table, summary)) keeps the finished runs already read, so a sweep can rewrite its results
+    often.
     """
+    failures = failures or {}
     cache = {} if cache is None else cache
     tables = []
     rows = []
@@ -239,12 +322,16 @@ def collect_results(
         }
         if r.run_id not in cache:
             if find_run_table(run_dir) is None:
+                message = failures.get(r.run_id, _failure_message(run_dir))
+                if message is not None:
+                    rows.append({**base, "status": FAILED, "message": message})
+                    continue
                 started = (run_dir / "checkpoint.pt").exists() or any(
                     run_dir.glob("checkpoint.pt.rank*")
                 )
                 rows.append({**base, "status": "interrupted" if started else "pending"})
                 continue
-            cache[r.run_id] = _read_finished(run_dir)
+            cache[r.run_id] = _mark_no_progress(*_read_finished(run_dir), r.settings.dtype)
         table, done = cache[r.run_id]
         t = table.copy()
         t["problem_label"] = r.problem.label
@@ -298,6 +385,7 @@ def execute_run(
         summary: dict[str, Any] = read_json(run_dir / "done.json")
         emit("done", run.run_id, summary)
         return summary
+    (run_dir / "failed.json").unlink(missing_ok=True)  # an earlier attempt's error: retried now
     write_json(run_dir / "run.json", {"run_id": run.run_id, "label": run.label, **run.identity()})
     prepared = prepare_run(run, _problem(run.problem.spec, s.dtype))
     emit(

@@ -9,7 +9,9 @@ processes, or a dask cluster). Every file is written atomically; ``results.parqu
 ``runs.csv`` are rewritten from the finished runs while the sweep goes (at most every
 ``flush_every`` seconds) and at the end, so a sweep killed at any moment leaves a readable results
 file of complete runs, and running the same command again finishes it with the table of an
-uninterrupted sweep. On Ctrl-C the workers save their checkpoints and stop.
+uninterrupted sweep. On Ctrl-C the workers save their checkpoints and stop. A run that raises is
+recorded as ``failed`` with its error (``runs.csv``); an output directory that holds the results
+of another experiment is refused (:func:`check_output_dir`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import json
 import os
 import platform
 import socket
@@ -38,14 +41,16 @@ from ..storage import (
     remove_stale_temporaries,
 )
 from .config import ExperimentConfig, dump_config
-from .execute import RunTask, collect_results, run_state
+from .execute import NO_PROGRESS, RunTask, collect_results, run_state, write_failure
 from .executors import Executor, default_jobs, make_executor
 from .grid import RunSpec, check_runs, expand
 from .results import Format, default_format, write_json, write_table
 
 __all__ = [
     "ExperimentResult",
+    "OtherExperimentError",
     "RunFailure",
+    "check_output_dir",
     "default_jobs",
     "duplicate_seed_notes",
     "environment",
@@ -54,8 +59,64 @@ __all__ = [
 
 #: event callback: ``emit(kind, run_id, payload)``
 Emit = Callable[[str, str, dict[str, Any]], None]
-#: statuses of a finished run
-FINISHED = ("completed", "converged", "diverged", "stopped")
+#: statuses of a finished run (``no_progress``: ran all its rounds and ended above its start)
+FINISHED = ("completed", "converged", "diverged", "stopped", NO_PROGRESS)
+
+
+class OtherExperimentError(ValueError):
+    """``--out`` holds the results of another experiment (:func:`check_output_dir`)."""
+
+
+def _experiment_of(name: str, source: str) -> str:
+    """What names an experiment: its config's ``name``, else its config file's stem (the
+    default output directory ``runs/<name>`` is named the same way)."""
+    return name or Path(source).stem
+
+
+def check_output_dir(config: ExperimentConfig, out: str | os.PathLike[str]) -> None:
+    """Refuse an output directory that holds the results of another experiment.
+
+    Writing there would replace its ``results.*``, ``runs.csv`` and ``config.toml`` and leave the
+    rest (a reproduction's ``summary.json`` and figures, plots): a directory that contradicts
+    itself. The directory's experiment is read from its ``env.json`` (or ``config.toml``). It
+    is the same experiment when the configs determine the same runs (the same fingerprint: a
+    resume), or when they have the same ``name`` (for a config without one: the same file stem),
+    so an edited config (more rounds, another method) still writes into its own directory, and
+    its finished runs are reused. Raises :class:`OtherExperimentError` (a ValueError) saying what
+    to do.
+    """
+    d = Path(out)
+    env_path, cfg_path = d / "env.json", d / "config.toml"
+    old_name: str | None = None
+    old_source, old_fp = "", ""
+    try:
+        if env_path.is_file():
+            env = json.loads(env_path.read_text(encoding="utf-8"))
+            if isinstance(env, dict):
+                old_name = str(env.get("experiment") or "")
+                old_source = str(env.get("config") or "")
+                old_fp = str(env.get("config_fingerprint") or "")
+        elif cfg_path.is_file():
+            if sys.version_info >= (3, 11):  # pragma: no cover - version dependent
+                import tomllib
+            else:  # pragma: no cover - version dependent
+                import tomli as tomllib
+            doc = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+            old_name, old_source = str(doc.get("name") or ""), str(cfg_path)
+    except (OSError, ValueError):
+        return  # unreadable: nothing to compare (the sweep reports corrupt run files itself)
+    if old_name is None or (old_fp and old_fp == config.fingerprint):
+        return
+    old = _experiment_of(old_name, old_source)
+    new = _experiment_of(config.name, config.source)
+    if old == new:
+        return
+    raise OtherExperimentError(
+        f"--out {str(d)!r} holds the results of another experiment ({old!r}, from "
+        f"{old_source or cfg_path}); writing {new!r} there would replace its results.*, "
+        "runs.csv and config.toml but leave the rest: give another --out, or delete or move "
+        f"{str(d)!r} first"
+    )
 
 
 @dataclasses.dataclass
@@ -131,7 +192,9 @@ def run_experiment(
     checkpoints.
 
     Raises, before running anything: :class:`~shrinkgrad.experiments.config.ConfigError` when
-    the config cannot run; :class:`~shrinkgrad.storage.StorageError` when ``out`` cannot be
+    the config cannot run; :class:`OtherExperimentError` when ``out`` holds the results of another
+    experiment (:func:`check_output_dir`); :class:`~shrinkgrad.storage.StorageError` when
+    ``out`` cannot be
     written (read-only, full, a name too long) or another process is using it
     (:class:`~shrinkgrad.storage.DirectoryBusy`);
     :class:`~shrinkgrad.experiments.results.CorruptFileError` when a finished run's files in
@@ -147,6 +210,7 @@ def run_experiment(
     runs = expand(config)
     runs, notes, infos = check_runs(config, runs)
     execu = make_executor(executor, jobs)
+    check_output_dir(config, out_dir)
     probe_writable(out_dir)
     with DirectoryLock(out_dir, " ".join(command) if command is not None else ""):
         return _sweep(
@@ -196,12 +260,13 @@ def _sweep(
     disp = display or make_display(progress, total=len(runs), done=len(runs) - len(todo))
     by_id = {r.run_id: r for r in runs}
     failed: list[RunFailure] = []
+    failures: dict[str, str] = {}  # run id → message of the runs that raised in this call
     ran: set[str] = set()
     resumed: set[str] = set()
     last_flush = [time.monotonic()]
 
     def flush() -> tuple[pd.DataFrame, pd.DataFrame, Path]:
-        table, summary = collect_results(out_dir, runs, config.name, cache)
+        table, summary = collect_results(out_dir, runs, config.name, cache, failures)
         path = write_table(table, out_dir / "results", fmt)
         atomic_write(out_dir / "runs.csv", lambda p: summary.to_csv(p, index=False))
         last_flush[0] = time.monotonic()
@@ -216,7 +281,11 @@ def _sweep(
             if payload.get("resumed"):
                 resumed.add(run_id)
         if kind == "failed":
+            ran.add(run_id)  # attempted by this call, even when it failed before its start
             failed.append(RunFailure(run, payload["message"], payload.get("traceback", "")))
+            failures[run_id] = payload["message"]
+            with contextlib.suppress(OSError, StorageError):  # runs.csv has it in any case
+                write_failure(out_dir / "runs" / run_id, run_id, payload["message"])
         disp.event(kind, run, payload)
         if kind == "done" and time.monotonic() - last_flush[0] >= flush_every:
             flush()

@@ -87,6 +87,30 @@ def _fmt(t: torch.Tensor) -> str:
     return repr(v) if isinstance(v, float) else str(v)
 
 
+def check_batch_fits(name: str, batch: int | torch.Tensor | None, problem: ProblemLike) -> None:
+    """Refuse, when the method is bound, a minibatch size larger than a client's number of
+    samples m_i (``problem.client_sizes``; skipped for problems without samples and for bare
+    :class:`Constants`): otherwise the run would fail at its first minibatch round, and the
+    EF21-SGD theory step would blame a missing variance bound instead."""
+    sizes = getattr(problem, "client_sizes", None)
+    if batch is None or sizes is None:
+        return
+    m = torch.as_tensor(sizes).reshape(-1).to(torch.int64).cpu()
+    b = torch.as_tensor(batch).reshape(-1).to(torch.int64).cpu()
+    if b.numel() == 1:
+        b = b.expand(m.numel())
+    if b.numel() != m.numel():
+        return  # check_problem says so
+    bad = torch.nonzero(b > m).reshape(-1)
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(
+            f"{name}: minibatch size b = {int(b[i])} is larger than client {i}'s m_i = "
+            f"{int(m[i])} samples (the smallest client holds {int(m.min())}); use b <= "
+            f"{int(m.min())} or fewer clients"
+        )
+
+
 class EF21(Method[EF21Server, EF21Clients]):
     """EF21 with optional weights (EF21-W), minibatches (-SGD) and partial participation (-PP).
 
@@ -221,6 +245,7 @@ class EF21(Method[EF21Server, EF21Clients]):
     ) -> Method[EF21Server, EF21Clients]:
         """The theory step of EF21-SGD also reads σ² from the problem (:meth:`_variance_bound`),
         that of ``rule=rare_features`` c and L_+ from its data (:meth:`_rare_constants`)."""
+        check_batch_fits(self.name, self.batch, problem)
         needs_sigma2 = self.batch is not None and self.sigma2 is None
         needs_rare = self.rule == "rare_features"
         if not (needs_sigma2 or needs_rare) or not parse_stepsize(stepsize).theory:

@@ -37,11 +37,12 @@ from .base import (
     Init,
     Message,
     Method,
+    ProblemLike,
     Runtime,
 )
-from .ef21 import EF21
+from .ef21 import EF21, check_batch_fits
 from .rules import momentum_update
-from .stepsize import theory_function
+from .stepsize import StepSize, theory_function
 
 __all__ = ["EF21SGDM", "ClientMomentum", "MomentumClients"]
 
@@ -144,6 +145,12 @@ class ClientMomentum(Method[Any, MomentumClients]):
         return f"{self.inner.name}+momentum[beta={self.beta!r}{extra}]"
 
     # -- configuration (the inner method's) ---------------------------------------------------
+    def for_problem(
+        self, problem: ProblemLike, stepsize: float | str | StepSize
+    ) -> Method[Any, MomentumClients]:
+        check_batch_fits(self.name, self.batch, problem)
+        return self
+
     def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
         return self.inner._check_compressor(C, d)
 

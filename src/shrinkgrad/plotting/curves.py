@@ -5,9 +5,12 @@ method × compressor × step size: the median over seeds and a quantile band, on
 the seeds' x values (each seed's curve is interpolated — log-linearly for positive y — only
 inside its own x range, so a run that stopped early contributes only where it has data).
 
-Diverged runs (``status == "diverged"``) never make a curve look good: they are left out of the
-median of the other seeds, and a curve whose every seed diverged is drawn thin, grey and dotted,
-ending in a cross, with "diverged" in the legend, and does not count for the y-limits.
+Diverged runs (``status == "diverged"``) and runs that made no progress (``status ==
+"no_progress"``: they ended above their starting loss, docs/experiments.md) never make a curve
+look good: they are left out of the median of the other seeds (the legend counts them), and a
+curve whose every seed diverged or made no progress is drawn thin, grey and dotted, ending in a
+cross, with "diverged" / "no progress" in the legend, and does not count for the y-limits
+(unless every curve of the panel is such a curve: the panel keeps its log axis, fitted to them).
 
 :func:`plot_results` draws them like the papers' figures: one panel per problem (``facet``),
 log-scale y for positive metrics, one legend per figure made of the canonical spec strings with
@@ -41,6 +44,8 @@ DEFAULT_FACET = "problem_label"
 NETWORK = "network"
 #: the value of ``status`` that marks a diverged run
 DIVERGED = "diverged"
+#: the value of ``status`` that marks a run that ended above its starting loss
+NO_PROGRESS = "no_progress"
 
 
 def _column(name: str, axes: dict[str, str], table: pd.DataFrame, what: str) -> str:
@@ -107,11 +112,14 @@ def aggregate(
 
     Returns a long table with the columns ``facet`` (when used), the curve keys
     (:data:`CURVE_KEYS` but the facet), ``x``, ``median``, ``lo``, ``hi``, ``seeds`` (how many
-    seeds have data at that x), ``diverged`` (how many of the curve's seeds diverged) and
-    ``all_diverged`` (the curve is made of diverged seeds only). ``x``/``y`` are axis names of
+    seeds have data at that x), ``diverged`` (how many of the curve's seeds diverged),
+    ``no_progress`` (how many ended above their starting loss) and ``all_diverged`` (the curve is
+    made of such seeds only; the others are left out of its median). ``x``/``y`` are axis names of
     :data:`X_AXES`/:data:`Y_AXES` or column names; ``facet`` a column (None: one panel). Where
     all seeds share their x values the median is exactly the median of the table's values.
     """
+    if table.empty:
+        raise ValueError("nothing to plot: the results table has no rows (no run has finished)")
     xcol = _column(x, X_AXES, table, "x")
     ycol = _column(y, Y_AXES, table, "y")
     lo_q, hi_q = quantiles
@@ -127,6 +135,7 @@ def aggregate(
     for group, df in table.groupby(keys, sort=False, dropna=False):
         series: list[tuple[np.ndarray, np.ndarray]] = []
         bad: list[tuple[np.ndarray, np.ndarray]] = []
+        stalled = 0
         for _, s in df.groupby(seed_col, sort=True):
             s = s.sort_values(xcol)
             xs = s[xcol].to_numpy(dtype=np.float64)
@@ -136,21 +145,25 @@ def aggregate(
             if xs.size:
                 # a repeated x (nothing sent in a round) keeps its last value
                 last = np.r_[xs[1:] != xs[:-1], True]
-                diverged = "status" in s.columns and bool((s["status"] == DIVERGED).any())
-                (bad if diverged else series).append((xs[last], ys[last]))
+                status = s["status"] if "status" in s.columns else pd.Series(dtype=object)
+                no_progress = bool((status == NO_PROGRESS).any())
+                failed = no_progress or bool((status == DIVERGED).any())
+                stalled += no_progress
+                (bad if failed else series).append((xs[last], ys[last]))
         all_diverged = not series
         use = series or bad
         if not use:
             continue
         frame = _median_band(use, lo_q, hi_q, max_points)
-        frame["diverged"] = len(bad)
+        frame["diverged"] = len(bad) - stalled
+        frame["no_progress"] = stalled
         frame["all_diverged"] = all_diverged
         for k, v in zip(keys, group if isinstance(group, tuple) else (group,), strict=True):
             frame.insert(0, k, cast(Any, v))  # a group key: str or number
         out.append(frame)
     if not out:
         raise ValueError("nothing to plot: the results table has no finite values")
-    cols = [*keys, "x", "median", "lo", "hi", "seeds", "diverged", "all_diverged"]
+    cols = [*keys, "x", "median", "lo", "hi", "seeds", "diverged", "no_progress", "all_diverged"]
     return pd.concat(out, ignore_index=True)[cols]
 
 
@@ -312,6 +325,8 @@ def plot_results(
         sub = agg[agg[panel_col] == panel] if panel_col else agg
         src = table[table[panel_col] == panel] if panel_col else table
         shown = sub[~sub["all_diverged"].astype(bool)]
+        if shown.empty:  # every curve of the panel diverged: fit the axis to them, same scale
+            shown = sub
         limits = y_limits(
             np.concatenate([shown[c].to_numpy(dtype=np.float64) for c in ("median", "lo", "hi")]),
             log_y,
@@ -367,14 +382,23 @@ def _draw_curve(
         return np.where(v > 0, v, floor * 1e-3) if log_y and floor > 0 else v
 
     n_div = int(c["diverged"].iloc[0])
+    n_stall = int(c["no_progress"].iloc[0]) if "no_progress" in c.columns else 0
     if bool(c["all_diverged"].iloc[0]):
-        (line,) = ax.plot(
-            xs, ys("median"), color="0.55", lw=0.9, ls=":", label=f"{label} — diverged"
+        what = (
+            "diverged"
+            if not n_stall
+            else "no progress (ended above f(x⁰))"
+            if not n_div
+            else f"{n_div} diverged, {n_stall} no progress"
         )
+        (line,) = ax.plot(xs, ys("median"), color="0.55", lw=0.9, ls=":", label=f"{label} — {what}")
         ax.plot(xs[-1:], ys("median")[-1:], color="0.35", marker="x", ms=6, ls="none")
         return line
-    seeds = int(c["seeds"].max()) + n_div
-    extra = f" ({n_div}/{seeds} seeds diverged, left out)" if n_div else ""
+    seeds = int(c["seeds"].max()) + n_div + n_stall
+    parts = [f"{n_div}/{seeds} seeds diverged"] if n_div else []
+    if n_stall:
+        parts.append(f"{n_stall}/{seeds} {'seeds ' if not n_div else ''}made no progress")
+    extra = f" ({', '.join(parts)}, left out)" if parts else ""
     (line,) = ax.plot(xs, ys("median"), lw=1.4, label=label + extra, **style)
     if (c["lo"] != c["hi"]).any():
         ax.fill_between(xs, ys("lo"), ys("hi"), color=style["color"], alpha=0.2, lw=0)

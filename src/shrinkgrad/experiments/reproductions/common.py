@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..claims import median, reach, runs_of
+from ..claims import NOT_A_RESULT, median, reach, runs_of
 
 __all__ = [
     "bits_to_reach",
@@ -42,11 +42,12 @@ def common_tolerance(table: pd.DataFrame) -> dict[str, float]:
 
     Every run reaches this tolerance, so "bits to reach ε" is finite for all of them, and the
     method that ends highest sets it (an honest common target: no method is measured at an
-    accuracy it never attains). Diverged runs set no target (they reach nothing).
+    accuracy it never attains). Runs that diverged or made no progress set no target (they
+    reach nothing).
     """
     out: dict[str, float] = {}
     if "status" in table.columns:
-        table = table[table["status"] != "diverged"]
+        table = table[~table["status"].isin(NOT_A_RESULT)]
     for label, df in table.groupby("problem_label", sort=False):
         finals = df.sort_values("round").groupby("run_id")["grad_norm_sq"].last()
         out[str(label)] = float(finals.max())
