@@ -39,6 +39,7 @@ class AmpJob:
     overflow_at: int | None = None  # rank 1's last-layer gradient becomes inf at this step
     scale: float | None = SCALE  # None: no scaler
     granularity: str = "tensor"
+    bucket_cap_mb: float = 0.01  # several buckets (one per bucket unit: 0.004 gives two)
     load: str | None = None  # checkpoint to resume from (model, optimizer, hook)
     save: str | None = None  # checkpoint to write after the last step
 
@@ -46,7 +47,7 @@ class AmpJob:
 def _train(rank: int, world: int, job: AmpJob) -> dict[str, Any]:
     """Loss × scale, backward through the hook, then like GradScaler: skip the step when a
     gradient is not finite, else divide the gradients by the scale and step."""
-    model = DDP(make_model(), bucket_cap_mb=0.01)  # several buckets
+    model = DDP(make_model(), bucket_cap_mb=job.bucket_cap_mb)
     scaler = None if job.scale is None else FixedScale(job.scale)
     state = CompressionState(
         job.compressor,
@@ -135,17 +136,23 @@ def test_an_overflow_in_the_first_step_after_a_restore_keeps_the_checkpoint(
     first step after the restore builds the states from them. When that step overflows, the
     undo drops those states and must put the entries back (else the memory is lost and the
     next step initialises afresh): resumed with an overflow at step 3, the run ends where a
-    resumed run without step 3 does."""
+    resumed run without step 3 does, and where a run without step 3 and without a restart
+    does (per bucket, the resumed runs' first step gets DDP's initial layout, the parameters
+    in model order, and the scaler's path compresses the checkpoint's units from it)."""
+    cap = 0.004 if granularity == "bucket" else 0.01  # two bucket units after the rebuild
     job = AmpJob("top_k", ratio=0.1, error_feedback="ef21", granularity=granularity)
+    job = dataclasses.replace(job, bucket_cap_mb=cap)
     prefix = str(tmp_path / "ckpt")
     spawn(_train, 2, (dataclasses.replace(job, steps=(0, 1, 2), save=prefix),))
     rest = dataclasses.replace(job, steps=(3, 4, 5), load=prefix)
     hit = spawn(_train, 2, (dataclasses.replace(rest, overflow_at=3),))
     clean = spawn(_train, 2, (dataclasses.replace(rest, steps=(4, 5)),))
+    straight = spawn(_train, 2, (dataclasses.replace(job, steps=(0, 1, 2, 4, 5)),))
     for r in range(2):
         assert hit[r]["skipped"] == [3] and hit[r]["overflows"] == 1
         assert hit[r]["iteration"] == clean[r]["iteration"] == 5
         assert torch.equal(hit[r]["params"], clean[r]["params"])
+        assert torch.equal(clean[r]["params"], straight[r]["params"])
 
 
 def _check_skipped(job: AmpJob, at: int) -> None:

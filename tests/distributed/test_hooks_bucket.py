@@ -311,3 +311,64 @@ def test_a_bucket_unit_is_not_joined_from_entries_that_do_not_fit(case: str, mes
         memory.get(GROUP_BASE)
     assert message in str(info.value)
     assert "the bucket of tensors #0, #1" in str(info.value)
+
+
+class _Bucket:
+    """What the planner reads of a GradBucket: its index, parameters and flat buffer."""
+
+    def __init__(self, index: int, params: list[torch.Tensor]) -> None:
+        self._index, self._params = index, params
+        self._buf = torch.cat([p.detach().reshape(-1) for p in params])
+
+    def index(self) -> int:
+        return self._index
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self._params
+
+    def buffer(self) -> torch.Tensor:
+        return self._buf
+
+
+def test_the_saved_layout_regroups_a_bucket_that_holds_its_units_otherwise() -> None:
+    """The planner's bookkeeping behind a restart at bucket granularity: ``layout()`` is the
+    units of DDP's current buckets (a regrouped bucket's older plans are dropped), and with a
+    saved layout as ``hint`` a bucket holding whole saved units in another order is staged in
+    the units' order (and written back in DDP's), while one that does not is compressed as
+    DDP groups it."""
+    assert spawn(_layout_checks, 1, ()) == [True]
+
+
+def _layout_checks(rank: int, world: int) -> bool:
+    a, b, c, d = (torch.full((n,), float(i)) for i, n in enumerate((100, 60, 80, 50)))
+    planner = CompressionState("top_k", ratio=RATIO, min_numel=45, granularity="bucket").planner
+
+    def plan(index: int, params: list[torch.Tensor]) -> Any:
+        bucket = _Bucket(index, params)
+        return planner.plan(bucket, 0), bucket.buffer()  # type: ignore[arg-type]
+
+    plan(0, [a, b]), plan(1, [c, d])  # canonical ids in order of first sight: a 0 ... d 3
+    assert planner.layout() == [[0, 1], [2, 3]]
+    plan(0, [d, c, b, a])  # regrouped into one bucket: the plan of index 1 is stale
+    assert planner.layout() == [[3, 2, 1, 0]] and len(planner.plans) == 1
+    plan(0, [d, c]), plan(1, [b, a])
+    assert planner.layout() == [[3, 2], [1, 0]]
+
+    planner.hint = ((3, 2), (1, 0))  # a restarted job: DDP's first bucket holds everything
+    p, buf = plan(0, [a, b, c, d])
+    assert p.groups == ((3, 2), (1, 0)) and [u.members for u in p.units] == [
+        ((3, 50), (2, 80)),
+        ((1, 60), (0, 100)),
+    ]
+    staged = p.stage(buf)
+    want = torch.cat([d, c, b, a])
+    assert staged is not buf and torch.equal(staged, want)
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(want * 2)
+    assert torch.equal(p.unstage(buf, done), torch.cat([a, b, c, d]) * 2)
+
+    p, buf = plan(0, [a, b, c])  # not whole saved units: DDP's grouping, nothing staged
+    assert p.groups == ((0, 1, 2),) and p.staged is None and p.stage(buf) is buf
+    p, _ = plan(0, [d, c])  # exactly a saved unit: nothing staged either
+    assert p.groups == ((3, 2),) and p.staged is None
+    return True

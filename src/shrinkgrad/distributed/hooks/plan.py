@@ -31,7 +31,12 @@ Plans are keyed by the bucket's index and rebuilt whenever the bucket's paramete
 rebuilds its buckets after the first iteration). A tensor's canonical id is the order in which
 the hook first saw it: the first iteration of every process sees DDP's initial bucket layout, so
 the ids are the same in every process of the same model and DDP settings, and they key the
-memory and the random draws.
+memory and the random draws. A plan made for a bucket replaces those of other indices that held
+any of its parameters, so the plans are always DDP's current layout (:meth:`Planner.layout`,
+saved in checkpoints). At ``granularity="bucket"`` a restarted job's first bucket, DDP's
+initial layout of all parameters in model order, holds the checkpoint's units in another
+grouping and order: its plan compresses those units (:attr:`Planner.hint`) in a staged copy of
+the bucket (:meth:`Plan.stage`, :meth:`Plan.unstage`).
 """
 
 from __future__ import annotations
@@ -128,10 +133,36 @@ class Plan:
     #: compresses (M_i), kept from the hook body to the P callback (bucket-sized, made at the
     #: first factor iteration)
     held: torch.Tensor | None = None
+    #: the parameters' canonical ids as compressed: one group per unit of DDP's bucket
+    #: (``granularity="bucket"``; per tensor, the bucket's parameters as one group), in the
+    #: order their entries have in :meth:`stage`'s vector (what a checkpoint records)
+    groups: tuple[tuple[int, ...], ...] = ()
+    #: the bucket reordered into ``groups`` (:meth:`Planner.plan` with a layout hint): the
+    #: (offset in the staged vector, offset in the bucket, numel) of every parameter, and the
+    #: staged vector the exchange runs on; () / None: the bucket is compressed as it is
+    moves: tuple[tuple[int, int, int], ...] = ()
+    staged: torch.Tensor | None = None
 
     def work(self, i: int, n: int) -> torch.Tensor:
         """The first ``n`` entries of work vector ``i``."""
         return self.scratch[i][:n]
+
+    def stage(self, buf: torch.Tensor) -> torch.Tensor:
+        """What the exchange runs on: the bucket ``buf`` itself, or its parameters copied into
+        the order of :attr:`groups` (a bucket that holds the saved units in another order)."""
+        if self.staged is None:
+            return buf
+        for mine, theirs, n in self.moves:
+            self.staged[mine : mine + n].copy_(buf[theirs : theirs + n])
+        return self.staged
+
+    def unstage(self, buf: torch.Tensor, fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        """The exchange's result (in :meth:`stage`'s order) written back into DDP's layout, in
+        the bucket ``buf`` (a future's callback: copies only, nothing waits)."""
+        out = fut.value()
+        for mine, theirs, n in self.moves:
+            buf[theirs : theirs + n].copy_(out[mine : mine + n])
+        return buf
 
     @property
     def dense_part(self) -> int:
@@ -347,6 +378,11 @@ class Planner:
         #: with ``sparse_downcast``: the changed entries written by the method's own sparse
         #: update, in its pass (:attr:`Plan.fused_mirror`); False: converted after it
         self.fused_mirror = True
+        #: ``granularity="bucket"``: the units of a checkpoint's last iteration (their
+        #: parameters' canonical ids, in order; :meth:`layout`). A bucket that holds whole
+        #: units of it in another grouping or order — a restarted job's first iteration, whose
+        #: DDP has its initial layout again — is compressed as those units
+        self.hint: tuple[tuple[int, ...], ...] = ()
 
     @property
     def plans(self) -> list[Plan]:
@@ -367,6 +403,11 @@ class Planner:
             entry = (len(self._uids), p)
             self._uids[id(p)] = entry
         return entry[0]
+
+    def layout(self) -> list[list[int]]:
+        """The units of the current plans, by bucket index: every unit's parameters' canonical
+        ids in the order it compresses them (what a checkpoint saves for :attr:`hint`)."""
+        return [list(g) for i in sorted(self._plans) for g in self._plans[i].groups]
 
     def work_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The method's dtype for gradients of ``dtype``: float32 for 16-bit gradients unless
@@ -402,8 +443,17 @@ class Planner:
         wdtype = self.work_dtype(buf.dtype)
         mode = settings.collective
         esize = buf.element_size()
+        groups = [units]
+        moves: tuple[tuple[int, int, int], ...] = ()
         if settings.granularity == "bucket":
-            units = self._bucket_unit(units, buf.dtype)
+            groups = self._regroup(units) or groups
+            if groups[0] is not units:  # the saved units, one after the other when staged
+                offset = 0
+                for u in (u for g in groups for u in g):
+                    moves += ((offset, u.offset, u.numel),)
+                    u.offset = offset
+                    offset += u.numel
+            units = [v for g in groups for v in self._bucket_unit(g, buf.dtype)]
         for u in units:
             if not u.members:
                 u.compressor = settings.compressor_for(u.numel, u.shape, buf.dtype)
@@ -457,8 +507,35 @@ class Planner:
         plan.scratch = [torch.empty(most, dtype=wdtype, device=device) for _ in range(2)]
         for u in units:
             u.zero_except = torch.empty(0, dtype=torch.int64, device=device)  # out is zero
+        plan.groups = tuple(tuple(u.uid for u in g) for g in groups)
+        if moves:
+            plan.moves = moves
+            plan.staged = torch.empty(n, dtype=buf.dtype, device=device)
+        # DDP regrouped the parameters: the plans of other indices that held any of them are
+        # gone from its layout (their buffers are freed, and :meth:`layout` is this one's)
+        held = {m for g in plan.groups for m in g}
+        self._plans = {
+            i: p
+            for i, p in self._plans.items()
+            if not held.intersection(m for g in p.groups for m in g)
+        }
         self._plans[bucket.index()] = plan
         return plan
+
+    def _regroup(self, units: list[Unit]) -> list[list[Unit]] | None:
+        """The bucket's tensors grouped into the :attr:`hint`'s units, in the hint's order and
+        each unit's own (None: no hint, the bucket is one of its units already, or it does not
+        hold whole units of it — then it is compressed as DDP groups it)."""
+        if not self.hint:
+            return None
+        by_id = {u.uid: u for u in units}
+        groups = [g for g in self.hint if g[0] in by_id]
+        ids = [m for g in groups for m in g]
+        if len(ids) != len(units) or set(ids) != set(by_id):
+            return None
+        if len(groups) == 1 and groups[0] == tuple(by_id):
+            return None
+        return [[by_id[m] for m in g] for g in groups]
 
     def _bucket_unit(self, units: list[Unit], dtype: torch.dtype) -> list[Unit]:
         """``granularity="bucket"``: the bucket's tensors as one flat unit with the compressor
@@ -471,7 +548,7 @@ class Planner:
         members = tuple((u.uid, u.numel) for u in units)
         ids = tuple(m for m, _ in members)
         uid = self._groups.setdefault(ids, GROUP_BASE + len(self._groups))
-        return [Unit(uid, 0, numel, (numel,), C, members=members)]
+        return [Unit(uid, units[0].offset, numel, (numel,), C, members=members)]
 
     def _is_sparse(self, C: Compressor) -> bool:
         return bool(C.sparse_message) and self._sparse_method

@@ -318,6 +318,7 @@ class CompressionState:
             "last_step_bytes": self.last_step_bytes,
             "overflows": self.overflows,
             "memory": self.memory.to_dict(),
+            "layout": self.planner.layout(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -341,6 +342,9 @@ class CompressionState:
         self.overflows = int(state.get("overflows", 0))
         self._open = self._overflowed = False
         self.memory.load(state["memory"])
+        # the units to compress while DDP's buckets hold them otherwise (checkpoints from
+        # before the layout was saved have none: then every bucket is compressed as it is)
+        self.planner.hint = tuple(tuple(int(m) for m in g) for g in state.get("layout", ()))
         for plan in self.planner.plans:
             for u in plan.units:
                 self.memory.check(u)
@@ -428,7 +432,9 @@ def compression_hook(
     dense_bytes = buf.numel() * buf.element_size()
     scale, bad = state._begin(buf)
     plan = state._plan(bucket)
-    fut = exchange(state, plan, buf, bad)
+    fut = exchange(state, plan, plan.stage(buf), bad)
+    if plan.staged is not None:  # the units a checkpoint saved, in another grouping or order
+        fut = fut.then(functools.partial(plan.unstage, buf))
     if state.scaler is not None:
         fut = fut.then(functools.partial(state._finish_scaled, scale))
     state._end_bucket(bucket, dense_bytes)
