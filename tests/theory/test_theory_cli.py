@@ -5,24 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_run import run_cli
 
 from shrinkgrad import theory as T
-from shrinkgrad.cli import main
 from shrinkgrad.problems import logistic_regression
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_theory_command_prints_the_issue_example(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(
+    code, out, _ = run_cli(
         capsys, "theory", "--dataset", "australian", "--clients", "100", "--split", "contiguous",
         "--compressor", "top_k[k=1]",
     )  # fmt: skip
@@ -34,7 +24,7 @@ def test_theory_command_prints_the_issue_example(capsys: pytest.CaptureFixture[s
 
 
 def test_theory_json_matches_the_api(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(
+    code, out, _ = run_cli(
         capsys, "theory", "--dataset", "australian_scale", "--clients", "10", "--split",
         "shuffled[seed=1]", "--compressor", "rand_k[k=2]", "--reg", "l2", "--json",
     )  # fmt: skip
@@ -57,13 +47,13 @@ def test_theory_json_matches_the_api(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_theory_user_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "theory", "--dataset", "nope", "--clients", "3")
+    code, _, err = run_cli(capsys, "theory", "--dataset", "nope", "--clients", "3")
     assert code == 2 and err.startswith("error: unknown dataset 'nope'") and "Traceback" not in err
-    code, _, err = _run(capsys, "theory", "--dataset", "australian", "--clients", "1000")
+    code, _, err = run_cli(capsys, "theory", "--dataset", "australian", "--clients", "1000")
     assert code == 2 and "exceeds the 690 samples" in err
-    code, _, err = _run(capsys, "theory", "--dataset", "australian")
+    code, _, err = run_cli(capsys, "theory", "--dataset", "australian")
     assert code != 0 and "--clients" in err and "Traceback" not in err
-    code, _, err = _run(
+    code, _, err = run_cli(
         capsys, "theory", "--dataset", "australian", "--clients", "5", "--compressor", "top_q"
     )
     assert code == 2 and "unknown compressor" in err
@@ -74,12 +64,12 @@ def test_theory_user_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> 
     [("datasets", "a9a"), ("problems", "synthetic_least_squares"), ("splits", "dirichlet")],
 )
 def test_list_families(capsys: pytest.CaptureFixture[str], family: str, word: str) -> None:
-    code, out, _ = _run(capsys, "list", family)
+    code, out, _ = run_cli(capsys, "list", family)
     assert code == 0 and word in out
 
 
 def test_theory_on_a_synthetic_problem_needs_no_dataset(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(
+    code, out, _ = run_cli(
         capsys, "theory", "--problem", "synthetic_least_squares[n_clients=40,d=5,m=5,L_var=10]",
         "--compressor", "top_k[k=1]", "--json",
     )  # fmt: skip
@@ -87,7 +77,7 @@ def test_theory_on_a_synthetic_problem_needs_no_dataset(capsys: pytest.CaptureFi
     report = json.loads(out)
     assert report["constants"]["L_var"] == pytest.approx(10.0, rel=1e-9)
     assert report["constants"]["mu"] > 0 and report["constants"]["f_star"] is not None
-    code, _, err = _run(
+    code, _, err = run_cli(
         capsys, "theory", "--problem", "synthetic_least_squares", "--dataset", "a9a"
     )
     assert code == 2 and "has no parameter 'dataset'" in err

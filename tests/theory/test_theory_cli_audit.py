@@ -18,24 +18,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cli_run import run_cli
 
 from shrinkgrad import theory as T
-from shrinkgrad.cli import main
 from shrinkgrad.cli import theory as theory_cli
 from shrinkgrad.compressors import make_compressor
 from shrinkgrad.problems import logistic_regression, rare_features
 from shrinkgrad.problems import memory as M
 from shrinkgrad.problems.linear import LinearModelProblem
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _strict_json(text: str) -> Any:
@@ -61,7 +51,7 @@ def _one_error_line(err: str) -> str:
 def test_alpha_one_gives_the_full_report_with_gd_steps(
     capsys: pytest.CaptureFixture[str], dataset: str, compressor: str
 ) -> None:
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "theory", "--dataset", dataset, "--clients", "10", "--compressor", compressor,
         "--json",
     )  # fmt: skip
@@ -106,7 +96,7 @@ def test_p_outside_the_unit_interval_is_one_error_line(
     capsys: pytest.CaptureFixture[str], p: str, as_json: bool
 ) -> None:
     argv = ["theory", "--dataset", "australian", "--clients", "10", "--p", p]
-    code, out, err = _run(capsys, *argv, *(["--json"] if as_json else []))
+    code, out, err = run_cli(capsys, *argv, *(["--json"] if as_json else []))
     assert code == 2 and out == ""
     line = _one_error_line(err)
     assert "'--p'" in line and "participation probability" in line and "(0, 1]" in line
@@ -119,7 +109,7 @@ def test_p_is_checked_by_the_python_report_too() -> None:
 
 
 def test_p_of_one_is_the_ef21_step(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "theory", "--dataset", "australian", "--clients", "10", "--p", "1", "--json"
     )
     assert code == 0, err
@@ -132,7 +122,7 @@ def test_p_of_one_is_the_ef21_step(capsys: pytest.CaptureFixture[str]) -> None:
 def test_other_numeric_options_are_checked(
     capsys: pytest.CaptureFixture[str], option: str, value: str
 ) -> None:
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "theory", "--dataset", "australian", "--clients", "10", option, value
     )
     assert code == 2 and out == ""
@@ -145,7 +135,9 @@ def test_json_writes_a_non_finite_value_as_null(
     """Whatever a rule returns, --json stays JSON: a non-finite float is null, never NaN."""
     monkeypatch.setattr(T, "stepsize_delayed", lambda L, tau: math.nan)
     monkeypatch.setattr(T, "xi", lambda alpha: math.inf)
-    code, out, err = _run(capsys, "theory", "--dataset", "australian", "--clients", "10", "--json")
+    code, out, err = run_cli(
+        capsys, "theory", "--dataset", "australian", "--clients", "10", "--json"
+    )
     assert code == 0, err
     report = _strict_json(out)
     delayed = next(r for r in report["stepsizes"] if r["rule"] == "delayed (strict <)")
@@ -158,7 +150,7 @@ def test_json_writes_a_non_finite_value_as_null(
 
 # 3. help -------------------------------------------------------------------------------------
 def test_help_says_dataset_and_clients_are_required(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "theory", "--help")
+    code, out, _ = run_cli(capsys, "theory", "--help")
     assert code == 0
     text = " ".join(out.split())
     needed = "required for problems on a dataset unless --problem gives it"
@@ -184,7 +176,7 @@ def test_help_says_dataset_and_clients_are_required(capsys: pytest.CaptureFixtur
 def test_an_option_that_disagrees_with_the_problem_spec_is_an_error(
     capsys: pytest.CaptureFixture[str], spec: str, extra: list[str], words: str
 ) -> None:
-    code, out, err = _run(capsys, "theory", "--problem", spec, *extra)
+    code, out, err = run_cli(capsys, "theory", "--problem", spec, *extra)
     assert code == 2 and out == ""
     line = _one_error_line(err)
     assert words in line and "inside --problem" in line
@@ -194,7 +186,7 @@ def test_an_option_that_repeats_the_problem_spec_is_fine(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     spec = "logistic_regression[dataset=australian,n_clients=10,lam=0.1]"
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "theory", "--problem", spec, "--dataset", "australian", "--clients", "10",
         "--lam", "0.1", "--split", "contiguous", "--json",
     )  # fmt: skip
@@ -207,7 +199,7 @@ def test_an_option_that_repeats_the_problem_spec_is_fine(
 def test_every_rule_in_alpha_says_it_is_for_the_scaled_unbiased_compressor(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "theory", "--dataset", "australian_scale", "--clients", "10", "--reg", "l2",
         "--compressor", "rand_k[k=2]", "--json",
     )  # fmt: skip
@@ -222,7 +214,7 @@ def test_every_rule_in_alpha_says_it_is_for_the_scaled_unbiased_compressor(
         assert ("for the scaled C/(1+ω)" in note) == (rule in in_alpha), (rule, note)
     assert notes["ef21_pp"] == "p = 0.5; for the scaled C/(1+ω)"
     # ω = 0 (identity): C/(1 + ω) is C, nothing to say
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "theory", "--dataset", "australian", "--clients", "10", "--compressor",
         "identity", "--json",
     )  # fmt: skip
@@ -232,7 +224,7 @@ def test_every_rule_in_alpha_says_it_is_for_the_scaled_unbiased_compressor(
 
 # 6. unknown L --------------------------------------------------------------------------------
 def test_a_network_says_what_a_command_line_user_can_do(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "theory", "--problem", "mlp[dataset=australian,hidden=4]", "--clients", "2"
     )
     assert code == 2 and out == ""
@@ -280,7 +272,7 @@ def test_a_dimension_whose_f_x0_does_not_fit_still_gets_its_step_sizes(
     # the loader's one d-vector (14.9 GiB) fits, f(x⁰)'s six (89.4 GiB) do not
     monkeypatch.setattr(M, "available_memory", lambda: 20 * 2**30)
     argv = ["theory", "--dataset", str(huge_file), "--clients", "10", "--reg", reg]
-    code, out, err = _run(capsys, *argv, "--json")
+    code, out, err = run_cli(capsys, *argv, "--json")
     assert code == 0, err
     report = _strict_json(out)
     assert report["constants"]["d"] == HUGE_D and report["predictions"] == []
@@ -302,7 +294,7 @@ def test_a_dimension_whose_f_x0_does_not_fit_still_gets_its_step_sizes(
     rf = rare_features(p)
     assert steps["rare_features"] == T.stepsize_rare_features(p.L, rf.L_plus, rf.c, 10, alpha)
     # the tables say the same
-    code, out, err = _run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert code == 0, err
     text = " ".join(out.split())
     assert "note: predicted rounds and bits left out" in text and "predicted rounds /" not in text

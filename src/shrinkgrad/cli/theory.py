@@ -167,14 +167,15 @@ def theory_report(
             add("dcgd", T.stepsize_dcgd(L, problem.L_max, omega, n), "derived", "D", "convex f_i")
 
     pred: list[dict[str, Any]] = []
+    report = {
+        "constants": const,
+        "compressor": comp,
+        "stepsizes": rules,
+        "predictions": pred,
+        "notes": notes,
+    }
     if not has_f0:
-        return {
-            "constants": const,
-            "compressor": comp,
-            "stepsizes": rules,
-            "predictions": pred,
-            "notes": notes,
-        }
+        return report
     x0 = problem.x0()
     f0 = problem.loss(x0)
     f_star = const["f_star"]
@@ -194,13 +195,7 @@ def theory_report(
                 "bits per client": bits,
             }
         )
-    return {
-        "constants": const,
-        "compressor": comp,
-        "stepsizes": rules,
-        "predictions": pred,
-        "notes": notes,
-    }
+    return report
 
 
 def _check_p(p: float) -> float:
