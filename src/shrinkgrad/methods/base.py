@@ -259,8 +259,11 @@ class Constants:
             L_i = torch.as_tensor(self.L_i, dtype=torch.float64).reshape(-1).cpu()
             if L_i.numel() != n:
                 raise ValueError(f"L_i must have one entry per client (n={n}), got {L_i.numel()}")
-            if not bool(torch.isfinite(L_i).all()) or bool((L_i <= 0).any()):
-                raise ValueError("the clients' smoothness constants L_i must be finite and > 0")
+            if not bool(torch.isfinite(L_i).all()) or bool((L_i < 0).any()):
+                raise ValueError(
+                    "the clients' smoothness constants L_i must be finite and >= 0 (L_i = 0: "
+                    "a client whose f_i is constant, e.g. all its data rows are zero)"
+                )
             object.__setattr__(self, "L_i", L_i)
         if self.mu is not None:
             object.__setattr__(self, "mu", float(self.mu))

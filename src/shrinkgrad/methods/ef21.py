@@ -111,6 +111,23 @@ def check_batch_fits(name: str, batch: int | torch.Tensor | None, problem: Probl
         )
 
 
+def _positive_L_i(name: str, L_i: torch.Tensor) -> torch.Tensor:
+    """``L_i`` (flat), or a ValueError naming the first client whose L_i is 0: EF21-W weighs
+    client i by w_i = L_i / Σ L_j and has it send ∇f_i/(n w_i) ([EFR] Alg. 2), undefined at
+    w_i = 0 (the unweighted methods take such a client, whose f_i is constant)."""
+    t = L_i.reshape(-1)
+    zero = torch.nonzero(t <= 0).reshape(-1)
+    if zero.numel():
+        raise ValueError(
+            f"{name} weighs client i by w_i = L_i / Σ L_j and has it send ∇f_i/(n w_i) ([EFR] "
+            f"Alg. 2), which is undefined for client {int(zero[0])} (L_i = 0: its f_i is "
+            f"constant, e.g. all its data rows are zero; {zero.numel()} such client(s)); drop "
+            "those clients from the split, or use ef21[rule=reloaded] (the same L_AM step, "
+            "unweighted)"
+        )
+    return t
+
+
 class EF21(Method[EF21Server, EF21Clients]):
     """EF21 with optional weights (EF21-W), minibatches (-SGD) and partial participation (-PP).
 
@@ -289,7 +306,7 @@ class EF21(Method[EF21Server, EF21Clients]):
             return None
         if not self.weighted:
             return float(s2.mean())
-        L_i = torch.as_tensor(problem.L_i, dtype=torch.float64).reshape(-1)
+        L_i = _positive_L_i(self.name, torch.as_tensor(problem.L_i, dtype=torch.float64))
         return float((L_i.mean() / L_i * s2).mean())
 
     def check_problem(self, consts: Constants) -> None:
@@ -312,7 +329,7 @@ class EF21(Method[EF21Server, EF21Clients]):
                 "[EFR] Alg. 2), which this problem does not know; estimate them "
                 "(shrinkgrad.problems.estimate_smoothness) or use ef21"
             )
-        w: torch.Tensor = theory_function("ef21w_weights")(consts.L_i)
+        w: torch.Tensor = theory_function("ef21w_weights")(_positive_L_i(self.name, consts.L_i))
         return w.to(torch.float64)
 
     def theory_formula(self) -> str:

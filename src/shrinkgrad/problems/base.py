@@ -190,8 +190,8 @@ class Problem(abc.ABC):
                 raise ValueError(
                     f"L_i must have one entry per client (n={self.n}), got {t.numel()}"
                 )
-            if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
-                raise ValueError("L_i must be finite and > 0 for every client")
+            if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+                raise ValueError("L_i must be finite and >= 0 for every client")
             out.L_i = t
         else:
             out.L_i = None
