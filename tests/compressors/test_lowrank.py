@@ -135,6 +135,24 @@ def test_rank_k_padding_keeps_the_bound() -> None:
         assert err <= 0.75 * float((x**2).sum()) * (1 + 1e-12)
 
 
+@pytest.mark.parametrize(
+    "spec", ["rank_k[r=1]", "power_sgd[rank=1]", "power_sgd[rank=1,shared=true]"]
+)
+def test_a_finite_input_whose_factors_overflow_is_an_error_not_inf(spec: str) -> None:
+    """docs/compressors.md, Errors: float32 entries of 3e38 are finite, but the view's
+    singular value (and PowerSGD's norms) exceed 3.4e38; C(x) said inf, and now refuses,
+    in compress, the 16-bit path and encode, while float64 compresses the same vector."""
+    x = torch.full((1, 6), 3e38, dtype=torch.float32)
+    C = make_compressor(spec)
+    with pytest.raises(ValueError, match="overflows torch.float32.*float64"):
+        C.compress(x, seed=0)
+    with pytest.raises(ValueError, match="overflows torch.float32"):
+        C.compress(x.to(torch.bfloat16), seed=0)
+    y = C.compress(x.double(), seed=0)
+    want = float(x.double().max())  # the rank-1 matrix of equal entries is its own C(x)
+    assert bool(torch.isfinite(y).all()) and float(y.max()) == pytest.approx(want, rel=1e-9)
+
+
 def test_low_rank_bits_and_dense_fallback() -> None:
     """r(m + n) values while shorter than the vector, else the d values of C(x) themselves."""
     c = make_compressor("rank_k[r=2]")

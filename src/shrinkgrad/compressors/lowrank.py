@@ -275,11 +275,25 @@ class LowRank(Compressor):
         every path (the receiver included), so that decode(encode(x)) equals C(x) bit for bit."""
         return _each(torch.mm, a, b)  # type: ignore[no-any-return]
 
+    def _finite_factors(
+        self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_factors`, or a ValueError when one leaves ``dtype``'s range (a finite input
+        whose singular values or norms overflow, e.g. float32 entries near 3.4e38)."""
+        a, b = self._factors(x, keys, dtype)
+        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+            raise ValueError(
+                f"{self.name}: a factor of the matrix view overflows {dtype} (its singular "
+                f"values or norms exceed {torch.finfo(dtype).max:.3g}); rescale the input or "
+                "compress float64 tensors"
+            )
+        return a, b
+
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         _require_finite(x, self.name)
         if x.numel() == 0:
             return x.clone() if out is None else out
-        a, b = self._factors(x, keys, x.dtype)
+        a, b = self._finite_factors(x, keys, x.dtype)
         y = self._vectors(self._product(a, b), x.shape)
         return y if out is None else out.copy_(y)
 
@@ -289,7 +303,7 @@ class LowRank(Compressor):
         _require_finite(x, self.name)
         if x.numel() == 0:
             return x.clone()
-        a, b = self._factors(x, keys, torch.float32)
+        a, b = self._finite_factors(x, keys, torch.float32)
         a = a.to(dtype).float()
         b = b.to(dtype).float()
         return self._vectors(self._product(a, b), x.shape)
@@ -302,7 +316,7 @@ class LowRank(Compressor):
                 self._apply(x, keys, None) if vd is None else self._apply_half(x, keys, vd)
             )
             return
-        a, b = self._factors(x, keys, x.dtype)
+        a, b = self._finite_factors(x, keys, x.dtype)
         w.add_values(a.reshape(-1))
         w.add_values(b.reshape(-1))
 
