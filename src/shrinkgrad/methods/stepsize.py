@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 from collections.abc import Callable
 from typing import Any
@@ -96,7 +97,7 @@ def parse_stepsize(spec: float | int | str | StepSize) -> StepSize:
         return spec
     if isinstance(spec, bool):
         raise TypeError("stepsize must be a number or 'theory' / 'theory*m', got a bool")
-    if isinstance(spec, (int, float)):
+    if isinstance(spec, numbers.Real):  # numpy's scalars too (np.float32(0.1))
         return StepSize(False, value=_positive(repr(float(spec)), "step size"))
     if not isinstance(spec, str):
         raise TypeError(

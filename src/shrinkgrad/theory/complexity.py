@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from typing import SupportsFloat
 
+import numpy as np
+
 from .constants import check_alpha, check_nonnegative, check_positive, theta
 
 __all__ = ["bits_to_accuracy", "lyapunov0", "rounds_dcgd", "rounds_ef21", "rounds_ef21_pl"]
@@ -136,8 +138,9 @@ def rounds_dcgd(
     L_ = check_positive("L", L)
     Lm = check_nonnegative("L_max", L_max)
     w = check_nonnegative("omega", omega)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n (number of clients) must be an integer >= 1, got {n!r}")
+    n = int(n)
     if g * L_ > 1.0 + 1e-12:
         raise ValueError(
             f"the step size γ = {g:.4g} exceeds 1/L = {1.0 / L_:.4g}: the DCGD rate needs γ ≤ 1/L"
@@ -181,7 +184,8 @@ def bits_to_accuracy(
     rounds: int, bits_per_message: SupportsFloat, *, initial_bits: SupportsFloat = 0.0
 ) -> float:
     """Uplink bits per client, ``initial_bits + rounds × bits_per_message`` ([EFR] "#bits/n")."""
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
         raise ValueError(f"rounds must be an integer ≥ 0, got {rounds!r}")
+    rounds = int(rounds)
     b = check_nonnegative("bits_per_message", bits_per_message)
     return check_nonnegative("initial_bits", initial_bits) + rounds * b

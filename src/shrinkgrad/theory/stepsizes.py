@@ -59,6 +59,12 @@ def _inverse(denominator: float, rule: str) -> float:
             f"{rule}: the step-size denominator is {denominator}; the smoothness constant L of f "
             "must be > 0"
         )
+    if not math.isfinite(denominator):
+        raise ValueError(
+            f"{rule}: the step-size denominator overflows ({denominator}: a contraction α so "
+            "small that ξ(α) leaves the float range, or constants near it), so the step would "
+            "be 0; check α and the constants"
+        )
     return 1.0 / denominator
 
 
