@@ -144,9 +144,9 @@ def test_a_finite_input_whose_factors_overflow_is_an_error_not_inf(spec: str) ->
     in compress, the 16-bit path and encode, while float64 compresses the same vector."""
     x = torch.full((1, 6), 3e38, dtype=torch.float32)
     C = make_compressor(spec)
-    with pytest.raises(ValueError, match="overflows torch.float32.*float64"):
+    with pytest.raises(ValueError, match=r"overflows torch\.float32.*float64"):
         C.compress(x, seed=0)
-    with pytest.raises(ValueError, match="overflows torch.float32"):
+    with pytest.raises(ValueError, match=r"overflows torch\.float32"):
         C.compress(x.to(torch.bfloat16), seed=0)
     y = C.compress(x.double(), seed=0)
     want = float(x.double().max())  # the rank-1 matrix of equal entries is its own C(x)

@@ -18,7 +18,9 @@ import shrinkgrad as sg
 from shrinkgrad import theory as T
 from shrinkgrad.methods.base import Constants
 
-SPEC = "logistic_regression[dataset=w1a,n_clients=20,split=heterogeneous_smoothness[key=norm],lam=0]"
+SPEC = (
+    "logistic_regression[dataset=w1a,n_clients=20,split=heterogeneous_smoothness[key=norm],lam=0]"
+)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from cli_run import run_cli
 
+from shrinkgrad import simulate
 from shrinkgrad import theory as T
 from shrinkgrad.cli import theory as theory_cli
 from shrinkgrad.compressors import make_compressor
@@ -299,3 +300,22 @@ def test_a_dimension_whose_f_x0_does_not_fit_still_gets_its_step_sizes(
     text = " ".join(out.split())
     assert "note: predicted rounds and bits left out" in text and "predicted rounds /" not in text
     assert "rare_features" in text
+
+
+# 8. an unbiased C with ω < 1 is contractive itself -----------------------------------------
+def test_an_unbiased_compressor_below_omega_one_gets_the_step_simulate_uses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = "least_squares[dataset=australian_scale,n_clients=5,reg=l2,lam=0.5]"
+    code, out, err = run_cli(
+        capsys, "theory", "--problem", spec, "--compressor", "natural", "--json"
+    )
+    assert code == 0, err
+    rows = {r["rule"]: r for r in _strict_json(out)["stepsizes"]}
+    run = simulate(spec, "ef21", "natural", stepsize="theory", rounds=1).stepsize
+    assert rows["ef21 (C itself)"]["stepsize"] == pytest.approx(run, rel=1e-12)
+    assert rows["ef21"]["note"] == "for the scaled C/(1+ω)" and rows["ef21"]["stepsize"] > run
+    code, out, _ = run_cli(
+        capsys, "theory", "--problem", spec, "--compressor", "rand_k[k=2]", "--json"
+    )
+    assert "ef21 (C itself)" not in {r["rule"] for r in _strict_json(out)["stepsizes"]}  # ω ≥ 1

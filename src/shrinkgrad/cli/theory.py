@@ -117,6 +117,14 @@ def theory_report(
         add(rule, value, source, mark, "; ".join(x for x in (note, scaled) if x))
 
     add_alpha("ef21", T.stepsize_ef21(L, Q, alpha), "[EF21] Thm 1", "V")
+    if unbiased and omega is not None and 0 < omega < 1:  # C itself is contractive too
+        add(
+            "ef21 (C itself)",
+            T.stepsize_ef21(L, Q, 1.0 - omega),
+            "[EF21] Thm 1",
+            "V",
+            f"α = 1 − ω = {1.0 - omega:.4g}: what simulate(..., 'ef21', C) uses",
+        )
     add_alpha(
         "ef21_reloaded / ef21_w", T.stepsize_ef21_reloaded(L, A, alpha), "[EFR] Thms 2, 3", "—"
     )
@@ -162,8 +170,7 @@ def theory_report(
             "D",
             f"α = 1/(1+ω) = {1.0 / (1.0 + omega):.4g}",
         )
-        convex = getattr(problem, "reg", "") == "l2" or getattr(problem, "lam", 1.0) == 0.0
-        if convex:
+        if getattr(problem, "convex", None):
             add("dcgd", T.stepsize_dcgd(L, problem.L_max, omega, n), "derived", "D", "convex f_i")
 
     pred: list[dict[str, Any]] = []

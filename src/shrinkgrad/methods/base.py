@@ -243,6 +243,8 @@ class Constants:
     L_i: torch.Tensor | None = None
     mu: float | None = None
     estimated: bool = False
+    #: whether every f_i is convex (``problem.convex``; None: not known)
+    convex: bool | None = None
 
     def __post_init__(self) -> None:
         n, d = self.n, self.d
@@ -286,6 +288,7 @@ class Constants:
             getattr(problem, "L_i", None),
             getattr(problem, "mu", None),
             bool(getattr(problem, "constants_estimated", False)),
+            getattr(problem, "convex", None),
         )
 
     @property
@@ -732,9 +735,15 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         )
         spec = parse_stepsize(stepsize)
         if spec.of is not None:  # "theory(other)*m": another method's rule on this problem
-            other = make_method(spec.of).bind(
-                problem, comp, "theory", seed, dtype=dt, device=dev, wire_dtype=wire_dtype
-            )
+            try:
+                other = make_method(spec.of).bind(
+                    problem, comp, "theory", seed, dtype=dt, device=dev, wire_dtype=wire_dtype
+                )
+            except ValueError as e:  # its refusal, said as the reason this step is not defined
+                raise type(e)(
+                    f"{method.name}: stepsize={str(spec)!r} is {spec.of}'s theory step for "
+                    f"{comp.name} on this problem, which {spec.of} does not have: {e}"
+                ) from None
             gamma = other.cfg.stepsize * spec.multiplier
             times = f"*{spec.multiplier:g}" if spec.multiplier != 1.0 else ""
             rule = f"{other.cfg.stepsize_rule}{times} of {other.method.name}"

@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from .base import METHODS, Config, GradientOracle, Init, Message, Method, Runtime
-from .gd import DelayRule, Group, dcgd_theory
+from .gd import NOT_CONVEX, DelayRule, Group, dcgd_theory
 from .stepsize import theory_function
 
 __all__ = [
@@ -53,7 +53,11 @@ def delayed_theory(cfg: Config, tau: int) -> tuple[float, str]:
         return g_dcgd, rule
     L = cfg.constants.smoothness()[0]
     g_delay = STRICT_FACTOR * float(theory_function("stepsize_delayed")(L, tau))
-    return min(g_dcgd, g_delay), f"min(stepsize_dcgd,{STRICT_FACTOR}*stepsize_delayed[tau={tau}])"
+    note = NOT_CONVEX if rule.endswith(NOT_CONVEX) else ""
+    return (
+        min(g_dcgd, g_delay),
+        f"min(stepsize_dcgd,{STRICT_FACTOR}*stepsize_delayed[tau={tau}]){note}",
+    )
 
 
 def async_delayed_theory(name: str, cfg: Config, delay: int | None) -> tuple[float, str]:

@@ -6,6 +6,7 @@ server steps x^{t+1} = x^t − γ (1/n) Σ_i (message_i).
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -29,12 +30,30 @@ class Group(NamedTuple):
     ids: torch.Tensor
 
 
+#: what the rule of a DCGD-based theory step records on a problem whose f_i are not convex
+NOT_CONVEX = "(f_i not convex: outside its theorem)"
+
+
 def dcgd_theory(cfg: Config) -> tuple[float, str]:
-    """γ = 1/(L + 2ω L_max/n) (:func:`shrinkgrad.theory.stepsize_dcgd`; 1/L for ω = 0)."""
+    """γ = 1/(L + 2ω L_max/n) (:func:`shrinkgrad.theory.stepsize_dcgd`; 1/L for ω = 0).
+
+    The rule is proved for convex f_i (methods.md §4). On a problem that says its f_i are not
+    convex (``problem.convex`` False: the nonconvex regularizer) the step is still this value,
+    its rule records :data:`NOT_CONVEX` and a UserWarning says so (``shrinkgrad theory`` leaves
+    the row out there)."""
     c = cfg.constants
     L, L_i = c.smoothness()
     omega = 0.0 if cfg.omega is None else cfg.omega
     gamma = theory_function("stepsize_dcgd")(L, float(L_i.max()), omega, c.n)
+    if c.convex is False:
+        warnings.warn(
+            "the DCGD theory step 1/(L + 2ωL_max/n) is proved for convex f_i, and this "
+            "problem's are not (its regularizer is nonconvex): the run uses it outside its "
+            "theorem (a number, or reg=l2, keeps within it)",
+            UserWarning,
+            stacklevel=2,
+        )
+        return float(gamma), "stepsize_dcgd" + NOT_CONVEX
     return float(gamma), "stepsize_dcgd"
 
 

@@ -67,6 +67,9 @@ class Problem(abc.ABC):
     held_out_columns: tuple[str, ...] = ()
     #: strong convexity / PL constant of f when known, else None
     mu: float | None = None
+    #: whether every f_i is convex (the DCGD and delayed theory rules assume it); None when not
+    #: known (a neural network)
+    convex: bool | None = None
     #: optimal value and point when known, else None
     f_star: float | None = None
     x_star: torch.Tensor | None = None

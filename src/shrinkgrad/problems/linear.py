@@ -270,6 +270,12 @@ class LinearModelProblem(Problem):
         self._solved = True
 
     @property
+    def convex(self) -> bool:  # type: ignore[override]
+        """Every f_i is convex: the logistic and squared losses are, and so is the ℓ2 term;
+        the nonconvex regularizer Σ x_k²/(1 + x_k²) is not (unless λ = 0)."""
+        return self.reg == "l2" or self.lam == 0.0
+
+    @property
     def lazy_solution(self) -> bool:
         """True when x*/f* are computed on first access (ℓ2 logistic: a Newton solve), so that
         ``f_lower`` tightens from 0 to f* when they are; a reader that must see the same bound

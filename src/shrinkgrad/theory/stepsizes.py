@@ -469,7 +469,8 @@ def stepsize_rare_features(
 ) -> float:
     """EF21 when features are rare: γ = 1/(L + L_+ √(c/n) ξ(α)) ([RF], V with the authors' code).
 
-    c = max over features of the number of clients whose data use the feature (1 ≤ c ≤ n),
+    c = max over features of the number of clients whose data use the feature (0 ≤ c ≤ n; 0
+    when no client's data use any feature),
     L_+² = λ_max((1/n) Σ H_i²) for quadratics (see :mod:`shrinkgrad.problems.rare`).
     """
     L_, Lp = check_nonnegative("L", L), check_nonnegative("L_plus", L_plus)

@@ -1,0 +1,41 @@
+"""Where a theory step holds, and what the run records when it is used elsewhere (API audit)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import shrinkgrad as sg
+from shrinkgrad import theory as T
+from shrinkgrad.methods.gd import NOT_CONVEX
+
+NONCONVEX = "logistic_regression[dataset=australian_scale,n_clients=5]"  # reg=nonconvex
+CONVEX = "logistic_regression[dataset=australian_scale,n_clients=5,reg=l2]"
+
+
+@pytest.mark.parametrize("method", ["dcgd", "delayed_dcgd[tau=2]", "iag"])
+def test_the_dcgd_rule_on_nonconvex_f_i_is_recorded_and_warned(method: str) -> None:
+    p = sg.make_problem(NONCONVEX)
+    assert p.convex is False
+    with pytest.warns(UserWarning, match="proved for convex f_i"):
+        r = sg.simulate(p, method, "rand_k[k=1]", stepsize="theory", rounds=1)
+    assert r.stepsize_rule.endswith(NOT_CONVEX)
+    if method == "dcgd":  # the value is the rule's, unchanged
+        omega = sg.make_compressor("rand_k[k=1]").omega(p.d)
+        assert r.stepsize == pytest.approx(T.stepsize_dcgd(p.L, p.L_max, omega, p.n), rel=1e-12)
+
+
+def test_the_dcgd_rule_on_convex_f_i_is_silent() -> None:
+    p = sg.make_problem(CONVEX)
+    assert p.convex is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = sg.simulate(p, "dcgd", "rand_k[k=1]", stepsize="theory", rounds=1)
+    assert r.stepsize_rule == "stepsize_dcgd"
+
+
+def test_another_methods_rule_says_which_step_it_could_not_take() -> None:
+    p = sg.make_problem(CONVEX)
+    with pytest.raises(ValueError, match=r"stepsize='theory\(dcgd\)' is dcgd's theory step"):
+        sg.simulate(p, "ef21", "top_k[k=1]", stepsize="theory(dcgd)", rounds=1)
