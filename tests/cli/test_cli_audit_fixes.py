@@ -345,6 +345,7 @@ def test_gd_records_its_own_theory_rule(tmp_path: Path, capsys: pytest.CaptureFi
     import pandas as pd
 
     from shrinkgrad.methods import make_method
+    from shrinkgrad.methods.gd import NOT_CONVEX
     from shrinkgrad.problems import make_problem
 
     p = make_problem("logistic_regression[dataset=a1a,n_clients=3]")
@@ -352,7 +353,9 @@ def test_gd_records_its_own_theory_rule(tmp_path: Path, capsys: pytest.CaptureFi
     assert p.L is not None
     assert bound.cfg.stepsize_rule == "1/L" and bound.stepsize == pytest.approx(1 / p.L, rel=1e-12)
     assert make_method("gd").bind(p, None, "theory*4").cfg.stepsize_rule == "1/L*4"
-    assert make_method("dcgd").bind(p, "identity", "theory").cfg.stepsize_rule == "stepsize_dcgd"
+    with pytest.warns(UserWarning, match="proved for convex f_i"):  # a1a's default reg
+        dcgd = make_method("dcgd").bind(p, "identity", "theory")
+    assert dcgd.cfg.stepsize_rule == "stepsize_dcgd" + NOT_CONVEX
 
     config = tmp_path / "gd.toml"
     config.write_text(

@@ -179,6 +179,9 @@ def run(rank: int, world: int, job: Job) -> dict[str, Any]:
         "bytes_sent": None if state is None else state.bytes_sent,
         "iterations": None if state is None else state.iteration,
         "silent_changes": silent_changes,
+        # the units of the last iteration, and whether any bucket was compressed in a staged copy
+        "layout": None if state is None else state.planner.layout(),
+        "staged": state is not None and any(p.staged is not None for p in state.planner.plans),
     }
 
 

@@ -221,6 +221,27 @@ def test_restart_from_a_checkpoint_continues_the_same_trajectory(job: Job, tmp_p
         assert second[r]["bytes_sent"] == straight[r]["bytes_sent"]
 
 
+def test_a_restart_with_a_larger_bucket_cap_continues_the_saved_units_until_ddp_rebuilds(
+    tmp_path: Path,
+) -> None:
+    """``granularity="bucket"``, saved with two bucket units (``bucket_cap_mb=0.004``) and
+    restored at DDP's default 25 MB: the restarted job's first step (DDP's initial layout)
+    compresses the two saved units, as the uninterrupted job does; from DDP's rebuild on, its
+    one bucket of all parameters is compressed as DDP groups it — no staged copy, and the next
+    checkpoint records that one unit."""
+    job = Job(compressor="top_k", ratio=0.1, method="ef", steps=4, bucket_cap_mb=0.004)
+    job = dataclasses.replace(job, granularity="bucket")
+    straight = spawn(run, 2, (job,))
+    prefix = str(tmp_path / "ckpt")
+    first = spawn(run, 2, (dataclasses.replace(job, steps=3, save=prefix),))
+    assert first[0]["layout"] == [[5, 4, 3, 2], [1, 0]]  # backward order, two buckets
+    rest = dataclasses.replace(job, start=3, steps=3, load=prefix, bucket_cap_mb=25.0)
+    second = spawn(run, 2, (rest,))
+    for r in range(2):
+        assert torch.equal(second[r]["params"][0], straight[r]["params"][3])
+        assert second[r]["layout"] == [[5, 4, 3, 2, 1, 0]] and not second[r]["staged"]
+
+
 def _check_mismatched_checkpoint(rank: int, world: int, path: str) -> str:
     state = CompressionState("top_k", ratio=0.1, method="ef21")
     other = CompressionState("top_k", ratio=0.2, method="ef21")

@@ -371,4 +371,9 @@ def _layout_checks(rank: int, world: int) -> bool:
     assert p.groups == ((0, 1, 2),) and p.staged is None and p.stage(buf) is buf
     p, _ = plan(0, [d, c])  # exactly a saved unit: nothing staged either
     assert p.groups == ((3, 2),) and p.staged is None
+    planner.sealed = True  # DDP rebuilt its buckets: a new one is compressed as DDP groups it
+    p, _ = plan(0, [c, d, a, b])
+    assert p.groups == ((2, 3, 0, 1),) and p.staged is None
+    p, _ = plan(0, [a, b, c, d])  # a bucket of the initial layout still is the saved units
+    assert p.groups == ((3, 2), (1, 0)) and p.staged is not None
     return True

@@ -27,7 +27,7 @@ from shrinkgrad.distributed.ps.wire import (
     unpack_model,
 )
 from shrinkgrad.methods.delayed import delayed_theory
-from shrinkgrad.methods.gd import dcgd_theory
+from shrinkgrad.methods.gd import NOT_CONVEX, dcgd_theory
 from shrinkgrad.problems import Problem, make_problem
 from shrinkgrad.theory import stepsize_delayed
 
@@ -144,7 +144,8 @@ def test_theory_step_uses_the_delay_bound_of_each_method(a1a3: object) -> None:
     assert iag.tau_bound == 8 and dcgd.tau_bound == 4 and assumed.tau_bound == 11
     assert iag.stepsize == delayed_theory(iag.cfg, 8)[0]
     assert dcgd.stepsize == pytest.approx(0.99 * stepsize_delayed(a1a3.L, 4))  # type: ignore[attr-defined]
-    assert sync.stepsize == dcgd_theory(sync.cfg)[0] and sync.cfg.stepsize_rule == "stepsize_dcgd"
+    assert sync.stepsize == dcgd_theory(sync.cfg)[0]
+    assert sync.cfg.stepsize_rule == "stepsize_dcgd" + NOT_CONVEX  # a1a's reg is nonconvex
     assert assumed.stepsize == pytest.approx(2 * delayed_theory(assumed.cfg, 11)[0])
     assert assumed.cfg.stepsize_rule.endswith("*2")
     assert (const.stepsize, const.cfg.stepsize_rule, const.tau_bound) == (0.3, "constant", None)
@@ -163,7 +164,8 @@ def test_one_worker_with_tau_max_0_admits_its_own_theory_step() -> None:
     one = make_problem("logistic_regression[dataset=a1a,n_clients=1]")
     for method in ("iag", "dcgd"):
         plan = plan_run(PSConfig(problem=A1A, workers=1, tau_max=0, method=method), one)
-        assert plan.tau_bound == 0 and plan.cfg.stepsize_rule == "stepsize_dcgd"
+        # a1a's default regularizer is nonconvex: the rule says it is used outside its theorem
+        assert plan.tau_bound == 0 and plan.cfg.stepsize_rule == "stepsize_dcgd" + NOT_CONVEX
         bound, holds = plan.inner.async_admissible(plan.cfg, plan.stepsize, 0)
         assert holds and bound == plan.stepsize
         assert not plan.inner.async_admissible(plan.cfg, plan.stepsize * 1.01, 0)[1]

@@ -21,6 +21,7 @@ import torch
 from shrinkgrad.cli import main
 from shrinkgrad.distributed.ps import PSConfig, PSServerLost, run_ps
 from shrinkgrad.methods import make_method
+from shrinkgrad.methods.gd import NOT_CONVEX
 from shrinkgrad.problems import make_problem
 from shrinkgrad.sim import simulate
 
@@ -209,4 +210,4 @@ def test_asynchronous_names_its_mistakes(tmp_path: Path, three: object) -> None:
     m = make_method("asynchronous[tau_max=2](dcgd)")
     assert m.unsupported("ps") is not None and m.unsupported("simulator") is None
     b = m.bind(three, "rand_k[k=5]", "theory")  # type: ignore[arg-type]
-    assert b.cfg.stepsize_rule.endswith("stepsize_delayed[tau=2])")
+    assert b.cfg.stepsize_rule.endswith("stepsize_delayed[tau=2])" + NOT_CONVEX)

@@ -379,10 +379,16 @@ class Planner:
         #: update, in its pass (:attr:`Plan.fused_mirror`); False: converted after it
         self.fused_mirror = True
         #: ``granularity="bucket"``: the units of a checkpoint's last iteration (their
-        #: parameters' canonical ids, in order; :meth:`layout`). A bucket that holds whole
-        #: units of it in another grouping or order — a restarted job's first iteration, whose
-        #: DDP has its initial layout again — is compressed as those units
+        #: parameters' canonical ids, in order; :meth:`layout`). A bucket of DDP's initial
+        #: layout (a restarted job's first iterations) that holds whole units of it in another
+        #: grouping or order is compressed as those units; once DDP has rebuilt its buckets,
+        #: every bucket is compressed as DDP groups it (the saved units again, unless the job
+        #: changed ``bucket_cap_mb``)
         self.hint: tuple[tuple[int, ...], ...] = ()
+        #: the buckets (their parameters' ids) of DDP's initial layout: those planned before
+        #: this process's first iteration ended (two iterations' worth with ``static_graph``,
+        #: whose DDP rebuilds after its second)
+        self._initial: set[tuple[int, ...]] = set()
 
     @property
     def plans(self) -> list[Plan]:
@@ -445,8 +451,11 @@ class Planner:
         esize = buf.element_size()
         groups = [units]
         moves: tuple[tuple[int, int, int], ...] = ()
+        if not self.sealed:
+            self._initial.add(signature)
         if settings.granularity == "bucket":
-            groups = self._regroup(units) or groups
+            if signature in self._initial:
+                groups = self._regroup(units) or groups
             if groups[0] is not units:  # the saved units, one after the other when staged
                 offset = 0
                 for u in (u for g in groups for u in g):
