@@ -236,7 +236,7 @@ def train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
                 print(
                     f"step {step:5d}  train loss {row['train_loss']:.4f}  test loss "
                     f"{test_loss:.4f}  test acc {test_acc:.4f}  sent {row['bytes_sent'] / 1e6:.2f} "
-                    f"MB (dense fp32: {row['dense_bytes'] / 1e6:.1f} MB)  {row['time_s']:.1f} s",
+                    f"MB (dense fp32: {row['dense_bytes'] / 1e6:.2f} MB)  {row['time_s']:.1f} s",
                     flush=True,
                 )
             paused += time.perf_counter() - t_log

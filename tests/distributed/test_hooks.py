@@ -294,6 +294,8 @@ def _user_errors(rank: int, world: int) -> list[str]:
         {"compressor": "top_k", "ratio": 0.1, "method": "dcgd"},
         {"compressor": "top_k", "ratio": 0.1, "method": "gd"},
         {"compressor": "rand_k", "ratio": 0.1, "method": "ef21", "min_numel": 10**9},
+        {"compressor": "top_k[k=5]", "ratio": 0.05},  # which k? (it used to drop k=5)
+        {"compressor": "rand_k[shared_seed=true]", "ratio": 0.1, "method": "ef"},
     ]
     for kw in attempts:
         try:
@@ -329,7 +331,14 @@ def test_user_mistakes_are_clear_errors() -> None:
         "dcgd needs an unbiased compressor (E[Q(x)] = x, [K18] Def. 1)",
         first[12],
         "ef21 needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] Def. 1)",
+        "'top_k[k=5]' fixes k=5 and ratio=0.05 sets k per tensor (k = ⌈ratio·d⌉): give one of "
+        "them (drop ratio=, or k from the name)",
+        "ef needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] Def. 1)",
     ]
+    # with ratio=, the advice names the family that takes it and keeps the shared seed
+    assert msgs[15].endswith(
+        "(with ratio=: CompressionState('rand_k_scaled[shared_seed=true]', ratio=0.1))"
+    )
     assert first[12].startswith("gd sends uncompressed gradients and takes no compressor")
     assert first[5].startswith("unknown compressor 'nope'")
     assert first[8].startswith("ef21_sgd[b=4] samples minibatches through the problem's oracle")

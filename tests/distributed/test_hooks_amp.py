@@ -193,6 +193,18 @@ def test_without_a_scaler_an_overflow_stops_every_rank() -> None:
         spawn(_train, 2, (job,), pg_timeout=20.0)
 
 
+def test_without_a_scaler_an_overflow_in_the_dense_first_step_is_blamed_on_its_rank() -> None:
+    """Rank 1's inf at step 0 (EF21's dense initialisation): rank 1 stops naming itself; rank 0,
+    whose gradients were finite, fails in the collective — it used to take the NaN sum into its
+    EF21 state and report its own 'non-finite input' one step later."""
+    job = AmpJob("top_k", ratio=0.1, error_feedback="ef21", scale=None, overflow_at=0)
+    with pytest.raises(WorkerError) as info:
+        spawn(_train, 2, (job,), pg_timeout=20.0)
+    text = str(info.value)
+    assert "rank 1: this rank's gradients hold inf or nan in a dense iteration" in text
+    assert "rank 0: ValueError" not in text
+
+
 def _train_amp(rank: int, world: int) -> dict[str, Any]:
     """torch.amp.GradScaler itself, started at a scale that overflows."""
     model = DDP(make_model(), bucket_cap_mb=0.01)

@@ -19,6 +19,7 @@ from ...compressors import COMPRESSORS, Compressor
 from ...methods.base import Constants, Method, UnknownConstantError, make_method
 from ...methods.ef21 import EF21
 from ...methods.ef21_sgdm import EF21SGDM, ClientMomentum
+from ...registry import parse_spec
 from ...rng import Keys, KeyStream
 
 __all__ = [
@@ -269,8 +270,20 @@ class Settings:
             except ValueError:
                 continue
             if C is not None:
-                self.method.bind(self.constants(d), C, stepsize=1.0, seed=self.seed)
+                try:
+                    self.method.bind(self.constants(d), C, stepsize=1.0, seed=self.seed)
+                except ValueError as e:
+                    raise ValueError(f"{e}{self._ratio_hint(C)}") from None
             return
+
+    def _ratio_hint(self, C: Compressor) -> str:
+        """With ``ratio=``, what the method's refusal of an unbiased rand-k means here: its
+        advice names a fixed k, and ratio needs a family with a k parameter — rand_k_scaled,
+        which keeps a shared seed's values-only all-reduce."""
+        if self.ratio is None or C.kind != "unbiased" or not C.name.startswith("rand_k["):
+            return ""
+        shared = "[shared_seed=true]" if "shared_seed=true" in C.name else ""
+        return f" (with ratio=: CompressionState('rand_k_scaled{shared}', ratio={self.ratio:g}))"
 
     # -- the ranks' weights ----------------------------------------------------------------------
     def _check_weights(self, weights: Sequence[float] | torch.Tensor | None) -> torch.Tensor | None:
@@ -328,6 +341,12 @@ class Settings:
             raise ValueError(
                 f"ratio={self.ratio:g} needs a compressor with a k parameter (top_k, rand_k, "
                 f"rand_k_scaled), got {text!r}; drop ratio for this compressor"
+            )
+        fixed = dict(parse_spec(str(text)).params).get("k")
+        if fixed is not None:
+            raise ValueError(
+                f"{text!r} fixes k={fixed} and ratio={self.ratio:g} sets k per tensor "
+                "(k = ⌈ratio·d⌉): give one of them (drop ratio=, or k from the name)"
             )
         if k is None:
             return None

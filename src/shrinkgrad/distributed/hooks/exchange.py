@@ -308,9 +308,20 @@ def _dense_round(step: Step, states: list[State[Any, Any]]) -> Fut:
 
 def _dense_collective(step: Step, finish: Any) -> Fut:
     """All-reduce the bucket in place, then run ``finish`` on the sum (a non-finite bucket
-    makes every rank's sum non-finite: then the sum itself is returned)."""
-    fut = step.state.comm.all_reduce(step.buf)
+    makes every rank's sum non-finite: then the sum itself is returned).
+
+    Without a loss scaler a rank whose bucket is not finite stops here, before the collective,
+    naming itself — as a compressed iteration's compressor does — so that the other ranks fail
+    in the collective instead of taking the NaN sum into their method state and blaming their
+    own gradients one iteration later."""
     rank = step.rank
+    if step.state.scaler is None and not bool(torch.isfinite(step.buf).all()):
+        raise ValueError(
+            f"rank {rank}: this rank's gradients hold inf or nan in a dense iteration of the "
+            "hook (its initialisation or warm-up); without a loss scaler (scaler=) every rank "
+            "stops: check the gradients, or pass scaler= for mixed precision"
+        )
+    fut = step.state.comm.all_reduce(step.buf)
 
     def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         total = result(f, "all-reduce (dense)", rank)
