@@ -108,8 +108,10 @@ def report(result: ExperimentResult) -> None:
     click.echo(summary_line(result))
     for f in result.failed:
         click.echo(f"failed: {f.run.label} [{f.run.run_id}]: {f.message}", err=True)
+    from ..experiments.execute import NO_PROGRESS
+
     runs = result.runs
-    flagged = runs[runs["status"] == "no_progress"] if "status" in runs.columns else runs[:0]
+    flagged = runs[runs["status"] == NO_PROGRESS] if "status" in runs.columns else runs[:0]
     for _, row in flagged.head(SHOW_NO_PROGRESS).iterrows():
         label = f"{row['method']} · {row['compressor']} · γ={row['stepsize_spec']} · seed " + (
             f"{row['seed_index']} · {row['problem']}"

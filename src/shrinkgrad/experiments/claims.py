@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .execute import NO_PROGRESS
+
 __all__ = [
     "NOT_A_RESULT",
     "Claim",
@@ -38,7 +40,7 @@ __all__ = [
 
 #: statuses of runs whose numbers are not results: stopped by the divergence rule, or ended
 #: above their starting loss (``no_progress``, docs/experiments.md "Run statuses")
-NOT_A_RESULT = ("diverged", "no_progress")
+NOT_A_RESULT = ("diverged", NO_PROGRESS)
 
 
 @dataclasses.dataclass(frozen=True)
