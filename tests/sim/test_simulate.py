@@ -96,6 +96,17 @@ def test_user_x0(lsq: LeastSquares) -> None:
         simulate(lsq, "gd", None, 0.01, rounds=3, x0=[math.nan] * lsq.d)
 
 
+def test_x0_vector_shapes(lsq: LeastSquares) -> None:
+    """A row or column vector of d entries is x0; a matrix of d entries is refused (its order
+    of entries is a guess), naming the reshape."""
+    x0 = torch.linspace(-1.0, 1.0, lsq.d, dtype=torch.float64)
+    flat = simulate(lsq, "gd", None, 0.01, rounds=3, x0=x0)
+    for shaped in (x0.reshape(1, -1), x0.reshape(-1, 1)):
+        same_table(simulate(lsq, "gd", None, 0.01, rounds=3, x0=shaped).table, flat.table)
+    with pytest.raises(ValueError, match=r"got a \(2, 4\) array.*reshape\(-1\)"):
+        simulate(lsq, "gd", None, 0.01, rounds=3, x0=x0.reshape(2, 4))
+
+
 def test_float32_problem(lsq: LeastSquares) -> None:
     p = LeastSquares(dtype=torch.float32)
     res = simulate(p, "ef21", "top_k[k=1]", "theory", rounds=20)

@@ -633,12 +633,17 @@ def _x0(problem: Problem, x0: Any, dtype: torch.dtype, device: torch.device) -> 
         t = torch.as_tensor(np.asarray(x0) if not isinstance(x0, torch.Tensor) else x0)
     except (TypeError, ValueError) as e:
         raise TypeError(f"x0 must be array-like with {problem.d} numbers: {e}") from None
-    t = t.to(dtype=dtype, device=device).reshape(-1) if t.numel() == problem.d else t
-    if t.shape != (problem.d,):
+    shape = tuple(t.shape)
+    if t.numel() != problem.d:
         raise ValueError(
-            f"x0 must have {problem.d} entries (the problem's dimension d), got shape "
-            f"{tuple(torch.as_tensor(x0).shape)}"
+            f"x0 must have {problem.d} entries (the problem's dimension d), got shape {shape}"
         )
+    if sum(s != 1 for s in shape) > 1:  # a vector as (d,), (1, d) or (d, 1); not a matrix
+        raise ValueError(
+            f"x0 must be a vector of the problem's d = {problem.d} entries, got a {shape} "
+            "array; if its entries are in the order of x, pass x0.reshape(-1)"
+        )
+    t = t.to(dtype=dtype, device=device).reshape(-1)
     if not bool(torch.isfinite(t).all()):
         raise ValueError("x0 has non-finite entries (NaN or inf)")
     return t.clone()

@@ -70,7 +70,8 @@ def simulate(
         number of rounds; seed of every keyed draw (compressor, participation, minibatch, delay,
         order). The same arguments give the same table (up to ``time_s``).
     x0:
-        starting point (array-like of d numbers); default ``problem.x0()``.
+        starting point (array-like of d numbers: shape (d,), or a row or column vector);
+        default ``problem.x0()``. Any other shape is refused rather than flattened.
     log_every:
         log a row every ``log_every`` rounds (round 0 and the last round are always logged).
         The metrics come from the round's own gradient pass when the method evaluated every
