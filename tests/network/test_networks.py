@@ -127,9 +127,14 @@ def test_stragglers_count_through_per_client_compute() -> None:
 
 def test_ring_round_all_gathers_the_largest_message_or_all_reduces() -> None:
     net = make_network("ring[bandwidth=1mbit,latency=1ms]")
-    up = [100, 300, 200, 0]  # client 3 not sampled: a ring of 3
-    close(net.round(up, compute=0.0), 2 * 8 * 300 / 1e6, 2e-3)  # padded to 300 B
-    close(net.round(up, summable=True), 2 * 2 / 3 * 8 * 300 / 1e6, 4e-3)
+    up = [100, 300, 200, 0]  # client 3 not sampled: still in the ring, it needs the aggregate
+    close(net.round(up, compute=0.0), 3 * 8 * 300 / 1e6, 3e-3)  # padded to 300 B, 4 ranks
+    close(net.round(up, summable=True), 2 * 3 / 4 * 8 * 300 / 1e6, 6e-3)
+    # one sampled rank (IAG's rounds) still has to reach the other three: not free
+    close(net.round([0, 72, 0, 0], compute=0.0), 3 * 8 * 72 / 1e6, 3e-3)
+    # the slowest link of the ring sets it, sampled or not
+    slow = make_network("ring[bandwidth=[1mbit,1mbit,1mbit,100kbit],latency=1ms]")
+    close(slow.round(up, compute=0.0), 3 * 8 * 300 / 1e5, 3e-3)
 
 
 def test_parameter_server_cycle_is_point_to_point_over_the_workers_link() -> None:

@@ -6,6 +6,8 @@ compressor's own ``bits``, independently of :mod:`shrinkgrad.network.clock`.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -80,6 +82,38 @@ def test_zero_compute_ring_all_reduces_summable_messages() -> None:
     S = 4 * D
     step = 2 * (N - 1) / N * 8 * S / B + 2 * (N - 1) * a
     np.testing.assert_allclose(r.table["time_model_s"], step * r.table["round"], rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("method", "comp"), [("ef21", "top_k[k=2]"), ("diana[init=full]", "qsgd[s=4]")]
+)
+def test_zero_compute_ring_all_reduces_a_dense_initialisation(method: str, comp: str) -> None:
+    # these methods' round 0 sends every ∇f_i(x⁰) uncompressed: dense, summable vectors, one
+    # all-reduce of S = 4d bytes, whatever the compressor; their compressed rounds (Top-k's
+    # index-value pairs, QSGD's codes) cannot be summed, so the ring all-gathers the largest
+    # message: (p − 1)·8·⌈bits/8⌉/B + (p − 1)α
+    B, a = 1e9, 50e-6
+    net = "ring[bandwidth=1gbit,latency=50us,compute=0]"
+    r = simulate(PROBLEM, method, comp, 0.01, rounds=3, network=net)
+    init = 2 * (N - 1) / N * 8 * (4 * D) / B + 2 * (N - 1) * a
+    block = math.ceil(make_compressor(comp).bits(D, torch.float32) / 8)
+    step = (N - 1) * 8 * block / B + (N - 1) * a
+    want = [init + k * step for k in range(4)]
+    np.testing.assert_allclose(r.table["time_model_s"], want, rtol=1e-12)
+
+
+def test_zero_compute_ring_rounds_of_one_sender_reach_every_rank() -> None:
+    # the IAG's rounds: one client sends its compressed gradient; on a ring the other n − 1
+    # ranks must still receive it (padded all-gather of all n ranks), so no round is free
+    B, a = 1e9, 50e-6
+    net = "ring[bandwidth=1gbit,latency=50us,compute=0]"
+    r = simulate(PROBLEM, "iag[init=full]", "qsgd[s=4]", 0.01, rounds=3, network=net)
+    init = 2 * (N - 1) / N * 8 * (4 * D) / B + 2 * (N - 1) * a
+    block = math.ceil(make_compressor("qsgd[s=4]").bits(D, torch.float32) / 8)
+    step = (N - 1) * 8 * block / B + (N - 1) * a
+    assert r.table["bits_up"].diff().iloc[1:].tolist() == [block * 8 / N] * 3  # one sender
+    want = [init + k * step for k in range(4)]
+    np.testing.assert_allclose(r.table["time_model_s"], want, rtol=1e-12)
 
 
 def test_partial_participation_pays_for_the_slowest_sampled_client() -> None:

@@ -52,6 +52,7 @@ __all__ = [
     "BoundMethod",
     "Config",
     "Constants",
+    "DenseTraffic",
     "GradientOracle",
     "HasIds",
     "HasX",
@@ -138,6 +139,15 @@ class Traffic(NamedTuple):
     up: torch.Tensor
     up_paper: torch.Tensor
     down: torch.Tensor
+
+
+class DenseTraffic(Traffic):
+    """The :class:`Traffic` of a round in which every sender sent one uncompressed vector (a
+    method's full initialisation, :meth:`Config.dense_traffic`): sums of such messages need no
+    decoding, so a ring all-reduces them whatever the run's compressor
+    (:mod:`shrinkgrad.network.clock`). Its fields and arithmetic are Traffic's."""
+
+    __slots__ = ()
 
 
 class Message(NamedTuple):
@@ -517,7 +527,7 @@ class Config:
 
     def dense_traffic(self, m: int, *, down: bool = True) -> Traffic:
         """Each of ``m`` clients sends one uncompressed vector (and received the iterate)."""
-        return Traffic(
+        return DenseTraffic(
             self.full(m, self.dense_bits),
             self.full(m, float(paper_width(self.wire_dtype) * self.d)),
             self.full(m, self.dense_bits if down else 0.0),

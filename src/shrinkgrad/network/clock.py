@@ -9,7 +9,10 @@ table's ``time_model_s`` column,
     time_model_s(T) = Σ_{r=0}^{T} max_{i active in round r} t_i(r)        (on a star)
 
 with t_i = [D_i > 0](α_i + 8D_i/B↓_i) + c_i + [U_i > 0](α_i + 8U_i/B↑_i) (docs/network.md §2;
-round 0 is the initialisation). The active clients are those that send or receive anything: with
+round 0 is the initialisation). On a ring a round is an all-reduce when its messages can be
+summed — the run's compressor's are (:func:`~.traffic.summable`), or the round sent
+uncompressed vectors (:func:`~.traffic.round_summable`: EF21's full initialisation) — and an
+all-gather otherwise. The active clients are those that send or receive anything: with
 partial participation the sampled ones, so a round costs what its slowest sampled client costs.
 
 Compute time c_i is the network spec's ``compute`` when it gives one, else the round's measured
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .topology import Network, RoundCost, make_network
-from .traffic import summable
+from .traffic import round_summable, summable
 
 if TYPE_CHECKING:
     import torch
@@ -59,8 +62,8 @@ def network_of(value: Any, what: str = "network") -> Network | None:
 class ModelClock:
     """The cost of a simulated round on ``network`` for ``n`` clients (module docstring).
 
-    ``summable``: whether the messages can be all-reduced (rings only; see
-    :func:`~.traffic.summable`).
+    ``summable``: whether the compressed messages can be all-reduced (rings only; see
+    :func:`~.traffic.summable`); a round of uncompressed vectors always can.
     """
 
     network: Network
@@ -94,7 +97,10 @@ class ModelClock:
         up[idx] = traffic.up.detach().cpu().numpy() / 8.0
         down[idx] = traffic.down.detach().cpu().numpy() / 8.0
         return self.network.round(
-            up, down, compute=max(0.0, float(elapsed_s)) / self.n, summable=self.summable
+            up,
+            down,
+            compute=max(0.0, float(elapsed_s)) / self.n,
+            summable=round_summable(traffic, self.summable),
         )
 
     def seconds(self, traffic: Traffic, ids: torch.Tensor, elapsed_s: float) -> float:

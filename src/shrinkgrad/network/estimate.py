@@ -38,7 +38,7 @@ from typing import Any
 
 from ..registry import parse_spec
 from .topology import Network, RoundCost, make_network
-from .traffic import summable
+from .traffic import round_summable, summable
 
 __all__ = [
     "ROUNDS_THEOREMS",
@@ -165,7 +165,10 @@ class MeasuredRounds:
     bits_up: float
     init_bits_up: float
     G0: float
+    #: whether the rounds' messages, and the initialisation's, can be all-reduced on a ring
+    #: (:func:`~.traffic.round_summable`)
     summable: bool
+    init_summable: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,19 +239,22 @@ def measure_rounds(bound: Any, problem: Any, rounds: int = 10) -> MeasuredRounds
 
     init_traffic = per_client(tr)
     init_bits = float(tr.up.mean())
+    compressed = summable(bound.cfg.compressor)
+    init_summable = round_summable(tr, compressed)
     G0 = 0.0
     g = getattr(state.clients, "g", None)
     if isinstance(g, torch.Tensor) and g.shape == (n, problem.d):
         w = bound.cfg.weights.to(torch.float64).reshape(-1, 1)
         target = oracle.grads(state.x, torch.arange(n)).to(torch.float64) / (n * w)
         G0 = float((w.reshape(-1) * ((g.to(torch.float64) - target) ** 2).sum(1)).sum())
-    traffic, times, bits = [], [], []
+    traffic, times, bits, sums = [], [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         state, tr = bound.step(state, oracle)
         times.append(time.perf_counter() - t0)
         traffic.append(per_client(tr))
         bits.append(float(tr.up.mean()))
+        sums.append(round_summable(tr, compressed))
     times.sort()
     return MeasuredRounds(
         traffic=traffic,
@@ -257,7 +263,8 @@ def measure_rounds(bound: Any, problem: Any, rounds: int = 10) -> MeasuredRounds
         bits_up=sum(bits) / len(bits),
         init_bits_up=init_bits,
         G0=G0,
-        summable=summable(bound.cfg.compressor),
+        summable=all(sums),
+        init_summable=init_summable,
     )
 
 
@@ -327,7 +334,7 @@ def estimate(
         c, csource = m.compute_s, "measured (median simulated round / n)"
     costs = [net.round(up, down, compute=c, summable=m.summable) for up, down in m.traffic]
     up0, down0 = m.init_traffic
-    init = net.round(up0, down0, compute=c, summable=m.summable)
+    init = net.round(up0, down0, compute=c, summable=m.init_summable)
     return Estimate(
         problem=getattr(prob, "spec", "") or prob.name,
         method=meth.name,

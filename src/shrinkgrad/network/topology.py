@@ -18,8 +18,9 @@ The time of a round (:class:`RoundCost`, its compute, transfer and latency parts
   receives ``down`` bytes, computes, sends ``up`` bytes): on a star each client i takes
   t_i = [D_i > 0](α_i + 8D_i/B↓_i) + c_i + [U_i > 0](α_i + 8U_i/B↑_i), and the round takes
   max_i t_i over the active (sampled) clients — the slowest one, stragglers included; on a ring
-  the active ranks compute (max_i c_i) and then all-reduce (summable messages) or all-gather
-  (padded to the largest message) what they send — every rank then holds the aggregate, so
+  the active ranks compute (max_i c_i) and then all n ranks all-reduce (summable messages) or
+  all-gather (padded to the largest message) what the active ones send — every rank holds a
+  replica of x and needs the aggregate, so the inactive ranks take part with empty blocks, and
   nothing comes down;
 * a **DDP step** (:meth:`Network.step`): max_i c_i and then the hook's collectives
   (:func:`~.traffic.hook_collectives`) one after the other — no overlap of computation and
@@ -420,9 +421,11 @@ class Ring(Network):
         summable: bool,
     ) -> RoundCost:
         idx = np.flatnonzero(active)
-        # the active ranks form the ring: their links (a spec's list is indexed by client)
+        # every rank holds a replica of x, so every rank takes part in the collective, the
+        # ranks that sent nothing with empty (all-reduce: zero) blocks: a ring of all n ranks,
+        # set by its slowest link; only the active ranks compute
         links = self.links(up.size)
-        bw, lat = slowest(links.up[idx], links.latency[idx])
+        bw, lat = slowest(links.up, links.latency)
         block = float(np.max(up[idx]))
-        comm = (ring_allreduce if summable else ring_allgather)(block, int(idx.size), bw, lat)
+        comm = (ring_allreduce if summable else ring_allgather)(block, int(up.size), bw, lat)
         return RoundCost(float(np.max(compute[idx])), comm.transfer_s, comm.latency_s)

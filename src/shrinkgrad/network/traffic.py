@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..compressors import Compressor
+    from ..methods.base import Traffic
 
 __all__ = [
     "Collective",
@@ -43,6 +44,7 @@ __all__ = [
     "PSMessages",
     "hook_collectives",
     "ps_messages",
+    "round_summable",
     "summable",
 ]
 
@@ -73,6 +75,16 @@ def summable(compressor: Compressor) -> bool:
     """Whether ranks can sum their messages with an all-reduce (dense results, or the k values
     of a shared-seed sparsifier) instead of all-gathering them."""
     return compressor.collective == "allreduce" or bool(getattr(compressor, "shared_seed", False))
+
+
+def round_summable(traffic: Traffic, compressed: bool) -> bool:
+    """Whether one round's messages can be all-reduced: those of a run whose compressed
+    messages are (``compressed``: :func:`summable` of its compressor), or a round of
+    uncompressed vectors (:class:`~shrinkgrad.methods.DenseTraffic`: EF21's, DIANA's and the
+    IAG's full initialisation), whatever the compressor."""
+    from ..methods.base import DenseTraffic
+
+    return compressed or isinstance(traffic, DenseTraffic)
 
 
 def _buckets(tensors: Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]]:
