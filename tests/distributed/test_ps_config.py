@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from shrinkgrad.distributed.ps import (
     load_ps_config,
     plan_run,
     prepare,
+    run_ps,
 )
 from shrinkgrad.distributed.ps.wire import (
     COMPRESSED,
@@ -156,6 +158,24 @@ def test_theory_step_uses_the_delay_bound_of_each_method(a1a3: object) -> None:
 def test_biased_compressors_are_refused_before_anything_starts(a1a3: object) -> None:
     with pytest.raises(ValueError, match="unbiased"):
         plan_run(PSConfig(problem=A1A, workers=3, tau_max=2, compressor="top_k[k=2]"), a1a3)
+
+
+def test_a_minibatch_larger_than_a_workers_data_is_refused_before_anything_starts(
+    a1a3: object, tmp_path: Path
+) -> None:
+    """Every worker would fail at its first gradient; the launcher says so first, naming the
+    client and the largest batch that fits, and no process starts (nothing is written)."""
+    sizes = a1a3.client_sizes  # type: ignore[attr-defined]
+    smallest = int(sizes.min())
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=rf"batch_size.*b = {smallest + 1} .*use b <= {smallest}"):
+        run_ps(
+            PSConfig(problem=A1A, workers=3, stepsize=0.1, batch_size=smallest + 1),
+            problem=a1a3,
+            out=out,
+        )  # type: ignore[arg-type]
+    assert not out.exists()
+    prepare(PSConfig(problem=A1A, workers=3, stepsize=0.1, batch_size=smallest), a1a3)  # type: ignore[arg-type]
 
 
 def test_one_worker_with_tau_max_0_admits_its_own_theory_step() -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...methods.ef21 import check_batch_fits
 from ...problems import Problem, make_problem
 from ...rng import KeyStream
 from ..launch import free_port, init_from_env, init_process_group, worker_setup
@@ -84,6 +85,9 @@ def prepare(config: PSConfig, problem: Problem | None = None) -> tuple[Problem, 
             f"the problem has n={problem.n} clients but workers={config.workers}: every worker "
             "holds one client's data"
         )
+    # a minibatch larger than a worker's data fails in every worker at its first gradient:
+    # say so now, before any process starts
+    check_batch_fits("batch_size (--batch-size)", config.batch_size, problem)
     plan = plan_run(config, problem)
     if problem.restrict(torch.tensor([0])) is None:
         warnings.warn(
