@@ -7,8 +7,11 @@ reductions), gives every process group a timeout, and is itself bounded by pytes
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -368,3 +371,40 @@ def test_the_server_reports_progress_on_stderr(
     assert "2/2 workers" in err
     quiet = run_ps(cfg, problem=two)  # type: ignore[arg-type]
     assert quiet.status == "completed" and "ps: " not in capfd.readouterr().err
+
+
+def _hold_lock(out: str, held: Any, release: Any) -> None:
+    from shrinkgrad.distributed.ps.checkpoint import Checkpoint
+
+    with Checkpoint(out).hold():
+        held.set()
+        release.wait(60)
+
+
+def test_a_directory_in_use_by_a_live_run_is_refused(
+    two: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While a run (here: another process holding its lock, as a live launcher does) writes
+    into a directory, neither a new run nor a --resume may write there: each is refused in one
+    line before any process starts. Without the lock two servers wrote the same snapshot, and
+    the --resume reported updates "lost" by a server that was still running."""
+    out = tmp_path / "ps"
+    ctx = mp.get_context("fork")
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(out), held, release))
+    holder.start()
+    try:
+        assert held.wait(30)
+        for resume in (False, True):
+            with pytest.raises(ValueError, match=r"in use by a parameter-server run that is still"):
+                run_ps(_base(2, stepsize=0.1, updates=5), problem=two, out=out, resume=resume)
+        with pytest.raises(SystemExit) as exc:
+            main(["ps", "--workers", "2", "--stepsize", "0.1", "--out", str(out)])
+        assert exc.value.code == 2 and "is in use" in capsys.readouterr().err
+        assert not (out / "checkpoint" / "snapshot.pt").exists()
+    finally:
+        release.set()
+        holder.join(30)
+    # the lock ends with its process: the directory takes a run again
+    res = run_ps(_base(2, stepsize=0.1, updates=5), problem=two, out=out)
+    assert res.updates == 5 and (out / "checkpoint" / "snapshot.pt").exists()

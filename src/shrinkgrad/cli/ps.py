@@ -17,6 +17,7 @@ server snapshots the run into ``--out``'s checkpoint/ as it goes, so ``--resume`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -206,6 +207,7 @@ def ps_cmd(
 ) -> None:
     """Run an asynchronous parameter server: W workers push compressed, stale messages."""
     from ..distributed.ps import PSServerLost, run_ps
+    from ..distributed.ps.checkpoint import Checkpoint
     from ..distributed.ps.launch import PROGRESS_EVERY
 
     cfg = build_config(config, sets, speeds, flags)
@@ -220,17 +222,20 @@ def ps_cmd(
             err=True,
         )
     show = not no_progress and sys.stderr.isatty()
-    try:
-        result = run_ps(
-            cfg, progress_every=PROGRESS_EVERY if show else None, out=out, resume=resume
-        )
-    except PSServerLost as e:
-        hint = f"; continue it with the same command and --resume (--out {out})" if out else ""
-        click.echo(f"error: {e}{hint}", err=True)
-        raise SystemExit(1) from None
+    with contextlib.ExitStack() as stack:
+        if out:  # held until the results are saved (another run into out is refused)
+            stack.enter_context(Checkpoint(out).hold())
+        try:
+            result = run_ps(
+                cfg, progress_every=PROGRESS_EVERY if show else None, out=out, resume=resume
+            )
+        except PSServerLost as e:
+            hint = f"; continue it with the same command and --resume (--out {out})" if out else ""
+            click.echo(f"error: {e}{hint}", err=True)
+            raise SystemExit(1) from None
+        if out:
+            result.save(out, plot=not no_plot)
     summary = result.summary()
-    if out:
-        result.save(out, plot=not no_plot)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
     else:

@@ -264,6 +264,23 @@ def run_ps(
     second one aborts without a result.
     """
     problem, plan = prepare(config, problem)
+    with contextlib.ExitStack() as stack:
+        if out is not None:  # one run at a time writes into out (checkpoint.py: lock)
+            stack.enter_context(Checkpoint(out).hold())
+        return _run(config, problem, plan, on_start, progress_every, out, resume)
+
+
+def _run(
+    config: PSConfig,
+    problem: Problem,
+    plan: Plan,
+    on_start: Callable[[dict[str, int]], None] | None,
+    progress_every: float | None,
+    out: str | os.PathLike[str] | None,
+    resume: bool,
+) -> PSResult:
+    """:func:`run_ps` after its checks, with ``out`` (if any) held: start the processes, wait
+    for the outcome."""
     start = resume_point(config, out, resume)
     if start[1]:
         print(f"shrinkgrad ps: {start[1]}", file=sys.stderr, flush=True)
@@ -381,10 +398,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         problem, plan = prepare(config)
         if rank == 0:
-            start = resume_point(config, args.out, args.resume)
-            every = PROGRESS_EVERY if sys.stderr.isatty() else None
-            result = _server_rank(config, problem, plan, every, interrupt, args.out, start)
-            paths = result.save(args.out)
+            with Checkpoint(args.out).hold():
+                start = resume_point(config, args.out, args.resume)
+                every = PROGRESS_EVERY if sys.stderr.isatty() else None
+                result = _server_rank(config, problem, plan, every, interrupt, args.out, start)
+                paths = result.save(args.out)
             where = paths["table"].parent
             print(f"status {result.status}: {result.updates} updates; results in {where}")
             code = 0
