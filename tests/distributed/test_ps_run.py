@@ -408,3 +408,15 @@ def test_a_directory_in_use_by_a_live_run_is_refused(
     # the lock ends with its process: the directory takes a run again
     res = run_ps(_base(2, stepsize=0.1, updates=5), problem=two, out=out)
     assert res.updates == 5 and (out / "checkpoint" / "snapshot.pt").exists()
+
+
+def test_a_run_whose_metrics_turn_non_finite_reports_what_the_server_did(two: object) -> None:
+    """γ = 1e300 keeps x finite (|x| ≈ 1e300) while f and ∇f overflow: the table stops at the
+    last finite row, but the summary counts the updates the server applied (the update log)
+    and does not pass the last finite ‖∇f‖² off as the run's last."""
+    res = run_ps(_base(2, stepsize=1e300, updates=30, log_every=5), problem=two)
+    assert res.status == "diverged" and res.message.startswith("non-finite metrics at update")
+    assert len(res.staleness) == 30 and res.updates == 30
+    assert int(res.table["round"].iloc[-1]) < 30
+    s = res.summary()
+    assert s["updates"] == 30 and s["grad_norm_sq_last"] is None and s["method"]

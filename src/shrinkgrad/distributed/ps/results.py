@@ -56,6 +56,10 @@ STALENESS_COLUMNS = (
 _EVENT_COLUMNS = ("time_s", "update", "worker", "event", "detail")
 
 
+#: the message of a run whose metrics turned non-finite (its table stops at the row before)
+NON_FINITE_METRICS = "non-finite metrics at update"
+
+
 @dataclasses.dataclass
 class PSResult:
     """The outcome of a parameter-server run (see the module docstring for the tables).
@@ -92,8 +96,15 @@ class PSResult:
 
     @property
     def updates(self) -> int:
-        """Server updates applied."""
-        return int(self.table["round"].iloc[-1]) if len(self.table) else 0
+        """Server updates applied: the update log's count. The table can end earlier: a run
+        whose metrics turn non-finite keeps its rows up to the last finite one."""
+        applied = int(self.staleness["update"].max()) if len(self.staleness) else 0
+        return max(applied, int(self.table["round"].iloc[-1]) if len(self.table) else 0)
+
+    @property
+    def metrics_cut(self) -> bool:
+        """Whether the table stops before the run did, at non-finite metrics (``diverged``)."""
+        return self.status == "diverged" and self.message.startswith(NON_FINITE_METRICS)
 
     @property
     def updates_per_s(self) -> float:
@@ -136,7 +147,9 @@ class PSResult:
         return {
             "status": self.status,
             "message": self.message,
-            "method": str(self.table["method"].iloc[0]) if last is not None else "",
+            "method": str(self.table["method"].iloc[0])
+            if last is not None
+            else str(self.config.get("method", "")),
             "updates": self.updates,
             "wall_s": self.wall_s,
             "updates_per_s": self.updates_per_s,
@@ -151,7 +164,10 @@ class PSResult:
             "grad_norm_sq_first": float(self.table["grad_norm_sq"].iloc[0])
             if last is not None
             else None,
-            "grad_norm_sq_last": float(last["grad_norm_sq"]) if last is not None else None,
+            # None when the metrics turned non-finite: the table's last row is not the run's
+            "grad_norm_sq_last": float(last["grad_norm_sq"])
+            if last is not None and not self.metrics_cut
+            else None,
             "bits_up_per_client": float(self.bits_up.mean()),
             "workers_lost": [
                 int(w) for w in self.events.loc[self.events["event"] == "worker_lost", "worker"]
@@ -219,7 +235,7 @@ def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem)
         g = problem.grad(x)
         gns, loss = squared_norm(g), float(problem.loss(x))  # the simulator's row values
         if not (math.isfinite(gns) and math.isfinite(loss)):
-            status, message = "diverged", f"non-finite metrics at update {update}"
+            status, message = "diverged", f"{NON_FINITE_METRICS} {update}"
             break
         rows.append(
             {
