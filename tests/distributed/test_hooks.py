@@ -72,6 +72,8 @@ CONFIGS = [
     Job(compressor="top_k", ratio=0.1, method="ef21_w", weights=[1.0, 2.0, 5.0]),
     Job(compressor="rand_k[shared_seed=true]", ratio=0.1),  # values only, all-reduce
     Job(compressor="rand_k_scaled[shared_seed=true]", ratio=0.2, method="ef21"),
+    # the same operator through the wrapper: still a shared-seed sparsifier (values path)
+    Job(compressor="scaled(rand_k[k=4,shared_seed=true])", method="ef21", min_numel=16),
     Job(compressor="qsgd[s=4]"),  # random, per-rank keys
     Job(compressor="bernoulli[p=0.2]"),  # variable-size messages: sizes exchanged, padding
     Job(compressor="scaled(natural)", method="ef21"),
@@ -96,6 +98,13 @@ def test_every_rank_holds_identical_parameters_after_every_step(job: Job) -> Non
     [
         Job(compressor="top_k", ratio=0.1, method="ef21", record_bytes=True),
         Job(compressor="rand_k[shared_seed=true]", ratio=0.1, record_bytes=True),
+        # the k scaled values only, all-reduced: scaled() keeps the shared seed
+        Job(
+            compressor="scaled(rand_k[k=4,shared_seed=true])",
+            method="ef21",
+            min_numel=16,
+            record_bytes=True,
+        ),
         Job(compressor="qsgd[s=4]", record_bytes=True, min_numel=100),
         Job(compressor="identity", record_bytes=True),
     ],

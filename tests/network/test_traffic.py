@@ -36,6 +36,14 @@ def test_summable_and_shared_seed_compressors_all_reduce() -> None:
     assert summable(make_compressor("rand_k[k=3,shared_seed=true]")) is True
     assert summable(make_compressor("identity")) is True
     assert summable(make_compressor("top_k[k=3]")) is False
+    # scaled(rand_k[shared]) is the operator rand_k_scaled[shared]: its k values are summable
+    # too (the wrapper keeps the shared seed), and only the unshared form all-gathers
+    wrapped = "scaled(rand_k[k=20,shared_seed=true])"
+    assert summable(make_compressor(wrapped)) is True
+    assert summable(make_compressor("scaled(rand_k[k=20])")) is False
+    assert hook_collectives(wrapped, [2048], min_numel=45) == hook_collectives(
+        "rand_k_scaled[k=20,shared_seed=true]", [2048], min_numel=45
+    )
 
 
 def test_buckets_warm_up_variable_sizes_scaler_and_dtype() -> None:

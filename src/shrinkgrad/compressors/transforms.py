@@ -75,6 +75,9 @@ class Scaled(Compressor):
         self.exact: Compressor | None = exact() if callable(exact) else None
         self.deterministic = inner.deterministic
         self.positively_homogeneous = inner.positively_homogeneous
+        #: a shared-seed sparsifier stays one: every rank keeps the same k indices, so the
+        #: k scaled values are summable (the DDP hook's values path, a ring's all-reduce)
+        self.shared_seed = bool(getattr(inner, "shared_seed", False))
         self.collective = inner.collective
         self.variable_size = inner.variable_size
         self.sparse_message = (self.exact or inner).sparse_message
