@@ -366,6 +366,23 @@ def test_test_rows_as_indices_as_a_pair_or_none() -> None:
     assert t.n_test == 3 and not np.isin(t._test.rows, np.concatenate(CUSTOM_PARTS)).any()  # type: ignore[union-attr]
 
 
+def test_held_out_labels_outside_the_models_classes_are_refused_when_built() -> None:
+    """A held-out label the model has no output for would make every held-out evaluation (so
+    every simulate) fail inside torch; the problem refuses it when it is built, naming the
+    range."""
+    X, y = custom_data()
+    classes = 3  # Custom's outputs
+    bad = y[:10].clone()
+    bad[3] = classes + 2
+    with pytest.raises(
+        ValueError, match=rf"held-out labels run from 0 to {classes + 2}.*0..{classes - 1}"
+    ):
+        model_problem(Custom(), (X, y), n_clients=3, test=(X[:10], bad))
+    bad[3] = -1
+    with pytest.raises(ValueError, match=r"the test pair: cross_entropy needs integer class"):
+        model_problem(Custom(), (X, y), n_clients=3, test=(X[:10], bad))
+
+
 def test_test_rows_that_a_client_holds_are_an_error() -> None:
     with pytest.raises(ValueError, match=r"test rows and the explicit client index lists overlap"):
         model_problem(Custom(), custom_data(), split=CUSTOM_PARTS, test=[5, 50])

@@ -53,7 +53,14 @@ from ..rng import Keys, bits32_torch
 from .base import Problem
 from .datasets import Dataset
 from .linear import as_device, as_dtype
-from .model_data import ClientBatch, ClientGroup, PreparedData, TestArg, prepare_data
+from .model_data import (
+    ClientBatch,
+    ClientGroup,
+    HeldOut,
+    PreparedData,
+    TestArg,
+    prepare_data,
+)
 from .model_losses import ModelLoss, make_loss
 from .model_sequential import SequentialGrads
 from .splits import Split
@@ -596,7 +603,7 @@ def model_problem(
         p.requires_grad_(False)
     fn = _Functional(module, lf, tuple(prepared.groups[0].batch.X.shape[2:]), evaluation)
     x0 = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
-    _check_forward(fn, x0, prepared.groups, input_shape)
+    _check_forward(fn, x0, prepared.groups, input_shape, prepared.test)
     return ModelProblem(
         fn, prepared, x0, batch_size=batch_size, name=name or type(model).__name__.lower()
     )
@@ -607,8 +614,11 @@ def _check_forward(
     x0: torch.Tensor,
     groups: Sequence[ClientGroup],
     input_shape: Sequence[int] | None,
+    test: HeldOut | None = None,
 ) -> None:
-    """Run the model on two samples: a clear error when it does not fit the data or the loss."""
+    """Run the model on two samples: a clear error when it does not fit the data or the loss
+    (the held-out labels included: a class beyond the model's outputs would fail every
+    ``held_out`` evaluation later)."""
     X, y = groups[0].batch.X[0, :2], groups[0].batch.y[0, :2]
     try:
         with torch.no_grad():
@@ -628,3 +638,11 @@ def _check_forward(
             raise ValueError(
                 f"the model has {out.shape[1]} outputs but the labels have {classes} classes"
             )
+        if test is not None and test.size and not test.y.dtype.is_floating_point:
+            lo, hi = int(test.y.min()), int(test.y.max())
+            if lo < 0 or hi >= out.shape[1]:
+                raise ValueError(
+                    f"the held-out labels run from {lo} to {hi}, but the model's {out.shape[1]} "
+                    f"outputs are the classes 0..{out.shape[1] - 1}: give test labels in that "
+                    "range (or a model with more outputs)"
+                )
