@@ -22,6 +22,7 @@ from shrinkgrad.rng import Keys
 class LeastSquares(Problem):
     name = "lsq_fixture"
     dataset = "synthetic_fixture"
+    convex = True  # every f_i is a least-squares loss
 
     def __init__(
         self,

@@ -26,6 +26,20 @@ def test_the_dcgd_rule_on_nonconvex_f_i_is_recorded_and_warned(method: str) -> N
         assert r.stepsize == pytest.approx(T.stepsize_dcgd(p.L, p.L_max, omega, p.n), rel=1e-12)
 
 
+def test_the_dcgd_rule_on_a_network_says_its_f_i_are_not_known_convex() -> None:
+    """A neural network's problem leaves ``convex`` None: with estimated constants the DCGD
+    rule runs, recorded and warned as outside its theorem unless the f_i are convex."""
+    from shrinkgrad.methods.gd import NOT_KNOWN_CONVEX
+    from shrinkgrad.problems import estimate_smoothness
+
+    net = sg.make_problem("mlp[dataset=digits,n_clients=3,hidden=4]")
+    assert net.convex is None
+    p = estimate_smoothness(net, iters=20).apply(net)
+    with pytest.warns(UserWarning, match=r"are not known to be .*Constants\(convex=True\)"):
+        r = sg.simulate(p, "dcgd", "rand_k[k=5]", stepsize="theory", rounds=1)
+    assert r.stepsize_rule == "stepsize_dcgd" + NOT_KNOWN_CONVEX + "(estimated L)"
+
+
 def test_the_dcgd_rule_on_convex_f_i_is_silent() -> None:
     p = sg.make_problem(CONVEX)
     assert p.convex is True

@@ -32,6 +32,8 @@ class Group(NamedTuple):
 
 #: what the rule of a DCGD-based theory step records on a problem whose f_i are not convex
 NOT_CONVEX = "(f_i not convex: outside its theorem)"
+#: ... and on one that does not say (``convex`` None: a neural network, bare Constants)
+NOT_KNOWN_CONVEX = "(f_i not known to be convex: outside its theorem unless they are)"
 
 
 def dcgd_theory(cfg: Config) -> tuple[float, str]:
@@ -40,21 +42,27 @@ def dcgd_theory(cfg: Config) -> tuple[float, str]:
     The rule is proved for convex f_i (methods.md §4). On a problem that says its f_i are not
     convex (``problem.convex`` False: the nonconvex regularizer) the step is still this value,
     its rule records :data:`NOT_CONVEX` and a UserWarning says so (``shrinkgrad theory`` leaves
-    the row out there)."""
+    the row out there); on one that does not say (``convex`` None: a neural network, whose L is
+    an estimate, or bare :class:`~shrinkgrad.methods.Constants`) it records
+    :data:`NOT_KNOWN_CONVEX`, with a warning too."""
     c = cfg.constants
     L, L_i = c.smoothness()
     omega = 0.0 if cfg.omega is None else cfg.omega
     gamma = theory_function("stepsize_dcgd")(L, float(L_i.max()), omega, c.n)
+    if c.convex is True:
+        return float(gamma), "stepsize_dcgd"
     if c.convex is False:
-        warnings.warn(
-            "the DCGD theory step 1/(L + 2ωL_max/n) is proved for convex f_i, and this "
-            "problem's are not (its regularizer is nonconvex): the run uses it outside its "
-            "theorem (a number, or reg=l2, keeps within it)",
-            UserWarning,
-            stacklevel=2,
-        )
-        return float(gamma), "stepsize_dcgd" + NOT_CONVEX
-    return float(gamma), "stepsize_dcgd"
+        why, fix, note = "are not (its regularizer is nonconvex)", "or reg=l2, ", NOT_CONVEX
+    else:
+        why = "are not known to be (a neural network's are not, in general)"
+        fix, note = "or Constants(convex=True) when they are, ", NOT_KNOWN_CONVEX
+    warnings.warn(
+        f"the DCGD theory step 1/(L + 2ωL_max/n) is proved for convex f_i, and this problem's "
+        f"{why}: the run uses it outside its theorem (a number, {fix}keeps within it)",
+        UserWarning,
+        stacklevel=2,
+    )
+    return float(gamma), "stepsize_dcgd" + note
 
 
 class DelayRule(Method[ServerT, ClientT]):
