@@ -53,3 +53,21 @@ def test_another_methods_rule_says_which_step_it_could_not_take() -> None:
     p = sg.make_problem(CONVEX)
     with pytest.raises(ValueError, match=r"stepsize='theory\(dcgd\)' is dcgd's theory step"):
         sg.simulate(p, "ef21", "top_k[k=1]", stepsize="theory(dcgd)", rounds=1)
+
+
+@pytest.mark.parametrize(
+    ("method", "comp", "why"),
+    [
+        ("ef", "top_k[k=5]", r"^ef \(classic error feedback\) has no theory step size"),
+        ("iag[order=random]", "rand_k[k=5]", r"^iag\[order=random\] has no theory step size"),
+        ("ef21", "top_k[k=5]", r"^ef21: L is not known .*estimate_smoothness"),
+    ],
+)
+def test_theory_without_l_names_a_missing_rule_before_the_missing_constants(
+    method: str, comp: str, why: str
+) -> None:
+    """A method with no theory step at all says so on a network too; estimating L (what the
+    unknown-L message suggests) would not help it. One with a rule asks for L."""
+    net = sg.make_problem("mlp[dataset=digits,n_clients=3,hidden=4]")
+    with pytest.raises(ValueError, match=why):
+        sg.simulate(net, method, comp, stepsize="theory", rounds=1)

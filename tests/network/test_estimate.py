@@ -112,6 +112,14 @@ def test_mistakes(problem) -> None:  # type: ignore[no-untyped-def]
         estimate(problem, "ef21", "top_k[k=1]", "star[up=1mbit]", eps=0.0, measure=1)
     with pytest.raises(ValueError, match=r"star parameter 'up': a list of 2 values for 5"):
         estimate(problem, "ef21", "top_k[k=1]", "star[up=[1mbit,2mbit]]", measure=1)
+    # a network's L is unknown: its rounds-to-ε theorem cannot run, whatever the step; the
+    # message names --rounds, which can (it used to say "pass a number" to a numeric step)
+    net_problem = make_problem("mlp[dataset=digits,n_clients=2,hidden=4]")
+    for step in (0.5, "theory"):
+        with pytest.raises(ValueError, match=r"theorem of ef21 needs L .*--rounds N"):
+            estimate(net_problem, "ef21", "top_k[k=5]", "star[up=1mbit]", stepsize=step)
+    e = estimate(net_problem, "ef21", "top_k[k=5]", "star[up=1mbit]", stepsize=0.5, rounds=3)
+    assert e.rounds == 3
 
 
 def run_cli(args: list[str]) -> int:

@@ -763,6 +763,7 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
             if not math.isfinite(alpha):
                 raise method._unknown_alpha(comp, consts.d)
             if not consts.known:
+                method._refuse_theory_first(cfg)  # no rule at all: say that, not "estimate L"
                 raise UnknownConstantError(f"{method.name}: {UNKNOWN_L}")
             gamma, rule = method.theory_stepsize(cfg)
             gamma *= spec.multiplier
@@ -775,6 +776,19 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
             raise ValueError(f"{method.name}: the step size must be finite and > 0, got {gamma}")
         cfg = dataclasses.replace(cfg, stepsize=float(gamma), stepsize_rule=rule)
         return BoundMethod(method, cfg)
+
+    def _refuse_theory_first(self, cfg: Config) -> None:
+        """With L unknown: re-raise the method's own refusal when it has no theory step at all
+        (EF, IAG in random order, ...), which no estimate of L would change; return when its
+        rule exists and only needs the constants (it then stops at them)."""
+        try:
+            self.theory_stepsize(cfg)
+        except UnknownConstantError:
+            return
+        except ValueError:
+            raise
+        except Exception:  # a rule that fails on the missing constants some other way
+            return
 
     def _unknown_alpha(self, C: Compressor, d: int) -> ConstantUnknownError:
         """The compressor's own message for its missing constant."""

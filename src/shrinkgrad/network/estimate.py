@@ -313,6 +313,15 @@ def estimate(
     meth = make_method(method)
     if rounds is None:
         rounds_theorem(meth)  # refuse a method without a theorem before binding or simulating
+        if getattr(prob, "L", None) is None or getattr(prob, "L_i", None) is None:
+            from ..methods.base import UnknownConstantError
+
+            raise UnknownConstantError(
+                f"the rounds-to-ε theorem of {meth.name} needs L and the L_i, which this "
+                "problem does not know (a neural network's): give the number of rounds "
+                "(rounds=N, --rounds N) to estimate their time, or estimate L first "
+                "(shrinkgrad.problems.estimate_smoothness) and pass that problem"
+            )
     if measured is None:
         check_round_memory(prob, meth)  # a d too large to simulate: refuse before binding
     bound = meth.bind(prob, compressor, stepsize, seed)
