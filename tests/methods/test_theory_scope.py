@@ -71,3 +71,11 @@ def test_theory_without_l_names_a_missing_rule_before_the_missing_constants(
     net = sg.make_problem("mlp[dataset=digits,n_clients=3,hidden=4]")
     with pytest.raises(ValueError, match=why):
         sg.simulate(net, method, comp, stepsize="theory", rounds=1)
+
+
+def test_a_momentum_wrappers_refusal_names_the_method_asked_for() -> None:
+    """ef21_sgdm runs EF21 inside client momentum; its compressor check is EF21's, but the
+    refusal names ef21_sgdm, the method the user gave."""
+    p = sg.make_problem(CONVEX)
+    with pytest.raises(ValueError, match=r"^ef21_sgdm\[beta=0.9\] needs a contractive"):
+        sg.simulate(p, "ef21_sgdm[beta=0.9]", "rand_k[k=2]", stepsize=0.1, rounds=1)

@@ -152,7 +152,13 @@ class ClientMomentum(Method[Any, MomentumClients]):
         return self
 
     def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
-        return self.inner._check_compressor(C, d)
+        try:
+            return self.inner._check_compressor(C, d)
+        except ValueError as e:  # the inner method's refusal, said for the method asked for
+            text, inner = str(e), self.inner.name
+            if text.startswith(inner) and self.name != inner:
+                raise type(e)(self.name + text[len(inner) :]) from None
+            raise
 
     def check_problem(self, consts: Constants) -> None:
         self.inner.check_problem(consts)
