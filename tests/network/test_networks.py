@@ -20,6 +20,7 @@ from shrinkgrad.network import (
     ring_allgather,
     ring_allreduce,
 )
+from shrinkgrad.sim import simulate
 
 
 def close(cost: Cost | RoundCost, transfer: float, latency: float) -> None:
@@ -269,6 +270,10 @@ def test_registries_list_the_components() -> None:
         ("star[up=gauss[mean=1]]", r"^star parameter 'up': unknown distribution 'gauss'"),
         ("star[up=uniform[low=5mbit,high=1mbit]]", r"^star parameter 'up': uniform needs"),
         ("star[up=loguniform[low=0,high=1mbit]]", r"^star parameter 'up'.*must be > 0"),
+        (
+            "star[up=loguniform[low=100mbit,high=1mbit]]",
+            r"^star parameter 'up': loguniform needs finite low <= high",
+        ),
         ("star[latency=1ms]", r"^network 'star' needs parameter 'up'"),
         ("star[up=1mbit,bw=2]", r"^network 'star' has no parameter 'bw'; allowed: up \(a band"),
         ("stra[up=1mbit]", r"^unknown network 'stra'; known: ring, star \(did you mean 'star'"),
@@ -282,6 +287,15 @@ def test_config_mistakes_are_one_line_errors(spec: str, pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern) as e:
         make_network(spec)
     assert "\n" not in str(e.value)
+
+
+def test_more_ranks_sharing_a_link_than_the_ring_has_is_an_error() -> None:
+    net = make_network("ring[bandwidth=1gbit,shared=5]")
+    assert net.links(5).up.tolist() == [2e8] * 5
+    with pytest.raises(ValueError, match=r"'shared' is 5, but the ring has 3 ranks"):
+        net.round([100, 100, 100])
+    with pytest.raises(ValueError, match=r"'shared' is 5, but the ring has 3 ranks"):
+        simulate("synthetic_least_squares[n_clients=3,d=4]", "gd", rounds=1, network=net)
 
 
 def test_a_list_of_the_wrong_length_names_the_parameter_and_the_count() -> None:

@@ -402,6 +402,11 @@ class Ring(Network):
 
     def links(self, n: int) -> Links:
         """Every rank's share of its link: B/shared (see the class docstring)."""
+        if self.shared > n:
+            raise ValueError(
+                f"ring parameter 'shared' is {self.shared}, but the ring has {n} ranks: at most "
+                f"{n} ranks can share one link (shared <= {n})"
+            )
         b = self.bandwidth.values(n) / self.shared
         return Links(b, b, self.latency.values(n))
 

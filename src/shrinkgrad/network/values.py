@@ -86,11 +86,15 @@ class Uniform(Distribution):
     def __init__(self, low: float | str, high: float | str, seed: int = 0) -> None:
         self.low, self.high, self.seed = low, high, _check_seed(seed, "uniform")
 
+    #: the name errors use (the subclasses' own)
+    label = "uniform"
+
     def _bounds(self, parse: Parser, what: str) -> tuple[float, float]:
-        lo, hi = parse(self.low, f"{what}: uniform low"), parse(self.high, f"{what}: uniform high")
+        name = self.label
+        lo, hi = parse(self.low, f"{what}: {name} low"), parse(self.high, f"{what}: {name} high")
         if not (math.isfinite(lo) and math.isfinite(hi)) or hi < lo:
             raise ValueError(
-                f"{what}: uniform needs finite low <= high, got low={self.low!r}, "
+                f"{what}: {name} needs finite low <= high, got low={self.low!r}, "
                 f"high={self.high!r}"
             )
         return lo, hi
@@ -107,6 +111,8 @@ class Uniform(Distribution):
 class LogUniform(Uniform):
     """Log-uniform on [low, high] (low > 0): client i gets low · (high/low)^{u_i}; the usual
     model of bandwidths spread over orders of magnitude."""
+
+    label = "loguniform"
 
     def _bounds(self, parse: Parser, what: str) -> tuple[float, float]:
         lo, hi = super()._bounds(parse, what)
