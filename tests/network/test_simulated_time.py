@@ -202,3 +202,10 @@ def test_mistakes_are_one_line_errors(network: object, words: list[str]) -> None
     assert "\n" not in msg
     for w in words:
         assert w in msg, msg
+
+
+def test_a_modelled_time_that_overflows_blames_the_network_not_x0() -> None:
+    # every metric of x0 is finite; 2 × latency overflows the clock of round 0
+    with pytest.raises(ValueError, match=r"^the network model's time of round 0 is inf s") as e:
+        simulate(PROBLEM, "ef21", "top_k[k=2]", rounds=1, network="star[up=1kbit,latency=1e308]")
+    assert "starting point" not in str(e.value) and "\n" not in str(e.value)

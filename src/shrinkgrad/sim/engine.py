@@ -791,6 +791,12 @@ def _start(setup: RunSetup, runtime: Runtime) -> Progress:
     t0 = time.perf_counter()
     state, traffic = runtime.init(setup.bound, setup.x0, record=True)
     prog = Progress.start(state, traffic, time.perf_counter() - t0, setup.bound.cfg.n, setup.clock)
+    if not math.isfinite(prog.time_model_s):
+        raise ValueError(
+            f"the network model's time of round 0 is {prog.time_model_s} s: the network "
+            f"{setup.clock.describe() if setup.clock is not None else ''} has values out of any "
+            "physical range (its latency, bandwidth or compute); give finite, realistic ones"
+        )
     row = setup.row(runtime, prog)
     gns = row[1]
     if not _finite(row):
