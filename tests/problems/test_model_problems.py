@@ -614,3 +614,17 @@ def test_an_unknown_evaluation_is_refused_in_one_line_and_vmap_survives_a_copy()
     assert model_problem(net, "australian_scale", n_clients=3).to(dtype="float32").evaluation == (
         "linear_stack"
     )
+
+
+def test_too_many_clients_for_the_training_rows_names_the_held_out_part() -> None:
+    """digits has 1797 rows; test=0.999 leaves 2 for the clients: the message says test= holds
+    the others back, so that the user sees which setting to change."""
+    with pytest.raises(ValueError, match=r"exceeds the 2 samples.*test=0.999 holds back 1795 of"):
+        make_problem("mlp[dataset=digits,n_clients=3,test=0.999]")
+
+
+def test_a_model_with_non_finite_parameters_is_refused_naming_the_parameter() -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(5, 3))
+    torch.nn.init.constant_(net[0].weight, float("inf"))
+    with pytest.raises(ValueError, match=r"parameter '0.weight' has non-finite entries"):
+        model_problem(net, custom_data(), n_clients=2)

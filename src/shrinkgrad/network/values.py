@@ -94,8 +94,7 @@ class Uniform(Distribution):
         lo, hi = parse(self.low, f"{what}: {name} low"), parse(self.high, f"{what}: {name} high")
         if not (math.isfinite(lo) and math.isfinite(hi)) or hi < lo:
             raise ValueError(
-                f"{what}: {name} needs finite low <= high, got low={self.low!r}, "
-                f"high={self.high!r}"
+                f"{what}: {name} needs finite low <= high, got low={self.low!r}, high={self.high!r}"
             )
         return lo, hi
 

@@ -599,8 +599,13 @@ def model_problem(
         device=dev,
     )
     module = copy.deepcopy(model).to(device=dev, dtype=dt).eval()
-    for p in module.parameters():
+    for pname, p in module.named_parameters():
         p.requires_grad_(False)
+        if not bool(torch.isfinite(p).all()):  # x0 itself: no run could start from it
+            raise ValueError(
+                f"the model's parameter {pname!r} has non-finite entries (NaN or inf): x0 is "
+                "the model's parameters; initialise them with finite values"
+            )
     fn = _Functional(module, lf, tuple(prepared.groups[0].batch.X.shape[2:]), evaluation)
     x0 = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
     _check_forward(fn, x0, prepared.groups, input_shape, prepared.test)

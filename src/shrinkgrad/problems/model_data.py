@@ -167,7 +167,15 @@ def prepare_data(
         if train.size == 0:
             raise ValueError("test= keeps back every row; the clients need samples")
         sub = _subset(src.for_split, train)
-        sub_parts, split_name = resolve_split(split, sub, n_clients)
+        try:
+            sub_parts, split_name = resolve_split(split, sub, n_clients)
+        except ValueError as e:  # the split saw the training rows only: say where the rest are
+            if train.size == N or "exceeds the" not in str(e):
+                raise
+            raise ValueError(
+                f"{e} (the training rows: test={test!r} holds back {N - train.size} of the "
+                f"{N} rows; a smaller test= leaves the clients more)"
+            ) from None
         parts = [train[p] for p in sub_parts]
 
     groups = group_clients(X_all, y_all, parts, dtype, device)
