@@ -188,7 +188,7 @@ class LowRank(Compressor):
     kind = "contractive"
     collective: Collective = "allgather"
     positively_homogeneous = True
-    bits_formula = "32·r·(m + n) (m × n: the matrix view)"
+    bits_formula = "32·min(r·(m + n), d) (m × n: the matrix view; d values when smaller)"
     _family = "low_rank"
 
     def __init__(self, r: int, rows: int | None = None) -> None:
@@ -394,7 +394,10 @@ class PowerSGD(LowRank):
     stateful = True
     collective = "allreduce_factors"
     constant_formula = "none: no worst-case α (give alpha=... for theory step sizes)"
-    bits_formula = "32·rank·(m + n): P (m × rank) then Q (n × rank), each all-reduced"
+    bits_formula = (
+        "32·min(rank·(m + n), d); shared=true: 32·rank·(m + n), P (m × rank) then Q (n × rank), "
+        "each all-reduced"
+    )
     _family = "power_sgd"
 
     def __init__(
