@@ -420,3 +420,23 @@ def test_a_run_whose_metrics_turn_non_finite_reports_what_the_server_did(two: ob
     assert int(res.table["round"].iloc[-1]) < 30
     s = res.summary()
     assert s["updates"] == 30 and s["grad_norm_sq_last"] is None and s["method"]
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_network_problem_runs_with_a_numeric_step(mode: str) -> None:
+    """A neural network's L is unknown: the run takes a numeric step, and the check of the
+    theory at the measured delay, which needs L, is left out (None) instead of killing the
+    server after the last update."""
+    cfg = PSConfig(
+        problem="mlp[dataset=digits,hidden=4]",
+        workers=2,
+        method="dcgd",
+        compressor="identity",
+        stepsize=0.05,
+        updates=6,
+        mode=mode,  # type: ignore[arg-type]
+        timeout=30.0,
+    )
+    res = run_ps(cfg)
+    assert res.status == "completed" and res.updates == 6
+    assert res.rule_holds is None and res.stepsize_bound_measured is None

@@ -32,6 +32,7 @@ import torch
 
 from ..._sums import squared_norm
 from ...methods.asynchronous import EVENT_RESUMED, TRACE_FILES
+from ...methods.base import UnknownConstantError
 from ...problems import Problem
 from ...sim import COLUMNS
 from .config import PSConfig
@@ -282,7 +283,10 @@ def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem)
     )
     events = pd.DataFrame(log.events, columns=list(_EVENT_COLUMNS))
     delay_max = int(staleness["delay"].max()) if len(staleness) else 0
-    admissible = plan.inner.async_admissible(plan.cfg, plan.stepsize, delay_max)
+    try:
+        admissible = plan.inner.async_admissible(plan.cfg, plan.stepsize, delay_max)
+    except UnknownConstantError:  # the rule needs L, which this problem (a network) lacks
+        admissible = None
     return PSResult(
         table=table,
         staleness=staleness,
