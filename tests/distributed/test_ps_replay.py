@@ -176,6 +176,23 @@ def test_cli_resume_after_kill_9(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert pd.read_csv(out / "staleness.csv")["update"].tolist() == list(range(1, 61))
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_a_resume_says_that_a_stateful_compressors_state_restarts(
+    three: object, tmp_path: Path
+) -> None:
+    """PowerSGD's Q lives on the workers, not in the snapshot: the resumed run is valid but
+    not the uninterrupted one, and its ``resumed`` line says so (a stateless compressor's
+    resume is exact, test above, and says nothing of the kind)."""
+    cfg = _config("ef21", "power_sgd[rank=2]", stepsize=0.05, updates=12)
+    run_ps(cfg, problem=three, out=tmp_path)  # type: ignore[arg-type]
+    res = run_ps(cfg.replace(updates=15), problem=three, out=tmp_path, resume=True)  # type: ignore[arg-type]
+    assert res.updates == 15
+    (line,) = res.summary()["resumed"]
+    assert line.startswith("resumed from the snapshot at update 12")
+    assert "power_sgd[rank=2] keeps state" in line and "not as the uninterrupted run" in line
+
+
 def test_resume_needs_a_snapshot(tmp_path: Path) -> None:
     cfg = _config("iag", "rand_k[k=12]", tau_max=2)
     with pytest.raises(ValueError, match="no parameter-server snapshot"):

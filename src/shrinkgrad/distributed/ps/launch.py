@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...compressors import make_compressor
 from ...methods.ef21 import check_batch_fits
 from ...problems import Problem, make_problem
 from ...rng import KeyStream
@@ -149,6 +150,12 @@ def resume_point(
         f"resumed from the snapshot at update {at}; the previous server had reached update "
         f"{reached}: {reached - at} updates lost"
     )
+    compressor = make_compressor(config.compressor_spec)
+    if compressor.stateful:  # its state lives on the workers, which the snapshot does not hold
+        note += (
+            f"; {compressor.name} keeps state between a worker's messages (PowerSGD's Q), which "
+            "restarts now: the run continues validly but not as the uninterrupted run would"
+        )
     ckpt.cut(at)
     return snap, note
 
