@@ -193,6 +193,20 @@ def test_a_resume_says_that_a_stateful_compressors_state_restarts(
     assert "power_sgd[rank=2] keeps state" in line and "not as the uninterrupted run" in line
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_resuming_a_run_at_its_time_limit_asks_for_more_time(three: object, tmp_path: Path) -> None:
+    """A run stopped by max_time has used it up: resumed with the same max_time it would stop
+    at once (it used to do nothing and exit 0); a larger one continues it."""
+    cfg = _config("iag", "rand_k[k=12]", tau_max=2, updates=100_000, max_time=0.5)
+    first = run_ps(cfg, problem=three, out=tmp_path)  # type: ignore[arg-type]
+    assert first.status == "time_limit" and 0 < first.updates < 100_000
+    with pytest.raises(ValueError, match=r"max_time=0.5 s would stop it at once; give a larger"):
+        run_ps(cfg, problem=three, out=tmp_path, resume=True)  # type: ignore[arg-type]
+    more = run_ps(cfg.replace(max_time=1.0), problem=three, out=tmp_path, resume=True)  # type: ignore[arg-type]
+    assert more.status == "time_limit" and more.updates > first.updates
+
+
 def test_resume_needs_a_snapshot(tmp_path: Path) -> None:
     cfg = _config("iag", "rand_k[k=12]", tau_max=2)
     with pytest.raises(ValueError, match="no parameter-server snapshot"):

@@ -138,6 +138,14 @@ def resume_point(
     current = fingerprint(dict(config.to_dict(), compressor=config.compressor_spec))
     check_fingerprint(snap["fingerprint"], current, str(out))
     at = int(snap["server"].update)
+    elapsed = float(snap.get("elapsed", 0.0))
+    if config.max_time is not None and elapsed >= config.max_time:
+        raise ValueError(
+            f"--resume: the run in {str(out)!r} has used {elapsed:.3g} s of its update loop "
+            f"(status {snap.get('status') or 'interrupted'}), and max_time={config.max_time:g} s "
+            f"would stop it at once; give a larger --max-time (e.g. {2 * elapsed:.3g}) to "
+            "continue it"
+        )
     if at >= config.updates:
         raise ValueError(
             f"--resume: the run in {str(out)!r} already has {at} updates (status "
