@@ -49,6 +49,8 @@ def a1a3() -> object:
         ({"tau_max": 1, "workers": 3}, r"tau_max must be an integer >= 2"),
         ({"mode": "sync", "method": "iag"}, "incremental"),
         ({"mode": "sync", "method": "dcgd", "tau_max": 3}, "sync runs have none"),
+        ({"mode": "sync", "method": "dcgd", "assume_tau": 3}, "sync runs have no delay"),
+        ({"timeout": 0.001, "tau_max": 3}, r"timeout must be at least 1 second .*got 0.001"),
         ({"method": "ef12"}, "did you mean 'ef21'"),
         ({"method": "delayed_dcgd[tau=2]"}, r"staleness is real.*run on a parameter server: dcgd"),
         ({"method": "ef21_pp[p=0.5]"}, "every arrival takes part"),

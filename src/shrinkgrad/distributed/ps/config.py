@@ -242,6 +242,11 @@ class PSConfig:
         if self.wire_dtype not in ("float32", "float64"):
             raise ValueError(f"wire_dtype must be 'float32' or 'float64', got {self.wire_dtype!r}")
         set_(self, "timeout", _number(self.timeout, "timeout (seconds)"))
+        if self.timeout < 1.0:  # the processes' rendezvous alone takes longer
+            raise ValueError(
+                f"timeout must be at least 1 second (the processes connect within it, and a "
+                f"worker silent for longer counts as lost), got {self.timeout:g}"
+            )
         if self.divergence_factor is not None:
             f = _number(self.divergence_factor, "divergence_factor")
             if f <= 1:
@@ -273,6 +278,11 @@ class PSConfig:
                 )
             if self.tau_max is not None:
                 raise ValueError("tau_max bounds asynchronous staleness; sync runs have none")
+            if self.assume_tau is not None:
+                raise ValueError(
+                    "assume_tau is the delay assumed by an asynchronous run's theory step; sync "
+                    "runs have no delay (drop it, or use mode='async')"
+                )
         if self.assume_tau is not None and self.tau_max is not None:
             raise ValueError(
                 "give tau_max (an enforced bound: the theory step uses it) or assume_tau "
