@@ -440,3 +440,44 @@ def test_a_network_problem_runs_with_a_numeric_step(mode: str) -> None:
     res = run_ps(cfg)
     assert res.status == "completed" and res.updates == 6
     assert res.rule_holds is None and res.stepsize_bound_measured is None
+
+
+_CTRL_C_AT_START = """
+import os, signal, sys
+import multiprocessing.context as mpc
+from shrinkgrad.distributed.ps import PSConfig, run_ps
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+start, n = mpc.ForkProcess.start, [0]
+
+def start_and_interrupt(self):  # a Ctrl-C (to the launcher) while the processes start
+    n[0] += 1
+    if n[0] == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+    start(self)
+
+mpc.ForkProcess.start = start_and_interrupt
+cfg = PSConfig(problem=sys.argv[1], workers=2, compressor="qsgd[s=4]", tau_max=4,
+               updates=10**9, timeout=30.0)
+print("status", run_ps(cfg).status, flush=True)
+"""
+
+
+def test_a_ctrl_c_while_the_processes_start_stops_the_run() -> None:
+    """Before, a SIGINT that came while the launcher forked landed in a fork hook, where
+    Python drops it, and the run went on to the end; it is held until the launcher can stop
+    the run, which then ends ``interrupted`` (here with updates=10⁹ it could not end
+    otherwise within the timeout)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_AT_START, A1A],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "status interrupted" in proc.stdout
+    assert "Exception ignored" not in proc.stderr
+    assert "interrupted: stopping the workers" in proc.stderr

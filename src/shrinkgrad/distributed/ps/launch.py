@@ -199,6 +199,20 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _hold_sigint() -> set[int | signal.Signals] | None:
+    """Block SIGINT in this thread (a signal that comes meanwhile stays pending); returns the
+    mask to restore, or None where signals cannot be blocked (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def _release_sigint() -> None:
+    """In a child: take SIGINT again (the launcher held it while forking) now that the child's
+    own disposition is set; a Ctrl-C that came meanwhile is delivered to it now."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _child(
     rank: int,
     world: int,
@@ -216,6 +230,7 @@ def _child(
     interrupt = _catch_sigint() if rank == 0 else None
     if rank > 0:
         _ignore_sigint()
+    _release_sigint()
     code = 1
     try:
         if rank > 0:  # build the client's data before the rendezvous: the clock starts after it
@@ -307,6 +322,10 @@ def _run(
     procs: list[Any] = []
     t0 = time.monotonic()
     outcome: Any = None
+    # a Ctrl-C while the processes start would land in a fork hook, where Python drops it (the
+    # run then went on to the end): hold SIGINT until the loop below can handle it, and let
+    # every child take it once its own handler is in place (_child)
+    held = _hold_sigint()
     try:
         for rank in range(world):
             p = ctx.Process(
@@ -335,6 +354,9 @@ def _run(
         deadline: float | None = None  # after a Ctrl-C: how long the server may take to report
         while outcome is None:
             try:
+                if held is not None:  # a Ctrl-C held during the start is raised here
+                    mask, held = held, None
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 ready = wait([recv_end, server.sentinel], timeout=left)
             except KeyboardInterrupt:
@@ -367,6 +389,8 @@ def _run(
         for p in procs:
             p.join(max(deadline - time.monotonic(), 0.0))
     finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         for p in procs:
             if p.is_alive():
                 p.kill()
