@@ -315,3 +315,24 @@ def test_the_readme_parameter_server_examples_show_a_slow_worker_and_compress() 
         assert cfg.delay > 0, argv  # the speeds make one worker slower
         C = make_compressor(cfg.compressor_spec)
         assert C.kind == "unbiased" and C.omega(100) > 0, argv  # it compresses
+
+
+def test_the_staleness_figure_marks_tau_max_and_the_delay_bound_each_on_its_axis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The left panel is staleness (bounded by tau_max), the right one the [K18] delay, which
+    for the IAG is bounded by 2·tau_max: each dashed line sits on its own panel."""
+    import matplotlib.figure
+    import pandas as pd
+
+    from shrinkgrad.distributed.ps import plot_staleness
+
+    seen: list[object] = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: seen.append(fig))
+    st = pd.DataFrame({"worker": [0, 1, 0, 1], "staleness": [0, 2, 1, 3], "delay": [0, 4, 2, 6]})
+    plot_staleness(st, tmp_path / "s.png", tau_max=3, delay_bound=6)
+    (fig,) = seen
+    left, right = fig.axes  # type: ignore[attr-defined]
+    assert [ln.get_xdata()[0] for ln in left.get_lines()] == [3]
+    assert [ln.get_xdata()[0] for ln in right.get_lines()] == [6]
+    assert right.get_legend().get_texts()[0].get_text() == "delay bound = 6"

@@ -200,6 +200,7 @@ class PSResult:
                 self.staleness,
                 root / "staleness.png",
                 tau_max=self.config.get("tau_max"),
+                delay_bound=self.tau_bound,
                 title=f"{self.summary()['method']}: {self.config.get('compressor')}, "
                 f"γ={self.stepsize:.3g}",
             )
@@ -313,11 +314,14 @@ def plot_staleness(
     path: str | os.PathLike[str],
     *,
     tau_max: int | None = None,
+    delay_bound: int | None = None,
     title: str = "",
 ) -> Path:
     """Histogram of the measured staleness per worker (left) and of the [K18] delay (right).
 
-    A pure function of the staleness table; the dashed line marks ``tau_max`` when bounded.
+    A pure function of the staleness table; the dashed lines mark ``tau_max`` (the staleness
+    bound, left) and ``delay_bound`` (the delay the step size assumed, right: 2·tau_max for
+    the IAG, whose table entries can be twice as old) when given.
     """
     import matplotlib
 
@@ -342,9 +346,11 @@ def plot_staleness(
     ax.hist(staleness["delay"], bins=bins, color="0.5")
     ax.set_xlabel("[K18] delay of the update (IAG: oldest table entry)")
     ax.set_ylabel("updates")
+    lines = ((axes[0], tau_max, "τ_max"), (axes[1], delay_bound, "delay bound"))
+    for ax, at, name in lines:
+        if at is not None:
+            ax.axvline(at, color="k", linestyle="--", linewidth=1, label=f"{name} = {at}")
     for ax in axes:
-        if tau_max is not None:
-            ax.axvline(tau_max, color="k", linestyle="--", linewidth=1, label=f"τ_max = {tau_max}")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     if title:

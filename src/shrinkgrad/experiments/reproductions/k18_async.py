@@ -324,6 +324,7 @@ def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> 
                     st,
                     directory / f"staleness-{run_id}.png",
                     tau_max=None if pd.isna(tau) else int(tau),
+                    delay_bound=None if pd.isna(tau) else 2 * int(tau),  # the IAG's table
                     title=str(run_id),
                 )
             )
