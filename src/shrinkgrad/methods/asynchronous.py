@@ -127,6 +127,9 @@ class WireConfig(Config):
         fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config) if f.init}
         return cls(**fields)
 
+    def dense(self, values: torch.Tensor) -> torch.Tensor:
+        return values.to(self.wire_dtype).to(self.dtype)
+
     def compress(
         self, x: torch.Tensor, ids: torch.Tensor, round: int, *, sent_only: bool = False
     ) -> torch.Tensor:

@@ -408,6 +408,14 @@ class Config:
             self._streams[tag] = ks
         return ks.at(round)
 
+    def dense(self, values: torch.Tensor) -> torch.Tensor:
+        """The values (m, d) of an uncompressed message as the receiver gets them, for a method
+        that keeps what it sends in its client state (EF21's ``init="full"``): here the values
+        themselves; a runtime whose wire rounds them (the parameter server's
+        :class:`~shrinkgrad.methods.asynchronous.WireConfig`) returns them rounded, so the
+        client's state follows what the server received."""
+        return values
+
     def compress(
         self, x: torch.Tensor, ids: torch.Tensor, round: int, *, sent_only: bool = False
     ) -> torch.Tensor:

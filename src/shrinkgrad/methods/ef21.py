@@ -431,8 +431,9 @@ class EF21(Method[EF21Server, EF21Clients]):
             return EF21Clients(ids, g, cs), Message(None, None, cfg.no_traffic(m))
         target = self._targets(cfg, x0, ids, oracle, 0)
         cs = cfg.compressor_state(target, ids)
-        if self.init == "full":
-            return EF21Clients(ids, target, cs), cfg.message(target, ids, cfg.dense_traffic(m))
+        if self.init == "full":  # g_i: the gradient as the server receives it (cfg.dense)
+            g = cfg.dense(target)
+            return EF21Clients(ids, g, cs), cfg.message(g, ids, cfg.dense_traffic(m))
         c, cs_new = cfg.compress_with_state(target, ids, 0, cs)
         return EF21Clients(ids, c, cs_new), cfg.message(c, ids, cfg.compressed_traffic(c))
 
