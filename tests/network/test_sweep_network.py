@@ -61,6 +61,12 @@ def test_the_sweep_tables_equal_simulate_with_the_network(tmp_path: Path) -> Non
             network=net,
         )
         np.testing.assert_allclose(df["time_model_s"], ref.table["time_model_s"], rtol=1e-12)
+    # runs.csv says which network each run was modelled on, and its final modelled time
+    runs = res.runs.set_index("run_id")
+    for run_id, df in t.groupby("run_id"):
+        row = runs.loc[run_id]
+        assert row["network"] == df["network"].iloc[0]
+        assert row["time_model_s"] == df["time_model_s"].iloc[-1]
     # the slower network takes longer for the same traffic
     slow = t[t["network"] == NETS[0]].groupby("compressor")["time_model_s"].max()
     fast = t[t["network"] == NETS[1]].groupby("compressor")["time_model_s"].max()

@@ -222,6 +222,9 @@ def finish_run(
         "wall_s": wall_s,
         **extra,
     }
+    if run.network is not None:  # an axis of the grid: its runs.csv rows say which network
+        summary["network"] = run.network
+        summary["time_model_s"] = float(last["time_model_s"])
     return _mark_no_progress(table, summary, run.settings.dtype)
 
 
