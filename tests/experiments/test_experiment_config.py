@@ -6,8 +6,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from experiment_configs import SMALL
 
-from conftest import SMALL
 from shrinkgrad.experiments.config import (
     Arm,
     ConfigError,

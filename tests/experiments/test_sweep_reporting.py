@@ -264,3 +264,23 @@ def test_an_override_error_names_the_override(
         )
     with pytest.raises(ConfigError, match=r"^override run.rounds='abc': must be an integer"):
         load_config(small_config, overrides={"run.rounds": "abc"})
+
+
+def test_the_ranks_checkpoints_of_train_are_not_a_simulator_resume(tmp_path: Path) -> None:
+    """A run interrupted under ``shrinkgrad train`` leaves its ranks' checkpoints; ``run`` in
+    the same directory cannot resume from them (they hold each process's clients): it starts
+    the run (not "resumed from checkpoints", as it used to say) and drops them when done."""
+    cfg = loads_config(
+        'name = "mixed"\nproblem = "synthetic_least_squares[n_clients=4,d=6]"\n'
+        '[run]\nrounds = 8\nlog_every = 4\n[grid]\nmethods = ["gd"]\n',
+        source="mixed.toml",
+    )
+    (run,) = expand(cfg)
+    run_dir = tmp_path / "out" / "runs" / run.run_id
+    run_dir.mkdir(parents=True)
+    for r in range(2):
+        (run_dir / f"checkpoint.pt.rank{r}-of-2").write_bytes(b"a rank's checkpoint")
+    res = run_experiment(cfg, tmp_path / "out", jobs=1, progress=False)
+    assert (res.ran, res.resumed) == (1, 0)
+    assert not list(run_dir.glob("checkpoint.pt*"))
+    assert (run_dir / "done.json").exists()

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ..distributed.runner import run_distributed
 from ..storage import DirectoryLock, atomic_write, atomic_write_text, probe_writable
 from .config import ConfigError, ExperimentConfig, dump_config
-from .execute import collect_results, finish_run, prepare_run, write_run
+from .execute import SIM_CHECKPOINT, collect_results, finish_run, prepare_run, write_run
 from .grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
 from .results import Format, default_format, find_run_table, write_json, write_table
 from .runner import environment
@@ -246,7 +246,8 @@ def _one_run(
     dist.barrier()  # every rank saved its final checkpoint
     if rank == 0:
         write_run(run_dir, table, summary, fmt)
-    for p in run_dir.glob(f"checkpoint.pt.rank{rank}-of-*"):
+        (run_dir / SIM_CHECKPOINT).unlink(missing_ok=True)  # a simulator run's, interrupted
+    for p in run_dir.glob(f"{SIM_CHECKPOINT}.rank{rank}-of-*"):
         p.unlink(missing_ok=True)
     return summary
 

@@ -234,6 +234,17 @@ def write_run(run_dir: Path, table: pd.DataFrame, summary: dict[str, Any], fmt: 
     write_json(run_dir / "done.json", summary)
 
 
+#: the simulator's checkpoint of a run (``shrinkgrad train``'s ranks write ``<it>.rank{r}-of-{W}``)
+SIM_CHECKPOINT = "checkpoint.pt"
+
+
+def drop_checkpoints(run_dir: Path) -> None:
+    """Remove every checkpoint of a finished run, the simulator's and the ranks' (a run
+    interrupted under one runtime and finished under the other leaves the first one's)."""
+    for p in [run_dir / SIM_CHECKPOINT, *run_dir.glob(SIM_CHECKPOINT + ".rank*")]:
+        p.unlink(missing_ok=True)
+
+
 def write_failure(run_dir: Path, run_id: str, message: str) -> None:
     """Record that the run raised (``failed.json``): :func:`collect_results` then reports it as
     ``failed`` with ``message`` until it runs again (:func:`execute_run` removes the file)."""
@@ -394,7 +405,9 @@ def execute_run(
     emit(
         "start",
         run.run_id,
-        {"rounds": s.rounds, "label": run.label, "resumed": state == "checkpoint"},
+        # only the simulator's own checkpoint resumes here (the ranks' of ``shrinkgrad train``
+        # hold each process's clients: this run starts from round 0 and drops them when done)
+        {"rounds": s.rounds, "label": run.label, "resumed": (run_dir / SIM_CHECKPOINT).exists()},
     )
     last = [0.0]
 
@@ -415,6 +428,6 @@ def execute_run(
     )
     table, summary = finish_run(prepared, result, wall, task.info, task.experiment)
     write_run(run_dir, table, summary, task.fmt)
-    (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+    drop_checkpoints(run_dir)
     emit("done", run.run_id, summary)
     return summary
