@@ -169,3 +169,68 @@ def test_a_resume_on_another_nproc_is_refused_and_env_json_is_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(run_dir) in err[0] and "resume it with --nproc 3" in err[0]
     assert (out / "results.parquet").read_bytes() == before
+
+
+INTERRUPTED_CONFIG = """
+name = "dist-ctrl-c"
+problem = "logistic_regression[dataset=a1a,n_clients=4]"
+[run]
+rounds = 3000
+log_every = 500
+checkpoint_every = 100
+[grid]
+methods = ["gd"]
+stepsizes = [0.05, 0.1]
+"""
+
+
+def test_ctrl_c_saves_the_finished_and_interrupted_runs_as_run_does(tmp_path: Path) -> None:
+    """``train`` interrupted while its second run goes (a terminal Ctrl-C: SIGINT to the
+    process group) writes results.parquet and runs.csv, the first run completed and the second
+    interrupted, prints the counts and exits with 130 (it used to write neither file)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(INTERRUPTED_CONFIG, encoding="utf-8")
+    out = tmp_path / "dist"
+    exe = str(Path(sys.executable).with_name("shrinkgrad"))
+    proc = subprocess.Popen(
+        [
+            exe,
+            "train",
+            str(cfg),
+            "--out",
+            str(out),
+            "--nproc",
+            "2",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            done = list(out.glob("runs/*/done.json"))
+            ckpt = list(out.glob("runs/*/checkpoint.pt.rank*"))
+            if done and ckpt:
+                break
+            time.sleep(0.05)
+        assert done and ckpt, "the first run did not finish, or the second did not checkpoint"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(runs["status"]) == ["completed", "interrupted"]
+    assert (out / "results.parquet").exists()
+    assert "2 runs (1 completed, 1 interrupted)" in stderr and "Traceback" not in stderr

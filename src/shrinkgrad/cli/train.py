@@ -73,7 +73,7 @@ def train_cmd(
         _under_torchrun(cfg, out_dir, fmt, timeout, show)
         return
     from ..distributed.launch import WorkerError, spawn
-    from ..experiments.distributed_sweep import check_world, plan
+    from ..experiments.distributed_sweep import check_world, plan, status_counts
     from ..experiments.executors import default_jobs
     from ..experiments.runner import check_output_dir
     from ..storage import DirectoryLock, probe_writable
@@ -105,8 +105,12 @@ def train_cmd(
                     timeout=365 * 24 * 3600.0,
                     pg_timeout=timeout,
                 )
+            except KeyboardInterrupt:  # the ranks are stopped: save what they finished
+                _save_interrupted(cfg, out_dir, runs, fmt)
+                raise
             except WorkerError as e:
                 if all(f.message.startswith("KeyboardInterrupt") for f in e.failures):
+                    _save_interrupted(cfg, out_dir, runs, fmt)
                     raise KeyboardInterrupt from None  # the ranks saw the Ctrl-C first
                 first = e.failures[0]
                 debug = os.environ.get("SHRINKGRAD_DEBUG") and first.traceback
@@ -119,7 +123,22 @@ def train_cmd(
         from . import exit_interrupted
 
         exit_interrupted(INTERRUPTED)
-    click.echo(f"{len(runs)} runs on {nproc} processes → {out_dir / 'results'}.{fmt or 'parquet'}")
+    import pandas as pd
+
+    counts = status_counts(pd.read_csv(out_dir / "runs.csv"))
+    click.echo(f"{counts} on {nproc} processes → {out_dir / 'results'}.{fmt or 'parquet'}")
+
+
+def _save_interrupted(cfg: Any, out_dir: Path, runs: Any, fmt: Any) -> None:
+    """After a Ctrl-C: ``results.*`` and ``runs.csv`` from the finished runs (the others
+    ``interrupted`` or ``pending``), and the counts, as ``run`` prints them."""
+    import contextlib
+
+    from ..experiments.distributed_sweep import save_results, status_counts
+
+    with contextlib.suppress(Exception):  # (a full disk, say: the interruption still exits 130)
+        _, summary = save_results(cfg, out_dir, runs, fmt)
+        click.echo(f"{status_counts(summary)} → {out_dir}", err=True)
 
 
 def _progress_line(line: str) -> None:

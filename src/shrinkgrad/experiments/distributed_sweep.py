@@ -209,13 +209,31 @@ def _train(
     dist.barrier()
     if rank != 0:
         return None
-    table, summary_table = collect_results(out_dir, runs, config.name)
-    write_table(table, out_dir / "results", fmt)
-    atomic_write(out_dir / "runs.csv", lambda p: summary_table.to_csv(p, index=False))
+    table, _ = save_results(config, out_dir, runs, fmt)
     env["finished"] = _now()
     env["runs"] = {"total": len(runs), "already_finished": len(runs) - len(todo), "ran": len(todo)}
     write_json(out_dir / "env.json", env)
     return table
+
+
+def save_results(
+    config: ExperimentConfig, out_dir: Path, runs: list[RunSpec], fmt: Format | None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Write ``results.<fmt>`` (the finished runs' tables) and ``runs.csv`` (every run's
+    status: an unfinished run with its ranks' checkpoints is ``interrupted``), as ``run`` does;
+    returns both tables. Called by rank 0 at the end, and by the launcher after a Ctrl-C."""
+    table, summary_table = collect_results(out_dir, runs, config.name)
+    write_table(table, out_dir / "results", fmt or default_format())
+    atomic_write(out_dir / "runs.csv", lambda p: summary_table.to_csv(p, index=False))
+    return table, summary_table
+
+
+def status_counts(summary_table: pd.DataFrame) -> str:
+    """``2 runs (1 completed, 1 interrupted)``: the statuses of ``runs.csv``."""
+    n = len(summary_table)
+    counts = summary_table["status"].value_counts().to_dict() if n else {}
+    detail = ", ".join(f"{v} {str(k).replace('_', ' ')}" for k, v in sorted(counts.items()))
+    return f"{n} {'run' if n == 1 else 'runs'}" + (f" ({detail})" if detail else "")
 
 
 def _one_run(
