@@ -102,6 +102,14 @@ def test_config_mistakes_are_one_line_errors(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "has no parameter 'kk'" in err
     assert not (tmp_path / "x").exists()
+    # --timeout: inf overflowed the process group's timeout (a traceback), nan was not named
+    good = _write_config(tmp_path)
+    for value, words in (("inf", "is not in the range"), ("nan", "nan is not a number")):
+        with pytest.raises(SystemExit) as info:
+            main(["train", str(good), "--timeout", value, "--out", str(tmp_path / "y")])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "'--timeout'" in err and words in err and "Traceback" not in err
 
 
 def _train_with_progress(rank: int, world: int, cfg_path: Path, out: Path) -> list[str]:

@@ -418,3 +418,25 @@ def test_a_read_only_out_is_one_line_and_changes_nothing(
         assert len(err) == 1 and err[0].startswith(f"error: cannot write to {out}: ")
         assert ("read-only" in err[0]) if root else ("Permission denied" in err[0])
         assert snapshot(out) == before
+
+
+def test_config_and_file_errors_survive_pickling_between_ranks() -> None:
+    """train's ranks send an error to each other pickled: it must come back as itself (it used
+    to fail in __init__ with 'missing 2 required positional arguments', printed by every rank
+    before the real error)."""
+    import pickle
+
+    from shrinkgrad.experiments.config import ConfigError
+    from shrinkgrad.experiments.results import CorruptFileError
+
+    e = ConfigError("a.toml", "run.rounds", "must be > 0")
+    back = pickle.loads(pickle.dumps(e))
+    assert (type(back), str(back), back.key, back.reason) == (
+        ConfigError,
+        "a.toml: run.rounds: must be > 0",
+        "run.rounds",
+        "must be > 0",
+    )
+    c = CorruptFileError(Path("x/done.json"), "not JSON", "delete x")
+    back2 = pickle.loads(pickle.dumps(c))
+    assert type(back2) is CorruptFileError and str(back2) == str(c) and back2.path == c.path

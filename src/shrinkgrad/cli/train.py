@@ -48,7 +48,8 @@ INTERRUPTED = (
 @set_option()
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=1.0),
+    type=click.FloatRange(min=1.0, max=365 * 24 * 3600.0),  # (inf: an overflow in the group)
+    callback=lambda ctx, param, value: _finite_seconds(value),
     default=120.0,
     show_default=True,
     help="seconds a collective may wait for a peer before the run fails",
@@ -139,6 +140,13 @@ def _save_interrupted(cfg: Any, out_dir: Path, runs: Any, fmt: Any) -> None:
     with contextlib.suppress(Exception):  # (a full disk, say: the interruption still exits 130)
         _, summary = save_results(cfg, out_dir, runs, fmt)
         click.echo(f"{status_counts(summary)} → {out_dir}", err=True)
+
+
+def _finite_seconds(value: float) -> float:
+    """--timeout's value, refused when it is not a number (nan passes FloatRange)."""
+    if value != value:
+        raise click.BadParameter("nan is not a number of seconds", param_hint="'--timeout'")
+    return value
 
 
 def _progress_line(line: str) -> None:

@@ -96,6 +96,11 @@ class ConfigError(ValueError):
         self.key = key
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, tuple[str, str, str]]:
+        """Pickle by the three arguments (an error raised on one rank of ``train`` is sent to
+        the others and unpickled there; the default would call ``__init__`` with the message)."""
+        return (type(self), (self.source, self.key, self.reason))
+
 
 # --------------------------------------------------------------------------------------------
 # the validated config

@@ -119,6 +119,11 @@ class CorruptFileError(ValueError):
         super().__init__(f"{path}: cannot read it ({short})" + (f"; {fix}" if fix else ""))
         self.path = path
         self.reason = reason
+        self.fix = fix
+
+    def __reduce__(self) -> tuple[Any, tuple[Path, str, str]]:
+        """Pickle by the arguments (sent between ``train``'s ranks, like ConfigError)."""
+        return (type(self), (self.path, self.reason, self.fix))
 
     def with_fix(self, fix: str) -> CorruptFileError:
         """The same error with ``fix`` (what to do) appended."""
