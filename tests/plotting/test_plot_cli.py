@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,12 @@ def test_a_sweep_without_a_finished_run_says_so(
         f"error: {str(out)!r}: no run has finished yet (2 pending), so there is nothing to plot; "
         "run 'shrinkgrad run c.toml' again to resume it",
     )
+    # a train sweep resumes under train (its ranks' checkpoints are not the simulator's)
+    env = json.loads((out / "env.json").read_text())
+    env["command"] = "shrinkgrad train c.toml --nproc 2"
+    (out / "env.json").write_text(json.dumps(env))
+    assert run_cli(["plot", str(out)]) == 2
+    assert "run 'shrinkgrad train c.toml --nproc 2' again" in capsys.readouterr().err
     # killed before the first save: no results file at all, only the run directories
     (out / "results.parquet").unlink()
     (out / "env.json").unlink()

@@ -83,7 +83,8 @@ def nothing_finished(directory: Path) -> str:
         command = str(json.loads((directory / "env.json").read_text("utf-8")).get("command", ""))
     resume = (
         f"run '{command}' again to resume it"
-        if command.startswith("shrinkgrad run")
+        if command.startswith(("shrinkgrad run", "shrinkgrad train"))  # (train: its ranks'
+        # checkpoints resume under train only)
         else f"resume the sweep with 'shrinkgrad run {directory / 'config.toml'} --out {directory}'"
     )
     return f"{where}: no run has finished yet{states}, so there is nothing to plot; {resume}"
