@@ -52,7 +52,14 @@ def test_dry_run_lists_the_runs_and_writes_nothing(
     text = capsys.readouterr().out
     assert "8 runs" in text and text.count("to run") == 8
     assert "dataset=australian_scale" in text and "L_var" in text
+    assert "network" not in text  # no network axis, no column
     assert not out.exists()
+    # with a network axis each run's network is listed (the rows came in identical pairs)
+    nets = '["star[up=1mbit]","star[up=9mbit]"]'
+    assert run_cli(["run", str(config), "--dry-run", "--set", f"run.network={nets}"]) == 0
+    text = capsys.readouterr().out
+    assert "16 runs" in text and "network" in text
+    assert text.count("star[up=1mbit]") == text.count("star[up=9mbit]") == 8
 
 
 def test_run_then_plot(config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -165,7 +165,9 @@ def print_plan(
     for note in notes:
         console.print(f"note: {escape(note)}")
     table = Table(title=escape(f"{len(runs)} runs (output: {out_dir})"))
-    for col in ("run id", "problem", "method", "compressor", "step size", "seed", "state"):
+    networks = any(r.network is not None for r in runs)  # an axis of the grid: a column
+    columns = ["run id", "problem", "method", "compressor", "step size"]
+    for col in [*columns, *(["network"] if networks else []), "seed", "state"]:
         table.add_column(col)
     for r in runs:
         done = find_run_table(out_dir / "runs" / r.run_id) is not None
@@ -175,6 +177,7 @@ def print_plan(
             r.arm.method,
             r.arm.compressor,
             r.arm.stepsize,
+            *([r.network or ""] if networks else []),
             str(r.seed_index),
             "finished" if done else "to run",
         ]
