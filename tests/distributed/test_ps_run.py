@@ -316,23 +316,13 @@ def test_ctrl_c_saves_the_run_and_exits_130(tmp_path: object, target: str) -> No
     process group) or by a SIGINT to the launcher alone (it forwards it to the server): the
     results are written, with status interrupted, and the exit status is 130."""
     import signal
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from cli_process import kill, start
 
     out = Path(str(tmp_path)) / "ps"
-    exe = str(Path(sys.executable).with_name("shrinkgrad"))
-    cmd = [exe, "ps", "--problem", A1A, "--workers", "2", "--compressor", "qsgd[s=4]"]
+    cmd = ["ps", "--problem", A1A, "--workers", "2", "--compressor", "qsgd[s=4]"]
     cmd += ["--tau-max", "4", "--updates", str(10**9), "--out", str(out), "--no-plot"]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        # SIGINT back to its default (a suite started in the background inherits it ignored)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = start(cmd)
     try:
         deadline = time.monotonic() + 60
         while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:
@@ -345,9 +335,7 @@ def test_ctrl_c_saves_the_run_and_exits_130(tmp_path: object, target: str) -> No
             proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill(proc)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted: stopping the workers" in stderr
     assert "status: interrupted" in stdout

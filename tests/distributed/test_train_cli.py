@@ -197,31 +197,14 @@ def test_ctrl_c_saves_the_finished_and_interrupted_runs_as_run_does(tmp_path: Pa
     process group) writes results.parquet and runs.csv, the first run completed and the second
     interrupted, prints the counts and exits with 130 (it used to write neither file)."""
     import signal
-    import subprocess
-    import sys
     import time
+
+    from cli_process import kill, start
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(INTERRUPTED_CONFIG, encoding="utf-8")
     out = tmp_path / "dist"
-    exe = str(Path(sys.executable).with_name("shrinkgrad"))
-    proc = subprocess.Popen(
-        [
-            exe,
-            "train",
-            str(cfg),
-            "--out",
-            str(out),
-            "--nproc",
-            "2",
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = start(["train", str(cfg), "--out", str(out), "--nproc", "2", "--no-progress"])
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -234,9 +217,7 @@ def test_ctrl_c_saves_the_finished_and_interrupted_runs_as_run_does(tmp_path: Pa
         os.killpg(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill(proc)
     assert proc.returncode == 130, stderr
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(runs["status"]) == ["completed", "interrupted"]
