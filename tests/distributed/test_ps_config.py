@@ -52,6 +52,7 @@ def a1a3() -> object:
         ({"mode": "sync", "method": "dcgd", "assume_tau": 3}, "sync runs have no delay"),
         ({"timeout": 0.001, "tau_max": 3}, r"timeout must be at least 1 second .*got 0.001"),
         ({"method": "ef12"}, "did you mean 'ef21'"),
+        ({"method": "foo"}, r"unknown method 'foo'.*run on a parameter server: dcgd, ef21, "),
         ({"method": "delayed_dcgd[tau=2]"}, r"staleness is real.*run on a parameter server: dcgd"),
         ({"method": "ef21_pp[p=0.5]"}, "every arrival takes part"),
         ({"method": "iag[order=sideways]"}, "'order' must be one of"),

@@ -303,7 +303,15 @@ class PSConfig:
             raise TypeError(
                 f"method must be a method spec such as 'iag' or 'ef21', got {self.method!r}"
             )
-        method = make_method(self.method)  # a SpecError names unknown methods and parameters
+        try:
+            method = make_method(self.method)  # a SpecError names unknown methods and parameters
+        except ValueError as e:  # ... and the ones that run here are what the user can pick
+            if "unknown method" not in str(e):
+                raise
+            raise type(e)(
+                f"{e}; of those, the methods that run on a parameter server: "
+                f"{', '.join(methods_for('ps'))}"
+            ) from None
         reason = method.unsupported("ps")
         if reason is not None:
             raise ValueError(
