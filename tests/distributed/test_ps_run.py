@@ -23,6 +23,7 @@ from shrinkgrad.methods.base import methods_for
 from shrinkgrad.problems import make_problem
 from shrinkgrad.rng import KeyStream
 from shrinkgrad.sim import simulate
+from shrinkgrad.storage import DirectoryBusy
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -364,7 +365,7 @@ def test_the_server_reports_progress_on_stderr(
 def _hold_lock(out: str, held: Any, release: Any) -> None:
     from shrinkgrad.distributed.ps.checkpoint import Checkpoint
 
-    with Checkpoint(out).hold():
+    with Checkpoint(out).hold():  # what a live launcher holds
         held.set()
         release.wait(60)
 
@@ -384,7 +385,7 @@ def test_a_directory_in_use_by_a_live_run_is_refused(
     try:
         assert held.wait(30)
         for resume in (False, True):
-            with pytest.raises(ValueError, match=r"in use by a parameter-server run that is still"):
+            with pytest.raises(DirectoryBusy, match=r"is in use by another shrinkgrad process"):
                 run_ps(_base(2, stepsize=0.1, updates=5), problem=two, out=out, resume=resume)
         with pytest.raises(SystemExit) as exc:
             main(["ps", "--workers", "2", "--stepsize", "0.1", "--out", str(out)])

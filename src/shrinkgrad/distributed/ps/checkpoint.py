@@ -8,15 +8,17 @@ With an output directory, the server keeps two files in ``DIR/checkpoint/``:
   seconds and at the end. Written atomically: a temporary file, flushed and fsync-ed, renamed
   over the old one, and the directory fsync-ed, so a kill at any moment leaves the previous
   snapshot or the new one, never a torn file.
-* ``lock``: an exclusive ``flock`` held by the launcher (and inherited by the server and workers
-  it forks) for as long as a run writes into the directory (:meth:`Checkpoint.hold`), so a second
-  run into the same directory — a new one or a ``--resume`` of a server still alive — is refused
-  instead of writing the same snapshot. The kernel drops the lock when the processes end, so a
-  killed run leaves nothing that blocks its resume.
 * ``updates.log``: one line per applied message (update, worker, counter, version), appended as
   it happens (one ``write`` each, no fsync: it survives a killed process, which is what it is
   for). On resume it says how far the killed server got, i.e. how many updates were lost, and is
   cut back to the snapshot.
+
+While a run writes into ``DIR``, its launcher holds the
+:class:`~shrinkgrad.storage.DirectoryLock` of ``DIR`` (the one ``run`` and ``train`` hold on
+their ``--out``; :meth:`Checkpoint.hold`), which the server and workers it forks inherit: a
+second run into the same directory — a new one or a ``--resume`` of a server still alive — is
+refused instead of writing the same snapshot. The kernel drops the lock when the processes end,
+so a killed run leaves nothing that blocks its resume.
 
 The workers' client states are not saved: the method restores them from the server's memory
 (``Method.async_clients``), so the restarted workers continue exactly from the snapshot.
@@ -25,13 +27,14 @@ The workers' client states are not saved: the method restores them from the serv
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ...storage import DirectoryLock
 
 __all__ = ["FINGERPRINT_FREE", "SNAPSHOT_KIND", "Checkpoint", "check_fingerprint", "fingerprint"]
 
@@ -62,7 +65,7 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-#: the lock files this process holds (:meth:`Checkpoint.hold` is re-entrant within a process)
+#: the output directories this process holds (:meth:`Checkpoint.hold` is re-entrant)
 _HELD: set[str] = set()
 
 
@@ -74,36 +77,24 @@ class Checkpoint:
         self.dir = Path(out) / "checkpoint"
         self.snapshot_path = self.dir / "snapshot.pt"
         self.log_path = self.dir / "updates.log"
-        self.lock_path = self.dir / "lock"
         self._log: Any = None
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
-        """Hold the directory's lock while a run writes into it; a ValueError when another
-        process holds it (a run into this directory is still going). Re-entrant in one process;
-        the processes forked inside share it."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        key = str(self.lock_path.resolve())
+        """Hold the output directory's :class:`~shrinkgrad.storage.DirectoryLock` while a run
+        writes into it (:class:`~shrinkgrad.storage.DirectoryBusy`, naming the holder, when
+        another process holds it). Re-entrant in one process (the CLI holds it across
+        ``run_ps`` and the saving of the results); the processes forked inside share it."""
+        key = str(Path(self.out).resolve())
         if key in _HELD:
             yield
             return
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ValueError(
-                f"{self.out!r} is in use by a parameter-server run that is still going (it "
-                f"holds {str(self.lock_path)!r}); wait for it to end (a --resume continues it "
-                "then), or choose another output directory"
-            ) from None
-        _HELD.add(key)
-        try:
-            yield
-        finally:
-            _HELD.discard(key)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        with DirectoryLock(self.out):
+            _HELD.add(key)
+            try:
+                yield
+            finally:
+                _HELD.discard(key)
 
     # -- writing (the server) ---------------------------------------------------------------------
     def open_log(self, *, fresh: bool) -> None:
