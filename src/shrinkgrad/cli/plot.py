@@ -72,12 +72,12 @@ def nothing_finished(directory: Path) -> str:
 
     import pandas as pd
 
+    from ..experiments.display import status_detail
+
     where = f"{str(directory)!r}"
     states = ""
     with contextlib.suppress(OSError, ValueError, KeyError):
-        counts = pd.read_csv(directory / "runs.csv")["status"].value_counts()
-        states = " (" + ", ".join(f"{v} {str(k).replace('_', ' ')}" for k, v in counts.items())
-        states += ")"
+        states = f" ({status_detail(pd.read_csv(directory / 'runs.csv'))})"
     command = ""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         command = str(json.loads((directory / "env.json").read_text("utf-8")).get("command", ""))

@@ -137,9 +137,9 @@ def report(result: ExperimentResult) -> None:
 def summary_line(result: ExperimentResult) -> str:
     """``12 runs (11 completed, 1 no progress): 6 started, 3 resumed from checkpoints, 3 already
     finished → …`` (the statuses of runs.csv, ``_`` written as a space)."""
-    counts = result.runs["status"].value_counts().to_dict()
+    from ..experiments.display import status_counts
+
     total = len(result.runs)
-    detail = ", ".join(f"{v} {str(k).replace('_', ' ')}" for k, v in sorted(counts.items()))
     parts = [f"{result.started} started"]
     if result.resumed:
         parts.append(f"{result.resumed} resumed from checkpoints")
@@ -147,8 +147,7 @@ def summary_line(result: ExperimentResult) -> str:
     left = total - result.skipped - result.ran
     if left:
         parts.append(f"{left} not reached")
-    runs = "run" if total == 1 else "runs"
-    return f"{total} {runs} ({detail}): {', '.join(parts)} → {result.results_path}"
+    return f"{status_counts(result.runs)}: {', '.join(parts)} → {result.results_path}"
 
 
 def print_plan(

@@ -74,7 +74,8 @@ def train_cmd(
         _under_torchrun(cfg, out_dir, fmt, timeout, show)
         return
     from ..distributed.launch import WorkerError, spawn
-    from ..experiments.distributed_sweep import check_world, plan, status_counts
+    from ..experiments.display import status_counts
+    from ..experiments.distributed_sweep import check_world, plan
     from ..experiments.executors import default_jobs
     from ..experiments.runner import check_output_dir
     from ..storage import DirectoryLock, probe_writable
@@ -135,7 +136,8 @@ def _save_interrupted(cfg: Any, out_dir: Path, runs: Any, fmt: Any) -> None:
     ``interrupted`` or ``pending``), and the counts, as ``run`` prints them."""
     import contextlib
 
-    from ..experiments.distributed_sweep import save_results, status_counts
+    from ..experiments.display import status_counts
+    from ..experiments.distributed_sweep import save_results
 
     with contextlib.suppress(Exception):  # (a full disk, say: the interruption still exits 130)
         _, summary = save_results(cfg, out_dir, runs, fmt)

@@ -12,14 +12,39 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .execute import NO_PROGRESS
 from .grid import RunSpec
 
-__all__ = ["Display", "LineDisplay", "NullDisplay", "RichDisplay", "make_display"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "Display",
+    "LineDisplay",
+    "NullDisplay",
+    "RichDisplay",
+    "make_display",
+    "status_counts",
+    "status_detail",
+]
 
 RESCHEDULED = "its worker was lost; resumed from its last checkpoint on another worker"
+
+
+def status_detail(runs: pd.DataFrame) -> str:
+    """``1 completed, 1 no progress``: how many runs of ``runs.csv`` have each status (in
+    status order, ``_`` written as a space)."""
+    counts = runs["status"].value_counts().to_dict() if len(runs) else {}
+    return ", ".join(f"{v} {str(k).replace('_', ' ')}" for k, v in sorted(counts.items()))
+
+
+def status_counts(runs: pd.DataFrame) -> str:
+    """``2 runs (1 completed, 1 interrupted)``: the summaries of ``run``, ``train`` and
+    ``plot`` count a sweep's runs this way."""
+    n, detail = len(runs), status_detail(runs)
+    return f"{n} {'run' if n == 1 else 'runs'}" + (f" ({detail})" if detail else "")
 
 
 class Display(Protocol):

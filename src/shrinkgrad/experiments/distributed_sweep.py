@@ -228,14 +228,6 @@ def save_results(
     return table, summary_table
 
 
-def status_counts(summary_table: pd.DataFrame) -> str:
-    """``2 runs (1 completed, 1 interrupted)``: the statuses of ``runs.csv``."""
-    n = len(summary_table)
-    counts = summary_table["status"].value_counts().to_dict() if n else {}
-    detail = ", ".join(f"{v} {str(k).replace('_', ' ')}" for k, v in sorted(counts.items()))
-    return f"{n} {'run' if n == 1 else 'runs'}" + (f" ({detail})" if detail else "")
-
-
 def _one_run(
     run: RunSpec,
     out_dir: Path,
