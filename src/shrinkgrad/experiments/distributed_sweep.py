@@ -94,7 +94,7 @@ def check_world(
         if find_run_table(run_dir) is not None:
             continue
         worlds = sorted(
-            {int(p.name.rsplit("-of-", 1)[1]) for p in run_dir.glob("checkpoint.pt.rank*-of-*")}
+            {int(p.name.rsplit("-of-", 1)[1]) for p in run_dir.glob(f"{SIM_CHECKPOINT}.rank*-of-*")}
         )
         other = [w for w in worlds if w != world]
         if other:
@@ -250,7 +250,7 @@ def _one_run(
     prepared = prepare_run(run, cache.get(run.problem.spec))
     cache[run.problem.spec] = prepared.problem
     result, wall = prepared.execute(
-        run_distributed, checkpoint=run_dir / "checkpoint.pt", callback=tick
+        run_distributed, checkpoint=run_dir / SIM_CHECKPOINT, callback=tick
     )
     table, summary = finish_run(prepared, result, wall, info, experiment, world_size=world)
     dist.barrier()  # every rank saved its final checkpoint

@@ -238,10 +238,16 @@ def write_run(run_dir: Path, table: pd.DataFrame, summary: dict[str, Any], fmt: 
 SIM_CHECKPOINT = "checkpoint.pt"
 
 
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Every checkpoint a run directory holds: the simulator's and the ranks' (``train``)."""
+    sim = run_dir / SIM_CHECKPOINT
+    return [*([sim] if sim.exists() else []), *run_dir.glob(SIM_CHECKPOINT + ".rank*")]
+
+
 def drop_checkpoints(run_dir: Path) -> None:
     """Remove every checkpoint of a finished run, the simulator's and the ranks' (a run
     interrupted under one runtime and finished under the other leaves the first one's)."""
-    for p in [run_dir / SIM_CHECKPOINT, *run_dir.glob(SIM_CHECKPOINT + ".rank*")]:
+    for p in checkpoints(run_dir):
         p.unlink(missing_ok=True)
 
 
@@ -284,7 +290,7 @@ def run_state(run_dir: Path) -> RunState:
         if find_run_table(run_dir) is None:
             raise CorruptFileError(done, "the run's table.parquet/table.csv is missing", fix)
         return "finished"
-    if (run_dir / "checkpoint.pt").exists() or any(run_dir.glob("checkpoint.pt.rank*")):
+    if checkpoints(run_dir):
         return "checkpoint"
     return "new"
 
@@ -340,9 +346,7 @@ def collect_results(
                 if message is not None:
                     rows.append({**base, "status": FAILED, "message": message})
                     continue
-                started = (run_dir / "checkpoint.pt").exists() or any(
-                    run_dir.glob("checkpoint.pt.rank*")
-                )
+                started = bool(checkpoints(run_dir))
                 rows.append({**base, "status": "interrupted" if started else "pending"})
                 continue
             cache[r.run_id] = _mark_no_progress(*_read_finished(run_dir), r.settings.dtype)
@@ -423,7 +427,7 @@ def execute_run(
     result, wall = prepared.execute(
         simulate,
         # a run shorter than a checkpoint interval is simply rerun after an interruption
-        checkpoint=run_dir / "checkpoint.pt" if s.rounds > s.checkpoint_every else None,
+        checkpoint=run_dir / SIM_CHECKPOINT if s.rounds > s.checkpoint_every else None,
         callback=callback,
     )
     table, summary = finish_run(prepared, result, wall, task.info, task.experiment)
