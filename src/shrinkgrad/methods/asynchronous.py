@@ -569,8 +569,12 @@ class Asynchronous(Method[AsyncState, AsyncClients]):
                 f"n_clients={self.trace.workers} (the run's problem)"
             )
 
-    def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
-        return self.inner._check_compressor(C, d)
+    def _check_compressor(
+        self, C: Compressor, d: int, *, as_name: str | None = None
+    ) -> tuple[float, float | None]:
+        # the inner method's check, named as the inner method: on a parameter server the user
+        # asked for it (``--method dcgd``), not for the asynchronous execution around it
+        return self.inner._check_compressor(C, d, as_name=as_name)
 
     def client_weights(self, consts: Constants) -> torch.Tensor:
         return self.inner.client_weights(consts)

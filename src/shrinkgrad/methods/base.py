@@ -813,27 +813,32 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         copy holding what its theory step size reads from the problem (EF21-SGD's σ²)."""
         return self
 
-    def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
+    def _check_compressor(
+        self, C: Compressor, d: int, *, as_name: str | None = None
+    ) -> tuple[float, float | None]:
         """Return (α, ω) the method works with, or raise a ValueError saying what to use.
 
         A compressor without a known constant (``constant_known`` False) gives α = NaN: numeric
-        step sizes work, ``"theory"`` refuses (:meth:`bind`)."""
+        step sizes work, ``"theory"`` refuses (:meth:`bind`). ``as_name``: the name a refusal
+        gives the method (a wrapper that delegates the check, e.g. client momentum, passes its
+        own: the method the user asked for)."""
+        name = as_name or self.name
         if C.stateful and not self.carries_compressor_state:
             raise ValueError(
-                f"{C.name} keeps state between rounds (PowerSGD's previous Q), which {self.name} "
+                f"{C.name} keeps state between rounds (PowerSGD's previous Q), which {name} "
                 "does not carry; use it with ef21 or ef"
             )
         if self.requires == "none":
             if C.kind != "unbiased" or C.omega(d) != 0.0:
                 raise ValueError(
-                    f"{self.name} sends uncompressed gradients and takes no compressor (got "
+                    f"{name} sends uncompressed gradients and takes no compressor (got "
                     f"{C.name}); use dcgd for unbiased compressors or ef21 for contractive ones"
                 )
             return 1.0, 0.0
         if self.requires == "unbiased":
             if C.kind != "unbiased":
                 raise ValueError(
-                    f"{self.name} needs an unbiased compressor (E[Q(x)] = x, [K18] Def. 1); "
+                    f"{name} needs an unbiased compressor (E[Q(x)] = x, [K18] Def. 1); "
                     f"{C.name} is contractive (biased), which would bias every step. Use an "
                     "unbiased one such as rand_k[k=...], qsgd[s=...] or identity, or run "
                     f"ef21 / ef with {C.name}"
@@ -848,7 +853,7 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
             # E‖Q(x) − x‖² ≤ ω‖x‖² = (1 − (1 − ω))‖x‖²: unscaled Q is contractive with α = 1 − ω
             return 1.0 - omega, omega
         raise ValueError(
-            f"{self.name} needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] "
+            f"{name} needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] "
             f"Def. 1); {C.name} is unbiased with ω = {omega:g} ≥ 1 for d = {d}, so it can "
             f"enlarge errors and is not contractive. Use scaled({C.name}) (the contractive "
             f"C/(1+ω), α = 1/(1+ω) = {1.0 / (1.0 + omega):.4g}) or a contractive compressor "

@@ -151,14 +151,11 @@ class ClientMomentum(Method[Any, MomentumClients]):
         check_batch_fits(self.name, self.batch, problem)
         return self
 
-    def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
-        try:
-            return self.inner._check_compressor(C, d)
-        except ValueError as e:  # the inner method's refusal, said for the method asked for
-            text, inner = str(e), self.inner.name
-            if text.startswith(inner) and self.name != inner:
-                raise type(e)(self.name + text[len(inner) :]) from None
-            raise
+    def _check_compressor(
+        self, C: Compressor, d: int, *, as_name: str | None = None
+    ) -> tuple[float, float | None]:
+        # the inner method's check, its refusals naming the method the user asked for
+        return self.inner._check_compressor(C, d, as_name=as_name or self.name)
 
     def check_problem(self, consts: Constants) -> None:
         self.inner.check_problem(consts)

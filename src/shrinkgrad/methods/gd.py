@@ -175,9 +175,11 @@ class DCGD(DelayRule[XState, Group], _GradientStep):
     def default_spec(self) -> str:
         return "dcgd[biased=true]" if self.biased else "dcgd"
 
-    def _check_compressor(self, C: Compressor, d: int) -> tuple[float, float | None]:
+    def _check_compressor(
+        self, C: Compressor, d: int, *, as_name: str | None = None
+    ) -> tuple[float, float | None]:
         if not self.biased or C.kind == "unbiased":
-            return super()._check_compressor(C, d)
+            return super()._check_compressor(C, d, as_name=as_name)
         return float(C.alpha(d)), None
 
     def theory_formula(self) -> str:
