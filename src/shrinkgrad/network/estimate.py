@@ -313,9 +313,9 @@ def estimate(
     meth = make_method(method)
     if rounds is None:
         rounds_theorem(meth)  # refuse a method without a theorem before binding or simulating
-        if getattr(prob, "L", None) is None or getattr(prob, "L_i", None) is None:
-            from ..methods.base import UnknownConstantError
+        from ..methods.base import Constants, UnknownConstantError
 
+        if not Constants.of(prob).known:
             raise UnknownConstantError(
                 f"the rounds-to-ε theorem of {meth.name} needs L and the L_i, which this "
                 "problem does not know (a neural network's): give the number of rounds "
