@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -29,3 +30,17 @@ def kill(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def assert_group_gone(proc: subprocess.Popen[str], wait: float = 10.0) -> None:
+    """Assert that no process of the command's session is left once it has exited (a rank or
+    worker orphaned by its launcher would be), allowing ``wait`` seconds for them to end."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            os.killpg(proc.pid, 0)  # succeeds while any process of the group lives
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes of the command's group {proc.pid} are still running")
+        time.sleep(0.1)

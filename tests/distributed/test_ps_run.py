@@ -311,14 +311,15 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-@pytest.mark.parametrize("target", ["group", "launcher"])
+@pytest.mark.parametrize("target", ["group", "launcher", "sigterm"])
 def test_ctrl_c_saves_the_run_and_exits_130(tmp_path: object, target: str) -> None:
     """``shrinkgrad ps --out DIR`` interrupted like a terminal Ctrl-C (SIGINT to the whole
-    process group) or by a SIGINT to the launcher alone (it forwards it to the server): the
-    results are written, with status interrupted, and the exit status is 130."""
+    process group), by a SIGINT to the launcher alone (it forwards it to the server), or by a
+    SIGTERM to the launcher alone (``kill``, a scheduler): the results are written, with status
+    interrupted, the exit status is 130 (143 after SIGTERM), and no process is left."""
     import signal
 
-    from cli_process import kill, start
+    from cli_process import assert_group_gone, kill, start
 
     out = Path(str(tmp_path)) / "ps"
     cmd = ["ps", "--problem", A1A, "--workers", "2", "--compressor", "qsgd[s=4]"]
@@ -333,11 +334,12 @@ def test_ctrl_c_saves_the_run_and_exits_130(tmp_path: object, target: str) -> No
         if target == "group":
             os.killpg(proc.pid, signal.SIGINT)
         else:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM if target == "sigterm" else signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=90)
+        assert_group_gone(proc)
     finally:
         kill(proc)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == (143 if target == "sigterm" else 130), stderr
     assert "Traceback" not in stderr and "interrupted: stopping the workers" in stderr
     assert "status: interrupted" in stdout
     summary = json.loads((out / "summary.json").read_text())

@@ -192,14 +192,19 @@ stepsizes = [0.05, 0.1]
 """
 
 
-def test_ctrl_c_saves_the_finished_and_interrupted_runs_as_run_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_saves_the_finished_and_interrupted_runs_as_run_does(
+    tmp_path: Path, how: str
+) -> None:
     """``train`` interrupted while its second run goes (a terminal Ctrl-C: SIGINT to the
     process group) writes results.parquet and runs.csv, the first run completed and the second
-    interrupted, prints the counts and exits with 130 (it used to write neither file)."""
+    interrupted, prints the counts and exits with 130 (it used to write neither file). SIGTERM
+    to the launcher alone (``kill``, ``timeout``, a scheduler) does the same and exits with
+    143; it used to end the launcher at once and leave its ranks running the sweep unlocked."""
     import signal
     import time
 
-    from cli_process import kill, start
+    from cli_process import assert_group_gone, kill, start
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(INTERRUPTED_CONFIG, encoding="utf-8")
@@ -214,11 +219,15 @@ def test_ctrl_c_saves_the_finished_and_interrupted_runs_as_run_does(tmp_path: Pa
                 break
             time.sleep(0.05)
         assert done and ckpt, "the first run did not finish, or the second did not checkpoint"
-        os.killpg(proc.pid, signal.SIGINT)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
+        assert_group_gone(proc)
     finally:
         kill(proc)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == (130 if how == "ctrl-c" else 143), stderr
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(runs["status"]) == ["completed", "interrupted"]
     assert (out / "results.parquet").exists()

@@ -167,3 +167,28 @@ def test_a_double_ctrl_c_exits_130(tmp_path: Path) -> None:
     assert proc.returncode == 130, output
     assert "Traceback" not in output, output
     assert list(out.glob("runs/*/checkpoint.pt"))  # the runs can resume
+
+
+def test_sigterm_to_the_launcher_checkpoints_like_ctrl_c_and_exits_143(tmp_path: Path) -> None:
+    """SIGTERM to ``run`` alone (``kill``, ``timeout``, a job scheduler) stops the sweep as a
+    Ctrl-C does: every running run saves its checkpoint, runs.csv says interrupted, no worker is
+    left behind, and the exit status is 143. It used to end the launcher without either file."""
+    config = tmp_path / "c.toml"
+    config.write_text(CONFIG.replace("rounds = 400", "rounds = 40000"), encoding="utf-8")
+    out = tmp_path / "out"
+    proc = _start(config, out, 2)
+    deadline = time.monotonic() + 180
+    while not list(out.glob("runs/*/checkpoint.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output
+    assert "Traceback" not in output and "interrupted" in output, output
+    deadline = time.monotonic() + 10  # the forkserver ends once it sees its parent gone
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _group_alive(proc.pid) == []
+    runs = pd.read_csv(out / "runs.csv")
+    assert (runs["status"] == "interrupted").sum() >= 1, runs
+    assert len(list(out.glob("runs/*/checkpoint.pt"))) >= 1  # the runs can resume

@@ -15,13 +15,14 @@ import importlib
 import os
 import signal
 import sys
+import threading
 from typing import Any, NoReturn
 
 import click
 
 from ..storage import StorageError
 
-__all__ = ["COMMANDS", "exit_interrupted", "main"]
+__all__ = ["COMMANDS", "Terminated", "exit_interrupted", "interrupted_status", "main"]
 
 #: command name -> ("module:attribute", one-line help shown by ``shrinkgrad --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -118,18 +119,61 @@ _NO_ARGS_IS_HELP: tuple[type[click.exceptions.UsageError], ...] = tuple(
 )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to a command (``kill``, ``timeout``, a job scheduler's stop), raised where the
+    command is as a KeyboardInterrupt: every command then saves what a Ctrl-C saves (finished
+    runs, checkpoints, its worker processes stopped) and exits with 143 instead of 130. Before,
+    SIGTERM ended the command at once and left ``train``'s ranks running on, unlocked."""
+
+
+#: whether this process has received SIGTERM (the exit status of an interrupted command)
+_TERMINATED = [False]
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _TERMINATED[0] = True
+    raise Terminated
+
+
+def _default_sigterm_in_child() -> None:
+    """A process forked by a command (a rank, a parameter-server process) keeps SIGTERM's
+    default action: its parent stops it with SIGTERM."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
+def interrupted_status() -> int:
+    """The exit status of an interrupted command: 143 after SIGTERM, 130 after Ctrl-C."""
+    return 143 if _TERMINATED[0] else 130
+
+
 def exit_interrupted(word: str) -> NoReturn:
-    """Print ``word`` and exit with status 130 after Ctrl-C; a further Ctrl-C while exiting is
-    ignored (it would otherwise end the process by SIGINT, not with the status). Commands that
-    catch the interruption themselves call it with their own message (``train``)."""
+    """Print ``word`` and exit with status 130 after Ctrl-C (143 after SIGTERM); a further
+    Ctrl-C while exiting is ignored (it would otherwise end the process by SIGINT, not with the
+    status). Commands that catch the interruption themselves call it with their own message
+    (``train``)."""
     with contextlib.suppress(ValueError):  # not the main thread: nothing to protect
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     click.echo(word, err=True)
-    sys.exit(130)
+    sys.exit(interrupted_status())
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Entry point of the ``shrinkgrad`` console script."""
+    """Entry point of the ``shrinkgrad`` console script. SIGTERM is an interruption, as Ctrl-C
+    is (:class:`Terminated`), while the command runs."""
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)  # only the main thread sets handlers: SIGTERM stays as it is
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> Any:
     try:
         return cli.main(args=argv, prog_name="shrinkgrad", standalone_mode=False)
     except click.exceptions.Abort:

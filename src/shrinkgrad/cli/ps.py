@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from . import interrupted_status
+
 if TYPE_CHECKING:
     from ..distributed.ps import PSConfig
 
@@ -244,4 +246,4 @@ def ps_cmd(
     if result.status == "workers_lost":
         raise SystemExit(1)
     if result.status == "interrupted":
-        raise SystemExit(130)  # what an interrupted command returns, after saving
+        raise SystemExit(interrupted_status())  # 130 (143 after SIGTERM), after saving

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from . import interrupted_status
 from .options import format_option, jobs_option, out_option, profile_option, set_option
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def reproduce_cmd(
         )
         if result.outcome.interrupted:
             click.echo(interrupted_message(result, names[names.index(n) + 1 :]), err=True)
-            sys.exit(130)
+            sys.exit(interrupted_status())
         print_claims(result)
         failed |= not result.passed or not result.outcome.complete
     if strict and failed:

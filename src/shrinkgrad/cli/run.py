@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from . import interrupted_status
 from .options import (
     format_option,
     jobs_option,
@@ -129,7 +130,7 @@ def report(result: ExperimentResult) -> None:
             "command again to resume",
             err=True,
         )
-        sys.exit(130)
+        sys.exit(interrupted_status())
     if result.failed:
         sys.exit(1)
 

@@ -199,18 +199,25 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+#: the signals the launcher holds while it forks: Ctrl-C, and SIGTERM, which the command line
+#: turns into the same interruption (shrinkgrad.cli.Terminated)
+_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _hold_sigint() -> set[int | signal.Signals] | None:
-    """Block SIGINT in this thread (a signal that comes meanwhile stays pending); returns the
-    mask to restore, or None where signals cannot be blocked (not the main thread)."""
+    """Block SIGINT and SIGTERM in this thread (a signal that comes meanwhile stays pending);
+    returns the mask to restore, or None where signals cannot be blocked (not the main
+    thread)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
 
 
 def _release_sigint() -> None:
-    """In a child: take SIGINT again (the launcher held it while forking) now that the child's
-    own disposition is set; a Ctrl-C that came meanwhile is delivered to it now."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    """In a child: take SIGINT and SIGTERM again (the launcher held them while forking) now
+    that the child's own dispositions are set; a Ctrl-C that came meanwhile is delivered to it
+    now."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_SIGNALS)
 
 
 def _child(

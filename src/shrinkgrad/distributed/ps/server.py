@@ -363,7 +363,7 @@ class _Server:
     def poll_interrupt(self) -> None:
         """Stop (status ``interrupted``) once a SIGINT (Ctrl-C) has set ``interrupt``."""
         if self.interrupt is not None and self.interrupt.is_set():
-            self.stop("interrupted", f"interrupted (Ctrl-C) after {self.t} updates")
+            self.stop("interrupted", f"interrupted (Ctrl-C or SIGTERM) after {self.t} updates")
 
     def decode(self, a: Arrival) -> torch.Tensor | None:
         """The vector (1, d) the message carries (the method's compressed vector), checked."""
