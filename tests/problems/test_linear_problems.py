@@ -447,6 +447,35 @@ def test_the_regularizer_kernel_has_the_torch_gradient_bits_and_an_in_order_valu
     torch.testing.assert_close(f_numba, f_torch, rtol=tol, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_nonconvex_regularizer_is_finite_where_x_squared_overflows(dtype: torch.dtype) -> None:
+    """ψ = λ Σ x_j²/(1 + x_j²) is bounded by λd: an entry whose x_j² overflows (|x_j| > 1.3e154,
+    1.8e19 in float32) adds its limit 1 in all three implementations (numba kernel, torch, the
+    float64 value), not inf/inf = NaN, so a large but finite iterate has a finite loss."""
+    from shrinkgrad.problems import _kernels as PK
+    from shrinkgrad.problems.linear import _reg_value_np
+
+    lam = 0.37
+    big = 1e160 if dtype == torch.float64 else 1e20
+    small = torch.tensor([0.0, 1.0, -3.0, 0.5], dtype=dtype)
+    x = torch.cat([small, torch.tensor([big, -big], dtype=dtype)])
+    assert torch.isfinite(small * small).all() and torch.isinf(x[4:] * x[4:]).all()
+    want = sum(v * v / (1 + v * v) for v in (0.0, 1.0, -3.0, 0.5)) + 2.0  # two limits of 1
+    value = np.empty(1, dtype=x.numpy().dtype)
+    PK.regularizer(True, lam, x.numpy(), np.empty_like(x.numpy()), value)
+    tol = 1e-15 if dtype == torch.float64 else 1e-6
+    assert value[0] == pytest.approx(lam * want, rel=tol)
+    assert _reg_value_np("nonconvex", x.numpy()) == pytest.approx(want, rel=tol)
+    p = _build("logistic", "nonconvex", lam, "sparse", dtype=str(dtype).split(".")[1])
+    assert float(p._reg_value(x)) == pytest.approx(lam * want, rel=tol)
+    y = torch.zeros(p.d, dtype=dtype)
+    y[0] = big
+    for backend in ("numba", "torch"):
+        p.backend = backend
+        assert torch.isfinite(p.client_losses(y)).all(), backend
+    assert np.isfinite(p.loss(y))
+
+
 def test_the_loss_polynomial_is_within_a_few_ulps_of_logaddexp() -> None:
     """The fused pass's logistic loss φ = log(1 + exp(t)) from e = exp(−t) (a vectorised
     series with FMAs, no libm log) against numpy's logaddexp(0, t), relative to the value, for

@@ -200,7 +200,7 @@ def client_losses(logistic, z, y, e, offsets, inv_m, buf, out):  # type: ignore[
 def regularizer(nonconvex, lam, x, grad, value):  # type: ignore[no-untyped-def]  # pragma: no cover
     """ψ's gradient into ``grad`` and, when ``value`` has one entry, ψ(x) into it, in one pass
     over x (d entries): ψ = λ Σ_j x_j²/(1 + x_j²) ([EF21] §5's nonconvex regularizer) or
-    λ/2 ‖x‖² (l2).
+    λ/2 ‖x‖² (l2). A term whose x_j² overflows is 1 (its limit), not inf/inf = NaN.
 
     The gradient has the bits of the torch expressions it replaces, entry by entry in x's
     dtype: ``(2λ)·x / (1 + x·x)²`` (torch squares by one product) and ``λ·x``. The value sums
@@ -219,7 +219,8 @@ def regularizer(nonconvex, lam, x, grad, value):  # type: ignore[no-untyped-def]
             sq = xq * xq
             t = one + sq
             grad[q] = (c * xq) / (t * t)
-            acc += float(sq / t)
+            # x_j² overflows (|x_j| > 1.3e154, 1.8e19 in float32): its term is 1, not inf/inf
+            acc += 1.0 if sq == np.inf else float(sq / t)
         scale = dt(lam)
     else:
         c = dt(lam)

@@ -381,7 +381,9 @@ class LinearModelProblem(Problem):
 
     def _reg_value(self, x: torch.Tensor) -> torch.Tensor:
         if self.reg == "nonconvex":
-            return self.lam * (x * x / (1.0 + x * x)).sum(-1)
+            sq = x * x
+            # a term whose x_j² overflows is 1 (its limit), not inf/inf = NaN
+            return self.lam * torch.where(sq == torch.inf, 1.0, sq / (1.0 + sq)).sum(-1)
         return 0.5 * self.lam * (x * x).sum(-1)
 
     def _reg_numba(self, xn: np.ndarray, value: bool) -> tuple[np.ndarray, float]:
@@ -924,7 +926,9 @@ def _dphi_torch(loss: str, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _reg_value_np(reg: str, x: np.ndarray) -> float:
     if reg == "nonconvex":
-        return float(np.sum(x * x / (1.0 + x * x)))
+        with np.errstate(over="ignore", invalid="ignore"):  # x_j² overflows: that term is 1
+            sq = x * x
+            return float(np.sum(np.where(sq == np.inf, 1.0, sq / (1.0 + sq))))
     return 0.5 * float(x @ x)
 
 
