@@ -189,9 +189,16 @@ def test_contractive_methods_reject_unscaled_unbiased_compressors(lsq: LeastSqua
 
 
 def test_unbiased_methods_reject_biased_compressors(lsq: LeastSquares) -> None:
+    import re
+
+    from shrinkgrad.methods.base import methods_for
+
     for spec in ("dcgd", "delayed_dcgd[tau=2]", "iag"):
-        with pytest.raises(ValueError, match=r"needs an unbiased compressor.*top_k\[k=1\]"):
+        with pytest.raises(ValueError, match=r"needs an unbiased compressor.*top_k\[k=1\]") as e:
             make_method(spec).bind(lsq, "top_k[k=1]", 0.1)
+        # the method it suggests runs wherever dcgd and iag do (the parameter server included)
+        suggested = re.search(r"or run (\w+) with", str(e.value))
+        assert suggested is not None and suggested[1] in methods_for("ps")
     with pytest.raises(ValueError, match="uncompressed"):
         make_method("gd").bind(lsq, "top_k[k=1]", 0.1)
 

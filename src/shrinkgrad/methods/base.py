@@ -841,7 +841,7 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
                     f"{name} needs an unbiased compressor (E[Q(x)] = x, [K18] Def. 1); "
                     f"{C.name} is contractive (biased), which would bias every step. Use an "
                     "unbiased one such as rand_k[k=...], qsgd[s=...] or identity, or run "
-                    f"ef21 / ef with {C.name}"
+                    f"ef21 with {C.name} (or ef, except on a parameter server)"
                 )
             omega = float(C.omega(d))
             return 1.0 / (1.0 + omega), omega
