@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from methods_fixtures import LeastSquares, PowerOfTwo, rand_k, run, trajectory
@@ -151,3 +153,39 @@ def test_sgd_with_exact_estimators_is_ef21(lsq: LeastSquares, weighted: bool) ->
     # and with real minibatches it differs
     _, c = run("ef21_w_sgd[b=2]" if weighted else "ef21_sgd[b=2]", lsq, C, 0.01, ROUNDS)
     assert not torch.allclose(sa.x, c[-1].x)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", ["dcgd", "diana"])
+def test_a_shared_seed_draw_is_one_draw_for_every_client(lsq: LeastSquares, method: str) -> None:
+    """rand_k[shared_seed=true]: every client keeps the same k coordinates in a round (as the
+    DDP hook's ranks do, whose all-reduce of the k values needs it), so DCGD's aggregate
+    (1/n) Σ_i C(∇f_i) = C(∇f) moves x on k coordinates only, by exactly −γ(d/k)∂_j f; without
+    the shared seed the clients' draws are independent (more than k coordinates move). The
+    theory steps then take the n = 1 instance of their ω/n terms (one draw), and say so."""
+    from shrinkgrad import theory
+    from shrinkgrad.methods.base import SHARED_DRAW
+
+    k, gamma = 2, 0.01
+    _, states = run(method, lsq, "rand_k[k=2,shared_seed=true]", gamma, 8)
+    for s, nxt in itertools.pairwise(states if method == "dcgd" else []):
+        step = nxt.x - s.x  # type: ignore[attr-defined]
+        moved = step.nonzero().flatten()
+        assert 0 < moved.numel() <= k
+        want = -gamma * (lsq.d / k) * lsq.grad(s.x)[moved]  # type: ignore[attr-defined]
+        torch.testing.assert_close(step[moved], want, rtol=1e-12, atol=0)
+    _, independent = run("dcgd", lsq, "rand_k[k=2]", gamma, 8)
+    assert max(int((b.x - a.x).count_nonzero()) for a, b in itertools.pairwise(independent)) > k
+    # theory: ω/n → ω (one draw); the rule records it
+    shared = make_method(method).bind(lsq, "rand_k[k=2,shared_seed=true]", "theory").cfg
+    plain = make_method(method).bind(lsq, "rand_k[k=2]", "theory").cfg
+    assert shared.n_draws == 1 and plain.n_draws == lsq.n
+    omega = lsq.d / k - 1
+    L, L_i = lsq.L, lsq.L_i
+    if method == "dcgd":
+        assert shared.stepsize == theory.stepsize_dcgd(L, float(L_i.max()), omega, 1)
+        assert plain.stepsize == theory.stepsize_dcgd(L, float(L_i.max()), omega, lsq.n)
+    else:
+        q = float(torch.sqrt((L_i**2).mean()))
+        assert shared.stepsize == pytest.approx(theory.stepsize_diana(L, q, omega, 1), rel=1e-12)
+    assert shared.stepsize < plain.stepsize
+    assert shared.stepsize_rule.endswith(SHARED_DRAW) and SHARED_DRAW not in plain.stepsize_rule

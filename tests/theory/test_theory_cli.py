@@ -44,6 +44,17 @@ def test_theory_json_matches_the_api(capsys: pytest.CaptureFixture[str]) -> None
     assert steps["unbiased_single (strict <)"] == pytest.approx(2 / (p.L * 7))
     assert steps["diana"] == T.stepsize_diana(p.L, p.L_QM, 6.0, 10)
     assert steps["ef21_plus"] == T.stepsize_ef21(p.L, p.L_QM, alpha)
+    # a shared seed is one draw for every client: the ω/n terms take n = 1, and say so
+    code, out, _ = run_cli(
+        capsys, "theory", "--dataset", "australian_scale", "--clients", "10", "--split",
+        "shuffled[seed=1]", "--compressor", "rand_k[k=2,shared_seed=true]", "--reg", "l2",
+        "--json",
+    )  # fmt: skip
+    shared = {r["rule"]: r for r in json.loads(out)["stepsizes"]}
+    assert shared["dcgd"]["stepsize"] == pytest.approx(T.stepsize_dcgd(p.L, p.L_max, 6.0, 1))
+    assert shared["diana"]["stepsize"] == T.stepsize_diana(p.L, p.L_QM, 6.0, 1)
+    assert "n = 1" in shared["dcgd"]["note"] and "n = 1" in shared["diana"]["note"]
+    assert shared["ef21"]["stepsize"] == steps["ef21"]  # EF21's bound has no ω/n term
 
 
 def test_theory_user_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -163,15 +163,25 @@ def theory_report(
             "descent lemma",
             "D",
         )
+        # a shared-seed C draws the same coordinates for every client: the ω/n terms take n = 1
+        shared = bool(getattr(compressor, "shared_seed", False))
+        draws = 1 if shared else n
+        one = "; one shared draw: n = 1" if shared else ""
         add(
             "diana",
-            T.stepsize_diana(L, Q, omega, n),
+            T.stepsize_diana(L, Q, omega, draws),
             "derived; [DIANA], [HKMSR]",
             "D",
-            f"α = 1/(1+ω) = {1.0 / (1.0 + omega):.4g}",
+            f"α = 1/(1+ω) = {1.0 / (1.0 + omega):.4g}{one}",
         )
         if getattr(problem, "convex", None):
-            add("dcgd", T.stepsize_dcgd(L, problem.L_max, omega, n), "derived", "D", "convex f_i")
+            add(
+                "dcgd",
+                T.stepsize_dcgd(L, problem.L_max, omega, draws),
+                "derived",
+                "D",
+                "convex f_i" + one,
+            )
 
     pred: list[dict[str, Any]] = []
     report = {

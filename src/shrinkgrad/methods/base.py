@@ -344,6 +344,10 @@ class GradientOracle(Protocol):
 # --------------------------------------------------------------------------------------------
 # Configuration of a bound method
 # --------------------------------------------------------------------------------------------
+#: what a theory rule records when every client draws the same coordinates (Config.n_draws)
+SHARED_DRAW = "(one shared draw: n = 1)"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Config:
     """Everything fixed for a run: sizes, compressor and its constant, step size, seed, dtypes.
@@ -396,9 +400,30 @@ class Config:
     def d(self) -> int:
         return self.constants.d
 
+    @property
+    def shared_draw(self) -> bool:
+        """Whether every client draws the same coordinates in a round: a shared-seed compressor
+        (``rand_k[shared_seed=true]``, also under ``scaled``). Its ``"compressor"`` keys are
+        then one key per round for all clients, as the DDP hook's are, so the messages are
+        summable (an all-reduce of k values) and (1/n) Σ_i C(x_i) = C((1/n) Σ_i x_i)."""
+        return bool(getattr(self.compressor, "shared_seed", False))
+
+    @property
+    def n_draws(self) -> int:
+        """The n of the ω/n variance terms of the unbiased-compressor theory (DCGD and the rules
+        built on it, DIANA): the number of independent compressor draws per round. It is n,
+        or 1 with a shared draw (:attr:`shared_draw`): then E‖(1/n) Σ_i C(x_i) − x̄‖² =
+        ω‖x̄‖² ≤ (ω/n) Σ_i ‖x_i‖², the n = 1 instance of the bounds, not (ω/n²) Σ_i ‖x_i‖²."""
+        return 1 if self.shared_draw else self.n
+
     def keys(self, stream: str, ids: torch.Tensor, round: int) -> Keys:
-        """Keys of the clients ``ids`` in ``stream`` at ``round`` (KeyStreams are cached)."""
+        """Keys of the clients ``ids`` in ``stream`` at ``round`` (KeyStreams are cached).
+
+        The ``"compressor"`` keys of a shared draw (:attr:`shared_draw`) are those of one
+        stream, ``"compressor/shared"``, the same for every client."""
         ids_np = ids.detach().cpu().numpy()
+        if stream == "compressor" and self.shared_draw:
+            ids_np, stream = np.zeros_like(ids_np), "compressor/shared"
         tag = (stream, ids_np.tobytes())
         ks = self._streams.get(tag)
         if ks is None:

@@ -23,7 +23,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from .base import METHODS, Config, GradientOracle, Message, Method, Runtime
+from .base import METHODS, SHARED_DRAW, Config, GradientOracle, Message, Method, Runtime
 from .stepsize import theory_function
 
 __all__ = ["DIANA", "DianaClients", "DianaServer"]
@@ -112,8 +112,10 @@ class DIANA(Method[DianaServer, DianaClients]):
         c = cfg.constants
         L = c.smoothness()[0]
         omega = 0.0 if cfg.omega is None else cfg.omega
-        gamma = theory_function("stepsize_diana")(L, c.L_QM, omega, c.n, self.shift_stepsize(cfg))
-        return float(gamma), "stepsize_diana"
+        gamma = theory_function("stepsize_diana")(
+            L, c.L_QM, omega, cfg.n_draws, self.shift_stepsize(cfg)
+        )
+        return float(gamma), "stepsize_diana" + (SHARED_DRAW if cfg.shared_draw else "")
 
     # -- the parts ----------------------------------------------------------------------------
     def init_clients(

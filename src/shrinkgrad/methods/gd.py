@@ -12,7 +12,17 @@ from typing import NamedTuple
 import torch
 
 from ..compressors import Compressor
-from .base import METHODS, ClientT, Config, GradientOracle, Message, Method, Runtime, ServerT
+from .base import (
+    METHODS,
+    SHARED_DRAW,
+    ClientT,
+    Config,
+    GradientOracle,
+    Message,
+    Method,
+    Runtime,
+    ServerT,
+)
 from .stepsize import theory_function
 
 __all__ = ["DCGD", "GD", "DelayRule", "Group", "XState", "dcgd_theory"]
@@ -37,7 +47,10 @@ NOT_KNOWN_CONVEX = "(f_i not known to be convex: outside its theorem unless they
 
 
 def dcgd_theory(cfg: Config) -> tuple[float, str]:
-    """γ = 1/(L + 2ω L_max/n) (:func:`shrinkgrad.theory.stepsize_dcgd`; 1/L for ω = 0).
+    """γ = 1/(L + 2ω L_max/n) (:func:`shrinkgrad.theory.stepsize_dcgd`; 1/L for ω = 0), with n
+    the independent draws per round (:attr:`Config.n_draws`: 1 for a shared-seed compressor,
+    whose aggregate (1/n) Σ_i C(∇f_i) = C(∇f) is the one-client DCGD; the rule then records
+    :data:`SHARED_DRAW`).
 
     The rule is proved for convex f_i (methods.md §4). On a problem that says its f_i are not
     convex (``problem.convex`` False: the nonconvex regularizer) the step is still this value,
@@ -48,9 +61,10 @@ def dcgd_theory(cfg: Config) -> tuple[float, str]:
     c = cfg.constants
     L, L_i = c.smoothness()
     omega = 0.0 if cfg.omega is None else cfg.omega
-    gamma = theory_function("stepsize_dcgd")(L, float(L_i.max()), omega, c.n)
+    gamma = theory_function("stepsize_dcgd")(L, float(L_i.max()), omega, cfg.n_draws)
+    rule = "stepsize_dcgd" + (SHARED_DRAW if cfg.shared_draw else "")
     if c.convex is True:
-        return float(gamma), "stepsize_dcgd"
+        return float(gamma), rule
     if c.convex is False:
         why, fix, note = "are not (its regularizer is nonconvex)", "or reg=l2, ", NOT_CONVEX
     else:
@@ -62,7 +76,7 @@ def dcgd_theory(cfg: Config) -> tuple[float, str]:
         UserWarning,
         stacklevel=2,
     )
-    return float(gamma), "stepsize_dcgd" + note
+    return float(gamma), rule + note
 
 
 class DelayRule(Method[ServerT, ClientT]):

@@ -118,7 +118,7 @@ def _dcgd_rounds(bound: Any, problem: Any, eps: float, G0: float) -> int:
         L=float(L),
         L_max=float(L_i.max()),
         omega=float(cfg.omega),
-        n=int(cfg.constants.n),
+        n=cfg.n_draws,  # 1 for a shared-seed compressor: one draw for every client
     )
 
 
