@@ -415,7 +415,7 @@ class NaturalCompression(Compressor):
     kind = "unbiased"
     collective = "allgather"
     positively_homogeneous = False
-    constant_formula = "ω = 1/8"
+    constant_formula = "ω = 1/8 for normal inputs (more for subnormal x_j, below 2^-126)"
     bits_formula = "9·d (sign + 8-bit exponent; 12·d for float64)"
 
     def omega(self, d: int) -> float:
