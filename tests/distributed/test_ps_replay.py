@@ -147,6 +147,7 @@ def test_a_killed_server_resumes_from_its_snapshot_and_replays_exactly(
     assert res.exit_codes == {"server": 0, "worker0": 0, "worker1": 0, "worker2": 0}
     assert res.staleness["update"].tolist() == list(range(1, 71))  # every update once
     assert res.staleness_max <= 4
+    assert res.staleness["delay"].max() <= 2 * 4  # across the restart too (the jobs' deadlines)
     assert res.table["time_s"].is_monotonic_increasing
     _same_run(res, _replay(three, tmp_path, cfg, res.updates))
     with pytest.raises(ValueError, match="already has 70 updates"):

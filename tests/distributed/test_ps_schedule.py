@@ -25,11 +25,17 @@ def run_events(
     updates: int,
     seed: int,
     deaths: dict[int, int] | None = None,
+    restart_at: int | None = None,
+    keep_deadlines: bool = True,
 ) -> dict[str, list[int]]:
     """Simulate the server loop; return per-update staleness, IAG delay, worker and arrivals.
 
     Worker w needs ``speeds[w] × U(0.5, 1.5)`` time units per gradient; ``deaths`` maps a worker
     to the update after which it dies (its job vanishes, as when the server loses it).
+    ``restart_at``: after that update every worker restarts (a resumed run: held messages are
+    lost, every worker recomputes on the current model, the IAG table stays), each new job
+    keeping the deadline of the job it replaces (``gate.restarted``) unless ``keep_deadlines``
+    is False (the server before stop 34).
     """
     rng = np.random.default_rng(seed)
     W = len(speeds)
@@ -41,11 +47,23 @@ def run_events(
     clock = 0.0
     t = 0
     out: dict[str, list[int]] = {"staleness": [], "delay": [], "worker": [], "arrivals": []}
+    model = dict.fromkeys(range(W), 0)  # the model version each worker computes on
     while t < updates:
+        if restart_at is not None and t == restart_at:
+            restart_at = None
+            for j in gate.live:
+                old = gate.version[j]
+                gate.sent(j, t)  # drops a held message: it is recomputed
+                model[j] = t
+                if keep_deadlines:
+                    gate.restarted(j, old)
+            heap = [(clock + speeds[j] * rng.uniform(0.5, 1.5), j) for j in gate.live]
+            heapq.heapify(heap)
         w = gate.next(t)
         if w is not None:
-            out["staleness"].append(gate.staleness(w, t))
-            entry[w] = gate.version[w]
+            out["staleness"].append(t - model[w])
+            assert gate.staleness(w, t) <= (tau_max if tau_max is not None else t)
+            entry[w] = model[w]
             out["delay"].append(t - min(entry[j] for j in gate.live))
             out["worker"].append(w)
             t += 1
@@ -57,6 +75,7 @@ def run_events(
                     heapq.heapify(heap)
             if w in gate.version:
                 gate.sent(w, t)
+                model[w] = t
                 heapq.heappush(heap, (clock + speeds[w] * rng.uniform(0.5, 1.5), w))
             continue
         assert heap, f"deadlock at t={t}: every live worker is held and nothing can be applied"
@@ -79,6 +98,42 @@ def test_bounded_staleness_never_exceeds_tau_max_and_never_deadlocks(
     assert len(out["staleness"]) == 200  # no deadlock
     assert max(out["staleness"]) <= tau_max
     assert max(out["delay"]) <= 2 * tau_max  # the IAG bound the theory step uses
+
+
+@given(
+    speeds=st.lists(st.floats(0.1, 10.0), min_size=1, max_size=6),
+    extra=st.integers(0, 6),
+    seed=st.integers(0, 2**31 - 1),
+    when=st.integers(1, 150),
+)
+def test_a_restart_keeps_staleness_and_the_iag_delay_bound(
+    speeds: list[float], extra: int, seed: int, when: int
+) -> None:
+    """A resumed run (every worker restarts on the current model, held messages lost) whose
+    new jobs keep the deadlines of the jobs they replace keeps both bounds and never
+    deadlocks."""
+    tau_max = len(speeds) - 1 + extra
+    out = run_events(speeds, tau_max, updates=200, seed=seed, restart_at=when)
+    assert len(out["staleness"]) == 200
+    assert max(out["staleness"]) <= tau_max
+    assert max(out["delay"]) <= 2 * tau_max
+
+
+def test_a_restart_that_forgets_the_deadlines_breaks_the_iag_delay_bound() -> None:
+    """The schedule a user hit (issue found in stop 34's docs audit: --tau-max 6, speeds
+    1,1,1,5, kill -9 and --resume gave an IAG delay of 18): with the restarted jobs' deadlines
+    taken from the resume version, the slow worker's old table entry ages past 2·tau_max while
+    it recomputes; keeping the deadlines holds the bound on the same schedule."""
+    speeds, tau = [1.0, 1.0, 1.0, 5.0], 6
+    worst = {
+        keep: max(
+            max(run_events(speeds, tau, 300, seed, restart_at=at, keep_deadlines=keep)["delay"])
+            for seed in range(4)
+            for at in (100, 137, 150)
+        )
+        for keep in (False, True)
+    }
+    assert worst[False] > 2 * tau >= worst[True]
 
 
 @given(

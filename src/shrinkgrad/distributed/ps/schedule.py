@@ -63,6 +63,16 @@ class StalenessGate:
         self.held[worker] = self._seq
         self._seq += 1
 
+    def restarted(self, worker: int, version: int) -> None:
+        """``worker`` restarted on a newer model (a resumed run): its new job keeps the
+        deadline of the job it replaces, of ``version`` (the snapshot's). The IAG's delay
+        bound 2·τ_max rests on the deadlines: a worker's table entry is at most τ_max older
+        than its job, so a restart whose job took the resume version as its deadline let the
+        entry age up to 3·τ_max (the fast workers went on while the slow one recomputed)."""
+        if worker not in self.version:
+            raise KeyError(f"worker {worker} is not live")
+        self.version[worker] = min(self.version[worker], int(version))
+
     def lost(self, worker: int) -> None:
         """``worker`` is gone: forget its job."""
         self.version.pop(worker, None)

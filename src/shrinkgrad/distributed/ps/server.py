@@ -257,6 +257,7 @@ class _Server:
         self.down = torch.zeros(W, dtype=torch.float64)
         self.counters = [0] * W  # last applied message counter of every worker
         self.entry_version = [0] * W  # version of every worker's last applied message
+        self.applied: set[int] = set()  # the workers of the last update (not sent a model yet)
         self.pending_forget: set[int] = set()
         self.init_wait: set[int] = set()
         self.init_sent: dict[int, torch.Tensor | None] = {}
@@ -458,6 +459,7 @@ class _Server:
         self.srv = server_update(self.inner, self.cfg, self.srv, ids, sent, forget)
         old = self.t
         self.t, self.x = self.srv.update, self.srv.state.x
+        self.applied = {a.worker for a in got}  # their next job is of version self.t
         for a in got:
             self.account(a)
             self.counters[a.worker] = a.counter
@@ -570,10 +572,20 @@ class _Server:
         self.event(
             EVENT_RESUMED, None, self.note or f"resumed from the snapshot at update {self.t}"
         )
+        jobs = snap.get("job_version", {})  # (absent from snapshots before stop 34)
         for w in sorted(self.live):
             ids = torch.tensor([w], dtype=torch.int64)
             clients = self.inner.async_clients(self.cfg, self.srv.memory, ids)
-            self.send_to(w, RESUME, state=dump_clients(clients))
+            sent = self.send_to(w, RESUME, state=dump_clients(clients))
+            if sent and w in jobs and self.config.mode == "async" and w in self.gate.version:
+                self.gate.restarted(w, jobs[w])  # the deadline of the job it replaces
+
+    def job_versions(self) -> dict[int, int]:
+        """Every live worker's job version (the staleness gate's): the model it computes on,
+        or self.t for a worker of the last update, whose new model is being sent."""
+        return {
+            w: (self.t if w in self.applied else v) for w, v in sorted(self.gate.version.items())
+        }
 
     def save_checkpoint(self) -> None:
         if self.ckpt is None or self.srv is None:
@@ -585,6 +597,7 @@ class _Server:
                 "server": self.srv,
                 "counters": list(self.counters),
                 "entry_version": list(self.entry_version),
+                "job_version": self.job_versions(),
                 "up": self.up.clone(),
                 "up_paper": self.up_paper.clone(),
                 "down": self.down.clone(),
