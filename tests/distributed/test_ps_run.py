@@ -7,6 +7,7 @@ reductions), gives every process group a timeout, and is itself bounded by pytes
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 import time
@@ -402,15 +403,32 @@ def test_a_directory_in_use_by_a_live_run_is_refused(
 
 
 def test_a_run_whose_metrics_turn_non_finite_reports_what_the_server_did(two: object) -> None:
-    """γ = 1e300 keeps x finite (|x| ≈ 1e300) while f and ∇f overflow: the table stops at the
-    last finite row, but the summary counts the updates the server applied (the update log)
-    and does not pass the last finite ‖∇f‖² off as the run's last."""
-    res = run_ps(_base(2, stepsize=1e300, updates=30, log_every=5), problem=two)
+    """γ = 1e307 keeps x finite (|x| ≈ 1e307) while f overflows (the sum of the samples'
+    losses): the table stops at the last finite row, but the summary counts the updates the
+    server applied (the update log) and does not pass the last finite ‖∇f‖² off as the run's
+    last."""
+    res = run_ps(_base(2, stepsize=1e307, updates=30, log_every=5), problem=two)
     assert res.status == "diverged" and res.message.startswith("non-finite metrics at update")
     assert len(res.staleness) == 30 and res.updates == 30
     assert int(res.table["round"].iloc[-1]) < 30
     s = res.summary()
     assert s["updates"] == 30 and s["grad_norm_sq_last"] is None and s["method"]
+
+
+def test_a_run_whose_loss_explodes_with_finite_metrics_is_diverged(two: object) -> None:
+    """The simulator's divergence rule (sim.options.Divergence), not only ‖∇f‖²: with the
+    bounded nonconvex regularizer, γ = 1e300 leaves f and ∇f finite (f ≈ 1e299, ∇f saturated),
+    and the run is diverged by the loss test at its first snapshot after round 0, the table
+    ending at that row as the simulator's does. It used to report completed."""
+    from shrinkgrad.sim.options import Divergence, DivergenceReference
+
+    res = run_ps(_base(2, stepsize=1e300, updates=30, log_every=5), problem=two)
+    assert res.status == "diverged" and "the loss grew from" in res.message
+    rows = res.table
+    assert rows["round"].tolist() == [0, 5] and rows["loss"].map(math.isfinite).all()
+    ref = DivergenceReference(rows["grad_norm_sq"][0], rows["loss"][0], 0.0)
+    assert Divergence().verdict(ref, rows["grad_norm_sq"][1], rows["loss"][1]) is not None
+    assert res.message.endswith("at update 5") and res.updates == 30
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])

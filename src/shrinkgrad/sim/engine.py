@@ -553,13 +553,13 @@ def setup_run(
         meta=meta,
         fingerprint=fingerprint,
         held_out=held_out,
-        f_lower=_lower_bound(prob),
-        x_star=_minimiser(prob, cfg.dtype, cfg.device),
+        f_lower=lower_bound(prob),
+        x_star=known_minimiser(prob, cfg.dtype, cfg.device),
         clock=clock,
     )
 
 
-def _lower_bound(problem: Problem) -> float | None:
+def lower_bound(problem: Problem) -> float | None:
     """The certified lower bound f_lower (else f_star) of ``problem``, or None.
 
     A problem that computes f* on first use (``lazy_solution``) tightens f_lower when that
@@ -576,7 +576,9 @@ def _lower_bound(problem: Problem) -> float | None:
     return None
 
 
-def _minimiser(problem: Problem, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+def known_minimiser(
+    problem: Problem, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
     """x* when the problem knows it without solving anything (``lazy_solution`` problems compute
     it on first use: their loss test covers the iterate's growth), else None."""
     if getattr(problem, "lazy_solution", False):

@@ -149,8 +149,10 @@ class PSConfig:
         rendezvous waits at most this long.
     divergence_factor:
         stop (status ``diverged``) when a decoded message's squared norm exceeds this factor
-        times the first one's, or when x stops being finite; the table is cut after the first
-        logged ‖∇f‖² above this factor times its initial value. ``None`` disables the factors.
+        times the first one's, or when x stops being finite; the table is cut at the first
+        snapshot that the simulator's divergence rule calls diverged
+        (:class:`~shrinkgrad.sim.options.Divergence` with this ``grad_factor``: ‖∇f‖², the
+        loss, the distance to x*). ``None`` disables the factors.
     snapshot_every, snapshot_seconds:
         with an output directory (``run_ps(..., out=DIR)``), the server snapshots its whole
         state there every ``snapshot_every`` updates or ``snapshot_seconds`` seconds, whichever

@@ -35,6 +35,8 @@ from ...methods.asynchronous import EVENT_RESUMED, TRACE_FILES
 from ...methods.base import UnknownConstantError
 from ...problems import Problem
 from ...sim import COLUMNS
+from ...sim.engine import known_minimiser, lower_bound
+from ...sim.options import Divergence, DivergenceReference
 from .config import PSConfig
 from .server import Plan, ServerLog
 
@@ -231,7 +233,12 @@ def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem)
     }
     rows: list[dict[str, Any]] = []
     status, message = log.status, log.message
-    gns0 = math.nan
+    # the simulator's divergence rule (sim.options.Divergence: ‖∇f‖² beyond divergence_factor ×
+    # its initial value, the loss beyond 100× its initial distance to the lower bound, ‖x − x*‖²
+    # beyond 1e8×), against the first snapshot's metrics
+    rule = Divergence.of(config.divergence_factor)
+    x_star = known_minimiser(problem, problem.dtype, torch.device("cpu"))
+    ref: DivergenceReference | None = None
     for update, time_s, x, up, paper, down in log.snapshots:
         x = x.to(problem.dtype)
         g = problem.grad(x)
@@ -252,18 +259,14 @@ def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem)
                 "tau_max": config.tau_max,
             }
         )
-        if math.isnan(gns0):
-            gns0 = gns
-        elif (
-            config.divergence_factor is not None
-            and gns0 > 0
-            and gns > config.divergence_factor * gns0
-        ):
-            status = "diverged"
-            message = (
-                f"grad_norm_sq {gns:.3g} > {config.divergence_factor:g} × its initial value at "
-                f"update {update}"
-            )
+        dist_sq = None if x_star is None else float(torch.sum((x.cpu() - x_star) ** 2))
+        if ref is None:
+            eps = float(torch.finfo(problem.dtype).eps)
+            ref = DivergenceReference(gns, loss, lower_bound(problem), dist_sq, eps)
+            continue
+        why = rule.verdict(ref, gns, loss, dist_sq)
+        if why is not None:
+            status, message = "diverged", f"{why}, at update {update}"
             break
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
     table = table.astype(
