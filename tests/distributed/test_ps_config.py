@@ -218,6 +218,33 @@ def test_model_message_round_trip(dtype: torch.dtype) -> None:
     assert tuple(float(t[0]) for t in got) == traffic
 
 
+@pytest.mark.parametrize("comp", ["rand_k[k=12,shared_seed=true]", "rand_k[k=12]", "qsgd[s=4]"])
+def test_the_server_decodes_the_vector_each_client_computed(comp: str) -> None:
+    """The payload's keys are the method's own (Config.keys): a shared-seed rand_k message
+    (its k values, no indices) decodes to the client's vector, whose coordinates every client
+    shares. Before stop 34 the wire re-derived per-client keys, and decoded another vector."""
+    from shrinkgrad.distributed.ps.wire import decode_payload, encode_payload
+    from shrinkgrad.methods import ProblemOracle, make_method
+    from shrinkgrad.methods.asynchronous import client_init, client_update
+
+    prob = make_problem("logistic_regression[dataset=a1a,n_clients=2]")
+    method = make_method("ef21[init=zero]")
+    cfg = method.bind(prob, f"scaled({comp})", 0.5, 3, wire_dtype=torch.float64).cfg
+    supports = []
+    for client in (0, 1):
+        ids = torch.tensor([client])
+        clients, _ = client_init(method, cfg, prob.x0(), ProblemOracle(prob), ids)
+        _, sent = client_update(method, cfg, prob.x0(), clients, ProblemOracle(prob), 1)
+        kind, payload = encode_payload(sent, cfg, client)
+        got = decode_payload(
+            kind, payload, cfg, client, sent.round, cfg.d, cfg.wire_dtype, cfg.dtype
+        )
+        assert got is not None and torch.equal(got, sent.vector)
+        supports.append(sent.vector[0].nonzero().flatten().tolist())
+    if "shared_seed" in comp:
+        assert supports[0] == supports[1]  # one draw for both clients
+
+
 # -- a worker's own data -------------------------------------------------------------------------
 @pytest.mark.parametrize("split", ["contiguous", "shuffled[seed=3]"])
 def test_a_worker_holds_its_clients_data_bit_for_bit(split: str) -> None:

@@ -372,8 +372,7 @@ class _Server:
         q = decode_payload(
             a.payload_kind,
             a.payload,
-            cfg.compressor,
-            cfg.seed,
+            cfg,
             a.worker,
             a.key,
             self.d,

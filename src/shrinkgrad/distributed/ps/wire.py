@@ -39,10 +39,9 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from ...compressors import Compressor
 from ...methods.asynchronous import Sent
-from ...methods.base import Traffic
-from ...rng import Keys, KeyStream
+from ...methods.base import Config, Traffic
+from ...rng import Keys
 
 __all__ = [
     "COMPRESSED",
@@ -146,26 +145,29 @@ def read_reply(header: torch.Tensor) -> tuple[int, int, int, int, int, int, Traf
     return kind, counter, version, nbytes, payload, key, Traffic(up, paper, down)
 
 
-def _key(C: Compressor, seed: int, client: int, round: int) -> Keys | None:
-    return None if C.deterministic else KeyStream(seed, [client]).at(round)[0]
+def _key(cfg: Config, client: int, round: int) -> Keys | None:
+    """The key of ``client``'s compressor draw at ``round``: the method's own
+    (``Config.keys``), so that a shared-seed draw is the one every client made."""
+    if cfg.compressor.deterministic:
+        return None
+    return cfg.keys("compressor", torch.tensor([client], dtype=torch.int64), round)[0]
 
 
-def encode_payload(sent: Sent, C: Compressor, seed: int, client: int) -> tuple[int, torch.Tensor]:
-    """(payload kind, bytes) of one client's :class:`Sent`."""
+def encode_payload(sent: Sent, cfg: Config, client: int) -> tuple[int, torch.Tensor]:
+    """(payload kind, bytes) of one client's :class:`Sent` (``cfg``: the bound method's)."""
     kind = _PAYLOAD[sent.kind]
     if sent.raw is None:
         return kind, torch.empty(0, dtype=torch.uint8)
     raw = sent.raw[0].contiguous()
     if kind == COMPRESSED:
-        return kind, C.encode(raw, _key(C, seed, client, sent.round))
+        return kind, cfg.compressor.encode(raw, _key(cfg, client, sent.round))
     return kind, raw.view(torch.uint8).clone()
 
 
 def decode_payload(
     kind: int,
     payload: torch.Tensor,
-    C: Compressor,
-    seed: int,
+    cfg: Config,
     client: int,
     key_round: int,
     d: int,
@@ -176,8 +178,7 @@ def decode_payload(
     if kind == NONE:
         return None
     if kind == COMPRESSED:
-        keys = _key(C, seed, client, key_round)
-        v = C.decode(payload, d, wire_dtype, keys)
+        v = cfg.compressor.decode(payload, d, wire_dtype, _key(cfg, client, key_round))
     elif kind == DENSE:
         v = payload.view(wire_dtype)
         if v.numel() != d:

@@ -138,7 +138,7 @@ def run_worker(
             raise _ServerLost(_short(e)) from None
 
     def reply(kind: int, version: int, sent: Sent) -> None:
-        payload_kind, payload = encode_payload(sent, cfg.compressor, cfg.seed, client)
+        payload_kind, payload = encode_payload(sent, cfg, client)
         traffic = tuple(float(t[0]) for t in sent.traffic)
         header = reply_header(
             kind,
