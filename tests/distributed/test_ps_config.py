@@ -199,6 +199,36 @@ def test_one_worker_with_tau_max_0_admits_its_own_theory_step() -> None:
     assert plan.inner.async_admissible(plan.cfg, bound, 3) == (bound, False)
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"method": "ef21_sgd[b=4]", "batch_size": 8, "stepsize": 0.1}, "draws its own minibatch"),
+        ({"method": "ef21", "mode": "sync", "batch_size": 8}, r"step assumes exact gradients"),
+        ({"method": "dcgd", "compressor": "rand_k[k=3]", "batch_size": 8}, "assumes exact"),
+        (
+            {"method": "ef21", "compressor": "power_sgd[rank=1,shared=true]", "stepsize": 0.1},
+            r"shared basis is one collective",
+        ),
+    ],
+)
+def test_what_a_parameter_server_cannot_run_as_the_simulator_does_is_refused(
+    options: dict[str, object], match: str
+) -> None:
+    """Three configurations that used to run as another algorithm than the simulator's, or
+    with a theory step of the wrong rule (stop 34's runtime audit), are one-line errors."""
+    a1a2 = make_problem("logistic_regression[dataset=a1a,n_clients=2]")
+    options = {"compressor": "top_k[k=3]", **options}
+    if options.get("mode") != "sync":
+        options["tau_max"] = 2
+    with pytest.raises(ValueError, match=match):
+        plan_run(PSConfig(problem=A1A, workers=2, **options), a1a2)  # type: ignore[arg-type]
+    # the same without the offending part runs
+    fine = {k: v for k, v in options.items() if k != "batch_size"}
+    if "shared" in str(fine["compressor"]):
+        fine["compressor"] = "power_sgd[rank=1]"
+    plan_run(PSConfig(problem=A1A, workers=2, **fine), a1a2)  # type: ignore[arg-type]
+
+
 # -- wire format ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_model_message_round_trip(dtype: torch.dtype) -> None:

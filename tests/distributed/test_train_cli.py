@@ -148,6 +148,20 @@ def test_train_is_validated_before_any_process_starts(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--nproc 6" in err[0] and "n=5 clients" in err[0]
     assert "--nproc <= 5" in err[0] and "resume" not in err[0] and not out.exists()
+    # PowerSGD's shared basis spans every client: on 2 ranks each would span its own (another
+    # algorithm than run's, stop 34's runtime audit); refused in one line
+    shared = tmp_path / "shared.toml"
+    shared.write_text(
+        CONFIG.replace('"top_k[k=3]"', '"power_sgd[rank=1,rows=3,shared=true]"').replace(
+            '["theory"]', "[0.5]"
+        ),
+        encoding="utf-8",
+    )
+    with pytest.raises(SystemExit) as info:
+        main(["train", str(shared), "--nproc", "2", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "shared basis" in err[0]
+    assert "--nproc 2" in err[0] and not out.exists()
 
 
 def test_a_resume_on_another_nproc_is_refused_and_env_json_is_written(

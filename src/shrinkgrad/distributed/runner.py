@@ -330,9 +330,23 @@ def run_distributed(
     if opts.checkpoint is not None:
         opts = opts.replace(checkpoint=Path(f"{os.fspath(opts.checkpoint)}.rank{rank}-of-{world}"))
     setup = setup_run(problem, method, compressor, stepsize, seed, x0, opts)
+    check_compressor_spans(setup.bound.cfg.compressor, world)
     fingerprint = dict(setup.fingerprint, world_size=world, rank=rank)
     setup = dataclasses.replace(setup, fingerprint=fingerprint)
     return run_rounds(setup, _RankRuntime(setup, group))
 
 
 _OPTION_DEFAULTS = option_defaults(run_distributed)
+
+
+def check_compressor_spans(C: Compressor, world: int) -> None:
+    """Refuse a compressor whose draw is one collective over every client's vector
+    (``power_sgd[shared=true]``'s shared basis) on more than one rank: each rank compresses its
+    own clients, so the basis would span one rank's clients only, another algorithm than the
+    simulator's. (A shared-seed rand_k is keyed by the round alone and runs anywhere.)"""
+    if world > 1 and bool(getattr(C, "shared", False)):
+        raise ValueError(
+            f"{C.name}'s shared basis is one collective over every client's matrix, and on "
+            f"{world} ranks each rank compresses only its own clients; use per-client power_sgd "
+            "(shared=false), one process, or the DDP hook, which runs the shared basis"
+        )

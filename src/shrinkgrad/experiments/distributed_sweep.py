@@ -88,6 +88,18 @@ def check_world(
                 f"{what} {world}: {case.label} has n={info.n} clients, and every process needs at "
                 f"least one; use {what} <= {info.n} or n_clients >= {world}",
             )
+    from ..compressors import make_compressor
+    from ..distributed.runner import check_compressor_spans
+
+    for spec in sorted({run.arm.compressor for run in runs if run.arm.compressor}):
+        try:
+            C = make_compressor(spec)
+        except (TypeError, ValueError):  # not a compressor (a method without one): plan() checked
+            continue
+        try:
+            check_compressor_spans(C, world)
+        except ValueError as e:
+            raise ValueError(f"{what} {world}: {e}") from None
     out_dir = Path(out)
     for run in runs:
         run_dir = out_dir / "runs" / run.run_id

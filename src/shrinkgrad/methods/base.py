@@ -700,6 +700,13 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
     carries_compressor_state: ClassVar[bool] = False
 
     @property
+    def samples_minibatches(self) -> bool:
+        """True when the method draws its own minibatch gradients (``ef21_sgd[b=...]``): a
+        runtime option that turns exact gradients into minibatch ones (the parameter server's
+        ``batch_size``) must not be combined with it."""
+        return False
+
+    @property
     def compresses_gradient_first(self) -> bool:
         """True when the client step's first use of the oracle's gradient is to hand that very
         tensor to ``cfg.compress`` or, as the first operand, to ``cfg.compress_difference``

@@ -217,6 +217,10 @@ class EF21(Method[EF21Server, EF21Clients]):
         self._rare: tuple[int, float] | None = None
 
     @property
+    def samples_minibatches(self) -> bool:
+        return self.batch is not None
+
+    @property
     def partial(self) -> bool:
         """Some client takes part with probability < 1 (asked every round: kept per p)."""
         memo = self.__dict__.get("_partial_of")

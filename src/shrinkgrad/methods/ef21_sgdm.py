@@ -176,6 +176,10 @@ class ClientMomentum(Method[Any, MomentumClients]):
             return self.inner.unsupported(runtime)
         return super().unsupported(runtime)
 
+    @property
+    def samples_minibatches(self) -> bool:
+        return self.batch is not None
+
     # -- the parts ----------------------------------------------------------------------------
     def _gradients(
         self, cfg: Config, x: torch.Tensor, ids: torch.Tensor, oracle: GradientOracle, r: int

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ..._sums import mean_value
-from ...compressors import Compressor
+from ...compressors import Compressor, make_compressor
 from ...methods.asynchronous import (
     EVENT_INIT,
     EVENT_LOST,
@@ -51,6 +51,7 @@ from ...methods.asynchronous import (
     server_update,
 )
 from ...methods.base import Config, Method, ProblemLike, Traffic
+from ...methods.stepsize import parse_stepsize
 from .checkpoint import Checkpoint, fingerprint
 from .config import PSConfig
 from .schedule import StalenessGate
@@ -109,6 +110,7 @@ def plan_run(config: PSConfig, problem: ProblemLike) -> Plan:
     impossible step sizes before any process starts.
     """
     method = config.build_method()
+    _refuse(config, method)
     options: dict[str, Any] = {
         "dtype": DTYPES[config.dtype],
         "wire_dtype": DTYPES[config.wire_dtype],
@@ -123,6 +125,31 @@ def plan_run(config: PSConfig, problem: ProblemLike) -> Plan:
     bound = wrapper.bind(*args, **options)
     tau = delay_bound(wrapper.inner, problem.n, config.tau_max, config.assume_tau)
     return Plan(method, wrapper.inner, bound.cfg, tau)
+
+
+def _refuse(config: PSConfig, method: Method[Any, Any]) -> None:
+    """One-line errors for what a parameter server cannot run as the simulator does."""
+    if config.batch_size is not None:
+        if method.samples_minibatches:
+            raise ValueError(
+                f"{method.name} draws its own minibatches, and batch_size={config.batch_size} "
+                "would replace its exact initial gradients by minibatch ones while leaving its "
+                "later ones as they are; drop batch_size (--batch-size)"
+            )
+        step = parse_stepsize(config.stepsize)
+        if step.theory or step.of is not None:
+            raise ValueError(
+                f"stepsize='theory' with batch_size={config.batch_size}: {method.name}'s theory "
+                "step assumes exact gradients; give a number, or use a method whose rule "
+                "accounts for the minibatch noise (ef21_sgd[b=...], without batch_size)"
+            )
+    C = make_compressor(config.compressor_spec)
+    if getattr(C, "shared", False):
+        raise ValueError(
+            f"{C.name}'s shared basis is one collective over every client's matrix, which the "
+            "parameter server (one message per worker) cannot run; use per-client power_sgd "
+            "(shared=false) here, or the simulator or the DDP hook for the shared one"
+        )
 
 
 # --------------------------------------------------------------------------------------------
