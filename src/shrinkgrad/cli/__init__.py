@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 import threading
+import warnings
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import click
@@ -164,13 +166,37 @@ def exit_interrupted(word: str) -> NoReturn:
 def main(argv: list[str] | None = None) -> Any:
     """Entry point of the ``shrinkgrad`` console script. SIGTERM is an interruption, as Ctrl-C
     is (:class:`Terminated`), while the command runs."""
-    if threading.current_thread() is not threading.main_thread():
-        return _main(argv)  # only the main thread sets handlers: SIGTERM stays as it is
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    with _one_line_warnings():
+        if threading.current_thread() is not threading.main_thread():
+            return _main(argv)  # only the main thread sets handlers: SIGTERM stays as it is
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            return _main(argv)
+        finally:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Show a warning as one ``warning: ...`` line on stderr, each text once, instead of
+    Python's two lines with the source file and line (``--debug`` keeps Python's form)."""
+    if os.environ.get("SHRINKGRAD_DEBUG"):
+        yield
+        return
+    shown: set[str] = set()
+
+    def show(message: Warning | str, *_: Any, **__: Any) -> None:
+        text = str(message)
+        if text not in shown:
+            shown.add(text)
+            click.echo(f"warning: {text}", err=True)
+
+    previous = warnings.showwarning
+    warnings.showwarning = show
     try:
-        return _main(argv)
+        yield
     finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        warnings.showwarning = previous
 
 
 def _main(argv: list[str] | None) -> Any:

@@ -152,8 +152,11 @@ class GD(_GradientStep):
         return "1/L (descent lemma)"
 
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
-        gamma, _ = dcgd_theory(cfg)  # ω = 0: exactly 1/L (GD sends its gradients uncompressed)
-        return gamma, "1/L"
+        # stepsize_dcgd at ω = 0 is exactly 1/L; the descent lemma needs no convexity, so GD
+        # does not take DCGD's convexity warning (dcgd_theory) with it
+        c = cfg.constants
+        L, L_i = c.smoothness()
+        return float(theory_function("stepsize_dcgd")(L, float(L_i.max()), 0.0, c.n)), "1/L"
 
     def client_step(
         self, cfg: Config, server: XState, clients: Group, oracle: GradientOracle, r: int

@@ -1,9 +1,11 @@
-"""SIGTERM is an interruption while a command runs, and only then."""
+"""What ``main`` sets up around a command: SIGTERM as an interruption (while the command runs,
+and only then), and warnings as one ``warning:`` line each."""
 
 from __future__ import annotations
 
 import os
 import signal
+import warnings
 
 import pytest
 
@@ -48,3 +50,25 @@ def test_a_sigterm_during_a_command_is_an_interruption_with_status_143(
     finally:
         signal.signal(signal.SIGINT, sigint)  # exit_interrupted ignores a further Ctrl-C
     assert e.value.code == 143
+
+
+def test_a_warning_is_one_line_shown_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Python shows a warning as two lines (the source file and line, then the code); the CLI
+    shows ``warning: <text>``, once per text, even when two places warn the same."""
+    monkeypatch.delenv("SHRINKGRAD_DEBUG", raising=False)
+
+    def command(argv: list[str] | None) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("the step is outside its theorem", UserWarning, stacklevel=1)
+            warnings.warn("the step is outside its theorem", UserWarning, stacklevel=1)
+            warnings.warn("another", RuntimeWarning, stacklevel=1)
+
+    before = warnings.showwarning
+    monkeypatch.setattr(cli, "_main", command)
+    main(["list"])
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: the step is outside its theorem", "warning: another"]
+    assert warnings.showwarning is before
