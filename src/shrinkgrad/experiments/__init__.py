@@ -31,10 +31,10 @@ if TYPE_CHECKING:
         loads_config,
         parse_config,
     )
-    from .grid import ProblemInfo, RunSpec, check_runs, expand
+    from .grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
     from .reproductions import REPRODUCTIONS, Reproduction, ReproductionResult, reproduce
     from .results import RESULT_COLUMNS, load_results
-    from .runner import ExperimentResult, run_experiment
+    from .runner import ExperimentResult, OtherExperimentError, run_experiment
 
 _WHERE = {
     "Claim": "claims",
@@ -50,6 +50,7 @@ _WHERE = {
     "parse_config": "config",
     "ProblemInfo": "grid",
     "RunSpec": "grid",
+    "build_problem": "grid",
     "check_runs": "grid",
     "expand": "grid",
     "REPRODUCTIONS": "reproductions",
@@ -59,6 +60,7 @@ _WHERE = {
     "RESULT_COLUMNS": "results",
     "load_results": "results",
     "ExperimentResult": "runner",
+    "OtherExperimentError": "runner",
     "run_experiment": "runner",
 }
 
@@ -70,12 +72,14 @@ __all__ = [
     "ConfigError",
     "ExperimentConfig",
     "ExperimentResult",
+    "OtherExperimentError",
     "ProblemCase",
     "ProblemInfo",
     "Reproduction",
     "ReproductionResult",
     "RunSettings",
     "RunSpec",
+    "build_problem",
     "check_runs",
     "derive_seed",
     "dump_config",

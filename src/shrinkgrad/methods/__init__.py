@@ -21,6 +21,7 @@ from .base import (
     State,
     Traffic,
     make_method,
+    methods_for,
     weighted_sum,
 )
 from .delayed import IAG, DelayedDCGD
@@ -66,6 +67,7 @@ __all__ = [
     "ef21_sgdm",
     "gd",
     "make_method",
+    "methods_for",
     "parse_stepsize",
     "weighted_sum",
 ]
