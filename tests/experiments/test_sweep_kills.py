@@ -151,7 +151,8 @@ def test_ctrl_c_during_worker_start_up_exits_130_without_a_traceback(tmp_path: P
     assert "Traceback" not in output, output
 
 
-def test_a_double_ctrl_c_exits_130(tmp_path: Path) -> None:
+def _long_sweep_checkpointing(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    """A long sweep on 2 workers, returned once some run has saved a checkpoint."""
     config = tmp_path / "c.toml"
     config.write_text(CONFIG.replace("rounds = 400", "rounds = 40000"), encoding="utf-8")
     out = tmp_path / "out"
@@ -160,6 +161,11 @@ def test_a_double_ctrl_c_exits_130(tmp_path: Path) -> None:
     while not list(out.glob("runs/*/checkpoint.pt")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
         time.sleep(0.02)
+    return proc, out
+
+
+def test_a_double_ctrl_c_exits_130(tmp_path: Path) -> None:
+    proc, out = _long_sweep_checkpointing(tmp_path)
     os.killpg(proc.pid, signal.SIGINT)
     time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
@@ -173,14 +179,7 @@ def test_sigterm_to_the_launcher_checkpoints_like_ctrl_c_and_exits_143(tmp_path:
     """SIGTERM to ``run`` alone (``kill``, ``timeout``, a job scheduler) stops the sweep as a
     Ctrl-C does: every running run saves its checkpoint, runs.csv says interrupted, no worker is
     left behind, and the exit status is 143. It used to end the launcher without either file."""
-    config = tmp_path / "c.toml"
-    config.write_text(CONFIG.replace("rounds = 400", "rounds = 40000"), encoding="utf-8")
-    out = tmp_path / "out"
-    proc = _start(config, out, 2)
-    deadline = time.monotonic() + 180
-    while not list(out.glob("runs/*/checkpoint.pt")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-        time.sleep(0.02)
+    proc, out = _long_sweep_checkpointing(tmp_path)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, output
