@@ -60,6 +60,14 @@ def test_dcgd_rounds_are_the_unbiased_rate(problem) -> None:  # type: ignore[no-
     no_growth = math.ceil(2 * gap / (gamma * eps))
     assert no_growth < T  # the growth factor (1 + a)^T counts
     assert e.rounds_source.startswith("Khaled & Richtárik 2023 Thm 2")
+    # a shared seed is one draw for every client: A = ωL_max/1, not ωL_max/n (more rounds)
+    shared = estimate(
+        problem, "dcgd", "rand_k[k=2,shared_seed=true]", net, eps=eps, stepsize=gamma / n,
+        measure=2,
+    )  # fmt: skip
+    want = rounds_dcgd(gamma / n, gap, eps, L=L, L_max=L_max, omega=omega, n=1)
+    assert shared.rounds == want != rounds_dcgd(gamma / n, gap, eps, L=L, L_max=L_max,
+                                                omega=omega, n=n)  # fmt: skip
     # DCGD's initialisation sends nothing (no client state), so it costs nothing
     assert e.init.total_s == 0 and e.time_s == pytest.approx(e.rounds * 1e-3, rel=1e-12)
     # above 1/L the lemma does not hold: refused, pointing to --rounds
