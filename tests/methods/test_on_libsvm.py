@@ -121,3 +121,15 @@ def test_sgd_theory_step_without_a_variance_bound_says_what_to_do() -> None:
     with pytest.raises(ValueError, match=r"needs a bound sigma2.*pass sigma2="):
         make_method("ef21_sgd[b=2]").bind(LeastSquares(), "top_k[k=1]", "theory")
     make_method("ef21_sgd[b=2]").bind(LeastSquares(), "top_k[k=1]", 0.01)  # a number works
+
+
+def test_a_problem_without_a_variance_bound_says_why() -> None:
+    """The squared loss's minibatch variance grows with ‖x‖: EF21-SGD's theory step is refused
+    with the problem's own reason (it used to blame a missing minibatch_variance_bound, which
+    the problem has), and a given sigma2 runs."""
+    from shrinkgrad.problems import least_squares
+
+    p = least_squares("a1a", n_clients=5)
+    with pytest.raises(ValueError, match=r"gives none \(the squared loss has no uniform bound"):
+        make_method("ef21_sgd[b=4]").bind(p, "top_k[k=3]", "theory")
+    assert make_method("ef21_sgd[b=4,sigma2=2]").bind(p, "top_k[k=3]", "theory").stepsize > 0

@@ -213,6 +213,8 @@ class EF21(Method[EF21Server, EF21Clients]):
         self.sigma2 = None if sigma2 is None else float(sigma2)
         #: σ² read from the problem at bind time (a bound copy of the method carries it)
         self._sigma2_problem: float | None = None
+        #: why the problem gives no σ² (its minibatch_variance_bound's refusal), if it said
+        self._sigma2_why = "no minibatch_variance_bound"
         #: (c, L_+) of the rare-features rule, read from the problem's data at bind time
         self._rare: tuple[int, float] | None = None
 
@@ -273,7 +275,7 @@ class EF21(Method[EF21Server, EF21Clients]):
             return self
         method = copy.copy(self)
         if needs_sigma2:
-            method._sigma2_problem = self._variance_bound(problem)
+            method._sigma2_problem, method._sigma2_why = self._variance_bound(problem)
         if needs_rare:
             method._rare = self._rare_constants(problem)
         return method
@@ -298,20 +300,21 @@ class EF21(Method[EF21Server, EF21Clients]):
         rf = rare_features(problem)
         return rf.c, rf.L_plus
 
-    def _variance_bound(self, problem: ProblemLike) -> float | None:
-        """σ² (EF21-SGD) or σ_w² (EF21-W-SGD) from ``problem.minibatch_variance_bound(b)``."""
+    def _variance_bound(self, problem: ProblemLike) -> tuple[float | None, str]:
+        """(σ² (EF21-SGD) or σ_w² (EF21-W-SGD) from ``problem.minibatch_variance_bound(b)``,
+        or None with the reason the problem gives none)."""
         bound = getattr(problem, "minibatch_variance_bound", None)
         if bound is None or self.batch is None:
-            return None
+            return None, "no minibatch_variance_bound"
         b = self.batch if self.batch.numel() > 1 else int(self.batch[0])
         try:
             s2 = torch.as_tensor(bound(b), dtype=torch.float64).reshape(-1)
-        except ValueError:  # e.g. the squared loss has no uniform bound
-            return None
+        except ValueError as e:  # e.g. the squared loss has no uniform bound: say so
+            return None, str(e)
         if not self.weighted:
-            return float(s2.mean())
+            return float(s2.mean()), ""
         L_i = _positive_L_i(self.name, torch.as_tensor(problem.L_i, dtype=torch.float64))
-        return float((L_i.mean() / L_i * s2).mean())
+        return float((L_i.mean() / L_i * s2).mean()), ""
 
     def check_problem(self, consts: Constants) -> None:
         for what, t in (
@@ -391,7 +394,7 @@ class EF21(Method[EF21Server, EF21Clients]):
             if sigma2 is None:
                 raise ValueError(
                     f"{self.name}: the EF21-SGD theory step needs a bound sigma2 on the minibatch "
-                    "variance, and the problem gives none (no minibatch_variance_bound); pass "
+                    f"variance, and the problem gives none ({self._sigma2_why}); pass "
                     f"sigma2=... (sigma2=0 gives the deterministic EF21 step) or a number"
                 )
             gamma = theory_function(name)(L, Lm, cfg.alpha, sigma2=sigma2)
