@@ -75,6 +75,33 @@ def test_each_run_is_exactly_simulate_with_the_derived_seed(
         assert (res.table[res.table["run_id"] == run.run_id]["L_var"] == problem.L_var).all()
 
 
+def test_each_kind_of_run_is_warmed_up_once_per_process_before_it_is_timed(
+    small_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One untimed round of simulate per (problem, method, compressor, step size) before the
+    first timed run of that kind in the process (one-off costs, such as numba loading its
+    kernels, used to land in the first run's time_s), and none before the others; the timed
+    runs are unchanged (the test above compares them with simulate)."""
+    import shrinkgrad.sim
+    from shrinkgrad.experiments import execute
+
+    monkeypatch.setattr(execute, "_WARMED", set())
+    calls: list[tuple[str, str, int]] = []
+    real = shrinkgrad.sim.simulate
+
+    def spy(**kw: object) -> object:
+        calls.append((str(kw["method"]), str(kw["compressor"]), int(kw["rounds"])))  # type: ignore[call-overload]
+        return real(**kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shrinkgrad.sim, "simulate", spy)
+    cfg = load_config(small_config, overrides={"problem.sweep.dataset": ["a1a"]})
+    res = run_experiment(cfg, tmp_path / "o", jobs=1, progress=False)
+    assert len(res.table["run_id"].unique()) == 6  # 3 arms x 2 seeds
+    warm = [c for c in calls if c[2] == 1]
+    assert sorted(warm) == sorted({(r.arm.method, r.arm.compressor, 1) for r in expand(cfg)})
+    assert len([c for c in calls if c[2] == 12]) == 6  # every timed run once
+
+
 def test_rerunning_skips_finished_runs_and_keeps_the_table(
     small_config: Path, tmp_path: Path
 ) -> None:

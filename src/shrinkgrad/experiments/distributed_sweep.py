@@ -26,7 +26,14 @@ import torch.distributed as dist
 from ..distributed.runner import run_distributed
 from ..storage import DirectoryLock, atomic_write, atomic_write_text, probe_writable
 from .config import ConfigError, ExperimentConfig, dump_config
-from .execute import SIM_CHECKPOINT, collect_results, finish_run, prepare_run, write_run
+from .execute import (
+    SIM_CHECKPOINT,
+    collect_results,
+    finish_run,
+    prepare_run,
+    warm_up,
+    write_run,
+)
 from .grid import ProblemInfo, RunSpec, build_problem, check_runs, expand
 from .results import Format, default_format, find_run_table, write_json, write_table
 from .runner import environment
@@ -261,6 +268,7 @@ def _one_run(
     dist.barrier()
     prepared = prepare_run(run, cache.get(run.problem.spec))
     cache[run.problem.spec] = prepared.problem
+    warm_up(prepared)  # this process's one-off costs out of the timed run (as run's workers)
     result, wall = prepared.execute(
         run_distributed, checkpoint=run_dir / SIM_CHECKPOINT, callback=tick
     )

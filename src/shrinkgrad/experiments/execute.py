@@ -21,6 +21,7 @@ processes) and ``shrinkgrad train`` (torch.distributed ranks) share everything h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -59,6 +60,7 @@ __all__ = [
     "no_progress",
     "prepare_run",
     "run_state",
+    "warm_up",
     "write_failure",
     "write_run",
 ]
@@ -121,6 +123,32 @@ class PreparedRun:
             warnings.simplefilter("ignore", RuntimeWarning)
             result = runner(**self.arguments(), **kwargs)
         return result, time.perf_counter() - t0
+
+
+#: the (problem, dtype, method, compressor, step size) of the runs this process has warmed up
+_WARMED: set[tuple[str, ...]] = set()
+
+
+def warm_up(prepared: PreparedRun) -> None:
+    """Run ``prepared``'s run for one untimed round with ``simulate``, once per process and
+    kind of run, so that one-off costs — numba loading its compiled kernels, torch's first
+    calls, about 0.2–0.4 s here — are not in the first timed run's ``time_s``. Before stop 34
+    they were: the first run of each worker started 0.4 s late, and a ``--x time`` plot's
+    median over seeds rose where only that seed was left. The round's result is discarded
+    (keyed randomness: it changes nothing); an error is left for the timed run to report."""
+    from ..sim import simulate
+
+    run = prepared.run
+    key = (run.problem.spec, run.settings.dtype, run.arm.method, run.arm.compressor,
+           run.arm.stepsize)  # fmt: skip
+    if key in _WARMED:
+        return
+    _WARMED.add(key)
+    args = dict(prepared.arguments(), rounds=1, log_every=1, tol=None)
+    # an error is raised again by the timed run, where it is reported
+    with warnings.catch_warnings(), contextlib.suppress(Exception):
+        warnings.simplefilter("ignore")
+        simulate(**args)
 
 
 def prepare_run(run: RunSpec, problem: Any = None) -> PreparedRun:
@@ -424,6 +452,7 @@ def execute_run(
             emit("progress", run.run_id, {"round": r})
         return False
 
+    warm_up(prepared)
     result, wall = prepared.execute(
         simulate,
         # a run shorter than a checkpoint interval is simply rerun after an interruption
