@@ -144,3 +144,44 @@ def test_a_sweep_without_a_finished_run_says_so(
         f"error: {str(out)!r}: no run has finished yet (2 pending), so there is nothing to plot; "
         f"resume the sweep with 'shrinkgrad run {out / 'config.toml'} --out {out}'",
     )
+
+
+def test_a_partial_sweep_is_plotted_with_a_note_and_in_the_configs_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sweep killed before all its runs finished: the figure shows the finished ones, a note
+    says how many are missing, which arms have no curve, and how to resume; the table rebuilt
+    from runs/ lists the runs in the config's order (the curves' order and styles), not by
+    their hashed ids. runs.csv, a per-run summary, is not a results table (stop 34's plots
+    audit: it drew an empty figure)."""
+    import shutil
+
+    from shrinkgrad.experiments import load_results
+    from shrinkgrad.experiments.config import loads_config
+    from shrinkgrad.experiments.grid import expand
+    from shrinkgrad.experiments.runner import run_experiment
+
+    cfg = loads_config(
+        'problem = "logistic_regression[dataset=a1a,n_clients=3]"\n[run]\nrounds = 4\n'
+        'seeds = 2\n[grid]\nmethods = ["ef21", "ef21_w", "ef21_plus"]\n'
+        'compressors = ["top_k[k=1]"]\n'
+    )
+    out = tmp_path / "sweep"
+    run_experiment(cfg, out, jobs=1, progress=False, command=["shrinkgrad", "run", "c.toml"])
+    runs = expand(cfg)
+    order = [r.run_id for r in runs]
+    assert sorted(order) != order  # the hashed ids alone would reorder them
+    # as a SIGKILL before the first save leaves it: no results file, two runs unfinished
+    (out / "results.parquet").unlink()
+    for r in runs[-2:]:  # ef21_plus, both seeds
+        shutil.rmtree(out / "runs" / r.run_id)
+    rebuilt = load_results(out)
+    assert list(dict.fromkeys(rebuilt["run_id"])) == order[:-2]
+    assert run_cli(["plot", str(out), "--out", str(tmp_path / "p"), "--formats", "png"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("note: 2 of 6 runs have not finished")
+    assert "arms with no finished run, not drawn: ef21_plus · top_k[k=1] · γ=theory" in err[0]
+    assert err[0].endswith("run 'shrinkgrad run c.toml' again to resume it")
+    # the per-run summary is refused in one line
+    assert run_cli(["plot", str(out / "runs.csv")]) == 2
+    one_line_error(capsys, f"error: {str(out / 'runs.csv')!r} is not a results table")

@@ -151,3 +151,27 @@ def test_logx_gives_a_log_x_axis_even_when_the_curves_start_at_zero() -> None:
     t0 = t.assign(bits_up=0.0)
     with pytest.raises(ValueError, match=r"^cannot draw x='bits' on a log axis: it has no value"):
         plot_results(t0, "bits", "grad_norm_sq", logx=True)
+
+
+def test_the_figure_says_how_seeds_are_combined() -> None:
+    """The caption names the median, the band's quantiles and the seeds per curve, counting a
+    diverged seed (left out of the median) and a curve of diverged seeds only; one seed per
+    curve says so (stop 34's plots audit: no figure said it)."""
+    from plot_tables import make_table
+
+    def caption(table: pd.DataFrame, **kw: object) -> str:
+        fig, _ = plot_results(table, "rounds", "grad_norm_sq", None, **kw)  # type: ignore[arg-type]
+        return str(fig._suptitle.get_text())  # type: ignore[union-attr]
+
+    curves = [("ef21", "top_k[k=1]"), ("ef21_w", "top_k[k=1]")]
+    three = make_table(curves, seeds=3)
+    assert caption(three) == "median over 3 seeds per curve, band: 10–90 % quantiles"
+    assert caption(three, quantiles=(0.25, 0.75)).endswith("band: 25–75 % quantiles")
+    assert caption(make_table(curves, seeds=1)) == "one seed per curve"
+    assert caption(three, title="T") == "T\nmedian over 3 seeds per curve, band: 10–90 % quantiles"
+
+    # one seed of ef21 diverged, and every seed of ef21_w: still 3 seeds per curve
+    def status(method: str, compressor: str, seed: int, problem: str) -> str:
+        return "diverged" if method == "ef21_w" or seed == 0 else "completed"
+
+    assert caption(make_table(curves, seeds=3, status=status)).startswith("median over 3 seeds")

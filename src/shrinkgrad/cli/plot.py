@@ -68,8 +68,6 @@ def filter_rows(table: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFram
 def nothing_finished(directory: Path) -> str:
     """The error for a results directory in which no run has finished yet (a sweep interrupted
     before its first run ended): what the runs are doing (``runs.csv``) and how to resume."""
-    import json
-
     import pandas as pd
 
     from ..experiments.display import status_detail
@@ -78,16 +76,50 @@ def nothing_finished(directory: Path) -> str:
     states = ""
     with contextlib.suppress(OSError, ValueError, KeyError):
         states = f" ({status_detail(pd.read_csv(directory / 'runs.csv'))})"
+    return (
+        f"{where}: no run has finished yet{states}, so there is nothing to plot; "
+        f"{_resume_advice(directory)}"
+    )
+
+
+def _resume_advice(directory: Path) -> str:
+    """How to finish the sweep of ``directory``: its own command (env.json), else ``run`` on
+    its config."""
+    import json
+
     command = ""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         command = str(json.loads((directory / "env.json").read_text("utf-8")).get("command", ""))
-    resume = (
-        f"run '{command}' again to resume it"
-        if command.startswith(("shrinkgrad run", "shrinkgrad train"))  # (train: its ranks'
-        # checkpoints resume under train only)
-        else f"resume the sweep with 'shrinkgrad run {directory / 'config.toml'} --out {directory}'"
+    if command.startswith(("shrinkgrad run", "shrinkgrad train")):  # (train: its ranks'
+        return f"run '{command}' again to resume it"  # checkpoints resume under train only)
+    if (directory / "config.toml").is_file():
+        config = directory / "config.toml"
+        return f"resume the sweep with 'shrinkgrad run {config} --out {directory}'"
+    return "finish it with the command that wrote it"
+
+
+def unfinished_note(directory: Path) -> str | None:
+    """A note when some runs of ``directory``'s config have not finished (an interrupted or
+    killed sweep): the figure then shows the finished ones only, and whole arms may be
+    missing. None when every run finished, or there is no config to count them by."""
+    from ..experiments.config import load_config
+    from ..experiments.grid import expand
+    from ..experiments.results import find_run_table
+
+    try:
+        runs = expand(load_config(directory / "config.toml"))
+    except Exception:  # no (readable) config: nothing to count the runs by
+        return None
+    missing = [r for r in runs if find_run_table(directory / "runs" / r.run_id) is None]
+    if not missing:
+        return None
+    done_arms = {r.arm.label for r in runs if r not in missing}
+    absent = sorted({r.arm.label for r in missing} - done_arms)
+    arms = f"; arms with no finished run, not drawn: {', '.join(absent)}" if absent else ""
+    return (
+        f"note: {len(missing)} of {len(runs)} runs have not finished, so the figure shows the "
+        f"{len(runs) - len(missing)} finished ones{arms}; {_resume_advice(directory)}"
     )
-    return f"{where}: no run has finished yet{states}, so there is nothing to plot; {resume}"
 
 
 @click.command("plot")
@@ -144,6 +176,10 @@ def plot_cmd(
         raise
     if table.empty and d.is_dir():
         raise ValueError(nothing_finished(d))
+    if d.is_dir():
+        note = unfinished_note(d)
+        if note is not None:
+            click.echo(note, err=True)
     table = filter_rows(table, where)
     stem = out if out is not None else Path(directory) / "plots" / f"{y}_vs_{x}"
     try:

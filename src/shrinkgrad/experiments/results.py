@@ -17,9 +17,10 @@ tables, so nothing finished is lost. A file that exists but cannot be read raise
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -152,6 +153,19 @@ def concat_tables(tables: Iterable[pd.DataFrame]) -> pd.DataFrame:
     return out[first + rest]
 
 
+def _config_order(d: Path) -> Callable[[Path], tuple[int, str]]:
+    """Sort key of run directories: the order of the runs in ``d``'s config (the order of a
+    results table ``run`` writes, so a rebuilt table draws its curves in the same order and
+    styles), then by name for runs the config does not list (or without a config)."""
+    order: dict[str, int] = {}
+    with contextlib.suppress(Exception):  # no or unreadable config: names only
+        from .config import load_config
+        from .grid import expand
+
+        order = {r.run_id: i for i, r in enumerate(expand(load_config(d / "config.toml")))}
+    return lambda p: (order.get(p.name, len(order)), p.name)
+
+
 def load_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     """The results table of a sweep directory (``results.parquet``/``.csv``).
 
@@ -162,9 +176,15 @@ def load_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     if not d.exists():
         raise FileNotFoundError(f"{str(d)!r}: no such results directory")
     if d.is_file():
-        if d.suffix in (".parquet", ".csv"):
-            return read_table(d)
-        raise ValueError(f"{str(d)!r}: expected a results directory or a .parquet/.csv table")
+        if d.suffix not in (".parquet", ".csv"):
+            raise ValueError(f"{str(d)!r}: expected a results directory or a .parquet/.csv table")
+        table = read_table(d)
+        if "round" not in table.columns:  # runs.csv, say: one row per run, no curve to draw
+            raise ValueError(
+                f"{str(d)!r} is not a results table (it has no 'round' column: one row per run, "
+                "as runs.csv); give the results directory or its results.parquet/.csv"
+            )
+        return table
     for ext in ("parquet", "csv"):
         p = d / f"results.{ext}"
         if p.exists():
@@ -172,7 +192,7 @@ def load_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     runs = d / "runs"
     tables = []
     if runs.is_dir():
-        for run_dir in sorted(runs.iterdir()):
+        for run_dir in sorted(runs.iterdir(), key=_config_order(d)):
             t = find_run_table(run_dir)
             if t is not None:
                 tables.append(read_table(t))

@@ -363,10 +363,33 @@ def plot_results(
         if panel is not None:
             ax.set_title(_panel_title(src, str(panel)), fontsize=8)
     _legend(fig, axes.flat[0], handles, outside, legend_cols)
-    if title:
-        fig.suptitle(title, fontsize=10)
+    caption = seeds_caption(agg, curve_keys + ([panel_col] if panel_col else []), quantiles)
+    fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=10 if title else 7)
     paths = save_figure(fig, Path(out), formats, dpi) if out is not None else []
     return fig, paths
+
+
+def seeds_caption(agg: pd.DataFrame, keys: list[str], quantiles: tuple[float, float]) -> str:
+    """How the figure combines seeds, for its caption: ``median over 3 seeds per curve, band:
+    10–90 % quantiles`` (a range of counts when curves differ), or ``one seed per curve``.
+    The count is a curve's seeds, diverged ones included (:func:`aggregate`'s columns)."""
+    if agg.empty:
+        return ""
+    per = agg.groupby(keys, sort=False, dropna=False).agg(
+        seeds=("seeds", "max"),
+        diverged=("diverged", "max"),
+        no_progress=("no_progress", "max"),
+        only=("all_diverged", "max"),
+    )
+    # a curve of diverged (or stalled) seeds only is made of them: its seeds count them already
+    left_out = (per["diverged"] + per["no_progress"]).where(~per["only"].astype(bool), 0)
+    counts = (per["seeds"] + left_out).astype(int)
+    lo, hi = int(counts.min()), int(counts.max())
+    if hi <= 1:
+        return "one seed per curve"
+    n = f"{lo}" if lo == hi else f"{lo}–{hi}"
+    q_lo, q_hi = (round(100 * q) for q in quantiles)
+    return f"median over {n} seeds per curve, band: {q_lo}–{q_hi} % quantiles"
 
 
 def _draw_curve(
