@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +289,11 @@ def build_result(log: ServerLog, config: PSConfig, plan: Plan, problem: Problem)
     events = pd.DataFrame(log.events, columns=list(_EVENT_COLUMNS))
     delay_max = int(staleness["delay"].max()) if len(staleness) else 0
     try:
-        admissible = plan.inner.async_admissible(plan.cfg, plan.stepsize, delay_max)
+        # a check of γ, not the choice of one: the rule's scope warning (DCGD's convexity) was
+        # given when the step was chosen, if it was chosen by the theory
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            admissible = plan.inner.async_admissible(plan.cfg, plan.stepsize, delay_max)
     except UnknownConstantError:  # the rule needs L, which this problem (a network) lacks
         admissible = None
     return PSResult(
