@@ -182,6 +182,11 @@ def test_a_partial_sweep_is_plotted_with_a_note_and_in_the_configs_order(
     assert len(err) == 1 and err[0].startswith("note: 2 of 6 runs have not finished")
     assert "arms with no finished run, not drawn: ef21_plus · top_k[k=1] · γ=theory" in err[0]
     assert err[0].endswith("run 'shrinkgrad run c.toml' again to resume it")
+    # a results file is plotted next to it (its default output was a path inside the file)
+    load_results(out).to_parquet(out / "results.parquet")
+    assert run_cli(["plot", str(out / "results.parquet"), "--formats", "png"]) == 0
+    assert (out / "plots" / "grad_norm_sq_vs_bits.png").is_file()
+    capsys.readouterr()
     # the per-run summary is refused in one line
     assert run_cli(["plot", str(out / "runs.csv")]) == 2
     one_line_error(capsys, f"error: {str(out / 'runs.csv')!r} is not a results table")

@@ -181,7 +181,9 @@ def plot_cmd(
         if note is not None:
             click.echo(note, err=True)
     table = filter_rows(table, where)
-    stem = out if out is not None else Path(directory) / "plots" / f"{y}_vs_{x}"
+    # a results file's plots go next to it (DIR/results.parquet → DIR/plots/...)
+    base = d.parent if d.is_file() else d
+    stem = out if out is not None else base / "plots" / f"{y}_vs_{x}"
     try:
         _, paths = plot_results(
             table,
