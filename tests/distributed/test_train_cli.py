@@ -228,7 +228,13 @@ def test_ctrl_c_saves_the_finished_and_interrupted_runs_as_run_does(
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             done = list(out.glob("runs/*/done.json"))
-            ckpt = list(out.glob("runs/*/checkpoint.pt.rank*"))
+            # the second run's own checkpoint (the first run's ranks drop theirs just after
+            # its done.json is written: those do not count)
+            ckpt = [
+                p
+                for p in out.glob("runs/*/checkpoint.pt.rank*")
+                if not (p.parent / "done.json").exists()
+            ]
             if done and ckpt:
                 break
             time.sleep(0.05)
