@@ -187,6 +187,15 @@ def test_a_partial_sweep_is_plotted_with_a_note_and_in_the_configs_order(
     assert run_cli(["plot", str(out / "results.parquet"), "--formats", "png"]) == 0
     assert (out / "plots" / "grad_norm_sq_vs_bits.png").is_file()
     capsys.readouterr()
+    # a truncated results file: the error says to delete it (runs/ rebuilds the table)
+    data = (out / "results.parquet").read_bytes()
+    (out / "results.parquet").write_bytes(data[: len(data) // 2])
+    assert run_cli(["plot", str(out)]) == 2
+    err = one_line_error(capsys, f"error: {out / 'results.parquet'}: cannot read it")
+    assert err.endswith(
+        f"delete it: the table is then rebuilt from the finished runs in {out / 'runs'}"
+    )
+    (out / "results.parquet").unlink()
     # the per-run summary is refused in one line
     assert run_cli(["plot", str(out / "runs.csv")]) == 2
     one_line_error(capsys, f"error: {str(out / 'runs.csv')!r} is not a results table")

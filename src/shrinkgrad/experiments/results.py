@@ -188,7 +188,14 @@ def load_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     for ext in ("parquet", "csv"):
         p = d / f"results.{ext}"
         if p.exists():
-            return read_table(p)
+            try:
+                return read_table(p)
+            except CorruptFileError as e:  # the finished runs' own tables rebuild it
+                if not (d / "runs").is_dir():
+                    raise
+                raise e.with_fix(
+                    f"delete it: the table is then rebuilt from the finished runs in {d / 'runs'}"
+                ) from None
     runs = d / "runs"
     tables = []
     if runs.is_dir():
