@@ -196,6 +196,10 @@ def test_a_partial_sweep_is_plotted_with_a_note_and_in_the_configs_order(
         f"delete it: the table is then rebuilt from the finished runs in {out / 'runs'}"
     )
     (out / "results.parquet").unlink()
+    # a table without statuses is drawn, with a note that divergence cannot be told
+    load_results(out).drop(columns=["status"]).to_csv(tmp_path / "old.csv", index=False)
+    assert run_cli(["plot", str(tmp_path / "old.csv"), "--formats", "png"]) == 0
+    assert "note: the table has no 'status' column" in capsys.readouterr().err
     # the per-run summary is refused in one line
     assert run_cli(["plot", str(out / "runs.csv")]) == 2
     one_line_error(capsys, f"error: {str(out / 'runs.csv')!r} is not a results table")

@@ -180,6 +180,12 @@ def plot_cmd(
         note = unfinished_note(d)
         if note is not None:
             click.echo(note, err=True)
+    if "status" not in table.columns:  # an old or foreign table: divergence cannot be told
+        click.echo(
+            "note: the table has no 'status' column, so diverged runs cannot be told apart and "
+            "are drawn as ordinary curves (tables of run, train and reproduce have it)",
+            err=True,
+        )
     table = filter_rows(table, where)
     # a results file's plots go next to it (DIR/results.parquet → DIR/plots/...)
     base = d.parent if d.is_file() else d
