@@ -164,9 +164,10 @@ def theory_report(
             "D",
         )
         # a shared-seed C draws the same coordinates for every client: the ω/n terms take n = 1
-        shared = bool(getattr(compressor, "shared_seed", False))
-        draws = 1 if shared else n
-        one = "; one shared draw: n = 1" if shared else ""
+        from ..methods.base import independent_draws, shares_draw
+
+        draws = independent_draws(compressor, n)
+        one = "; one shared draw: n = 1" if shares_draw(compressor) else ""
         add(
             "diana",
             T.stepsize_diana(L, Q, omega, draws),

@@ -341,12 +341,13 @@ _OPTION_DEFAULTS = option_defaults(run_distributed)
 
 def check_compressor_spans(C: Compressor, world: int) -> None:
     """Refuse a compressor whose draw is one collective over every client's vector
-    (``power_sgd[shared=true]``'s shared basis) on more than one rank: each rank compresses its
-    own clients, so the basis would span one rank's clients only, another algorithm than the
-    simulator's. (A shared-seed rand_k is keyed by the round alone and runs anywhere.)"""
+    (``power_sgd[shared=true]``'s shared basis) on more than one process (the runner's ranks,
+    the parameter server's workers): each process compresses its own clients, so the basis
+    would span one process's clients only, another algorithm than the simulator's. (A
+    shared-seed rand_k is keyed by the round alone and runs anywhere.)"""
     if world > 1 and bool(getattr(C, "shared", False)):
         raise ValueError(
             f"{C.name}'s shared basis is one collective over every client's matrix, and on "
-            f"{world} ranks each rank compresses only its own clients; use per-client power_sgd "
+            f"{world} processes each compresses only its own clients; use per-client power_sgd "
             "(shared=false), one process, or the DDP hook, which runs the shared basis"
         )

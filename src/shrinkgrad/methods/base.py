@@ -348,6 +348,20 @@ class GradientOracle(Protocol):
 SHARED_DRAW = "(one shared draw: n = 1)"
 
 
+def shares_draw(C: Compressor) -> bool:
+    """Whether every client of a round draws the same coordinates with ``C``: a shared-seed
+    compressor (``rand_k[shared_seed=true]``, also under ``scaled``)."""
+    return bool(getattr(C, "shared_seed", False))
+
+
+def independent_draws(C: Compressor, n: int) -> int:
+    """The n of the ω/n variance terms of the unbiased-compressor theory (DCGD and the rules
+    built on it, DIANA): the independent compressor draws per round among n clients — n, or 1
+    with a shared draw (:func:`shares_draw`): then E‖(1/n) Σ_i C(x_i) − x̄‖² = ω‖x̄‖² ≤
+    (ω/n) Σ_i ‖x_i‖², the n = 1 instance of the bounds, not (ω/n²) Σ_i ‖x_i‖²."""
+    return 1 if shares_draw(C) else n
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Config:
     """Everything fixed for a run: sizes, compressor and its constant, step size, seed, dtypes.
@@ -406,15 +420,12 @@ class Config:
         (``rand_k[shared_seed=true]``, also under ``scaled``). Its ``"compressor"`` keys are
         then one key per round for all clients, as the DDP hook's are, so the messages are
         summable (an all-reduce of k values) and (1/n) Σ_i C(x_i) = C((1/n) Σ_i x_i)."""
-        return bool(getattr(self.compressor, "shared_seed", False))
+        return shares_draw(self.compressor)
 
     @property
     def n_draws(self) -> int:
-        """The n of the ω/n variance terms of the unbiased-compressor theory (DCGD and the rules
-        built on it, DIANA): the number of independent compressor draws per round. It is n,
-        or 1 with a shared draw (:attr:`shared_draw`): then E‖(1/n) Σ_i C(x_i) − x̄‖² =
-        ω‖x̄‖² ≤ (ω/n) Σ_i ‖x_i‖², the n = 1 instance of the bounds, not (ω/n²) Σ_i ‖x_i‖²."""
-        return 1 if self.shared_draw else self.n
+        """:func:`independent_draws` of this run's compressor and clients."""
+        return independent_draws(self.compressor, self.n)
 
     def keys(self, stream: str, ids: torch.Tensor, round: int) -> Keys:
         """Keys of the clients ``ids`` in ``stream`` at ``round`` (KeyStreams are cached).

@@ -52,6 +52,7 @@ from ...methods.asynchronous import (
 )
 from ...methods.base import Config, Method, ProblemLike, Traffic
 from ...methods.stepsize import parse_stepsize
+from ..runner import check_compressor_spans
 from .checkpoint import Checkpoint, fingerprint
 from .config import PSConfig
 from .schedule import StalenessGate
@@ -143,13 +144,7 @@ def _refuse(config: PSConfig, method: Method[Any, Any]) -> None:
                 "step assumes exact gradients; give a number, or use a method whose rule "
                 "accounts for the minibatch noise (ef21_sgd[b=...], without batch_size)"
             )
-    C = make_compressor(config.compressor_spec)
-    if getattr(C, "shared", False):
-        raise ValueError(
-            f"{C.name}'s shared basis is one collective over every client's matrix, which the "
-            "parameter server (one message per worker) cannot run; use per-client power_sgd "
-            "(shared=false) here, or the simulator or the DDP hook for the shared one"
-        )
+    check_compressor_spans(make_compressor(config.compressor_spec), config.workers)
 
 
 # --------------------------------------------------------------------------------------------
