@@ -151,6 +151,62 @@ def test_ctrl_c_during_worker_start_up_exits_130_without_a_traceback(tmp_path: P
     assert "Traceback" not in output, output
 
 
+def test_a_ctrl_c_while_the_forkserver_forks_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window in which the forkserver is forked: a Ctrl-C then must still interrupt this
+    process (it used to be ignored there, and the sweep ran on to its end)."""
+    from multiprocessing import forkserver
+
+    from shrinkgrad.experiments.executors import _context, _start_forkserver
+
+    def ctrl_c_meanwhile() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(forkserver, "ensure_running", ctrl_c_meanwhile)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _start_forkserver(_context())
+            time.sleep(1.0)  # where a pending signal would have been delivered by now
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+_FORKSERVER_MASK = """
+import signal, sys, time
+from multiprocessing import forkserver
+from shrinkgrad.experiments.executors import _context, _start_forkserver
+
+_start_forkserver(_context())
+pid = forkserver._forkserver._forkserver_pid
+deadline = time.monotonic() + 120
+samples = 0
+while time.monotonic() < deadline:
+    status = dict(
+        line.split(":\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines()
+    )
+    ignored = int(status["SigIgn"], 16) >> (signal.SIGINT - 1) & 1
+    blocked = int(status["SigBlk"], 16) >> (signal.SIGINT - 1) & 1
+    if not (ignored or blocked):
+        sys.exit(f"after {samples} samples the starting forkserver takes SIGINT (a traceback)")
+    if ignored and not blocked:
+        sys.exit(0 if samples else "the forkserver was ready before it could be sampled")
+    samples += 1
+    time.sleep(0.001)
+sys.exit(f"the forkserver still has SIGINT ignored={ignored}, blocked={blocked}")
+"""
+
+
+def test_the_starting_forkserver_holds_ctrl_c_then_ignores_it_unblocked() -> None:
+    """While the forkserver starts (Python, torch) SIGINT is blocked or ignored there at every
+    moment, so a Ctrl-C prints no traceback; it ends with SIGINT ignored and the block lifted,
+    so the workers it forks do not inherit the block. (Starting multiprocessing's resource
+    tracker inside the block used to lift it before the fork.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKSERVER_MASK], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def _long_sweep_checkpointing(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     """A long sweep on 2 workers, returned once some run has saved a checkpoint."""
     config = tmp_path / "c.toml"

@@ -203,7 +203,9 @@ def _worker_main(tasks: Connection, events: Connection, alive: Connection) -> No
 def _context() -> Any:
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["shrinkgrad.experiments._preload"])
+        ctx.set_forkserver_preload(
+            ["shrinkgrad.experiments._forkserver_signals", "shrinkgrad.experiments._preload"]
+        )
         return ctx
     return mp.get_context("spawn")  # pragma: no cover - Windows
 
@@ -222,16 +224,27 @@ def _sigint_ignored() -> Iterator[None]:
 
 
 def _start_forkserver(ctx: Any) -> None:
-    """Start the forkserver with SIGINT ignored: it imports torch for seconds, and a Ctrl-C then
-    would print its traceback; the workers it forks inherit the disposition (they ignore the
-    terminal). Only the fork and exec happen in the ignoring window (milliseconds): this process
-    still sees a Ctrl-C while the forkserver starts."""
+    """Start the forkserver with SIGINT blocked in this thread: the forkserver inherits the
+    block, so a Ctrl-C while it starts Python and imports torch stays pending there until its
+    first preloaded module (:mod:`._forkserver_signals`) ignores SIGINT, and prints no
+    traceback; the workers it forks ignore SIGINT too. Here the block only spans the fork and
+    exec (milliseconds), and a Ctrl-C that comes meanwhile is not lost: it stays pending and is
+    delivered when the block ends. (Ignoring SIGINT here instead, as before, dropped a Ctrl-C
+    that came in that window, and the sweep ran on to its end.)
+
+    multiprocessing's resource tracker is started first, outside the block: starting it
+    unblocks SIGINT on its way out (it blocks and unblocks around its own spawn), which would
+    end the block before the forkserver is forked."""
     if ctx.get_start_method() != "forkserver":  # pragma: no cover - Windows
         return
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
-    with _sigint_ignored():
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
         forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 class _Worker:
