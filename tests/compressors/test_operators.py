@@ -251,7 +251,7 @@ def test_rand_k_bits_with_and_without_shared_seed() -> None:
         ("scaled_sign", 100, 132),
         ("bernoulli[p=0.25]", 128, 32 + 0.25 * 128 * (32 + 7)),
         ("compose(top_k[k=10],qsgd[s=4])", 1000, 10 * 10 + 32 + 10 * 4),
-        ("compose(rand_k[k=10,shared_seed=true],natural)", 1000, 90),
+        ("compose(rand_k[k=10],natural)", 1000, 10 * 10 + 90),
         ("compose(natural,qsgd[s=4])", 100, 32 + 100 * 4),
         ("scaled(qsgd[s=4])", 100, 32 + 100 * 4),
     ],
@@ -341,6 +341,21 @@ def test_compose_without_a_valid_constant_is_refused() -> None:
         make_compressor("compose(rand_k[k=5],top_k[k=1])").alpha(100)
     with pytest.raises(ValueError, match=r"acting on the 5 values kept by top_k\[k=5\]"):
         make_compressor("compose(top_k[k=5],rand_k[k=6])")(torch.randn(100), Keys.derive(1))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "compose(rand_k[k=10,shared_seed=true],qsgd[s=4])",
+        "compose(scaled(rand_k[k=10,shared_seed=true]),natural)",
+        "compose(natural,rand_k[k=10,shared_seed=true])",
+    ],
+)
+def test_compose_refuses_a_shared_seed_part(spec: str) -> None:
+    """A shared seed means one draw for all clients, sent as k summable values (no indices);
+    inside compose the draws were each client's own while the bits counted no indices."""
+    with pytest.raises(ValueError, match="compose\\(\\) takes no shared-seed compressor"):
+        make_compressor(spec)
 
 
 def test_scaled_needs_an_unbiased_compressor() -> None:

@@ -62,6 +62,15 @@ def test_pp_homogeneous_optimum_is_xi_of_alpha_p(alpha: float, p: float) -> None
     )
 
 
+@pytest.mark.parametrize("alpha", [1e-200, 1e-300])
+def test_pp_homogeneous_rule_holds_for_tiny_alpha(alpha: float) -> None:
+    """ξ(αp)² overflows for αp < 1e-154; the rule is 1/(L + L̃ ξ(αp)), EF21's with α' = αp."""
+    got = T.stepsize_ef21_pp(2.0, 3.0, alpha, 0.5)
+    assert got == T.stepsize_ef21(2.0, 3.0, alpha * 0.5)
+    assert 0.0 < got < 1e-150
+    assert T.stepsize_ef21w_pp(2.0, 3.0, alpha, [0.5, 0.5]) == got
+
+
 def test_pp_optimiser_beats_a_grid_and_explicit_parameters_follow_the_formula() -> None:
     a, pmin, pmax = 0.4, 0.6, 0.8
     best = _pp_best_ratio(a, pmin, pmax)

@@ -81,7 +81,7 @@ def theory_report(
         "d": d,
         "L": problem.L,
         "L_i min": float(L_i.min()),
-        "L_i median": float(L_i.median()),
+        "L_i median": float(L_i.quantile(0.5)),  # not .median(): the lower middle value
         "L_i max": float(L_i.max()),
         "L_AM": problem.L_AM,
         "L_QM": problem.L_QM,

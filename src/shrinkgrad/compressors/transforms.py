@@ -184,6 +184,13 @@ class Compose(Compressor):
                     f"compose() takes stateless compressors; {c.name} keeps state between rounds "
                     "(use it on its own, with ef21 or ef)"
                 )
+            if getattr(c, "shared_seed", False):
+                raise ValueError(
+                    f"compose() takes no shared-seed compressor; {c.name} draws one set of "
+                    "coordinates for all clients, sent as k summable values, which a composed "
+                    "message is not: use it without shared_seed inside compose (its indices are "
+                    "then sent), or on its own"
+                )
         self.first = first
         self.second = second
         self.k: int | None = _sparsifier_k(first)

@@ -254,7 +254,10 @@ class IAG(DelayRule[IAGServer, IAGClients]):
         return f"iag[order={self.order},init={self.init}]"
 
     def theory_formula(self) -> str:
-        return "delayed rule with τ = n − 1 (cyclic order only; [K18], (?))"
+        return (
+            "delayed DCGD rule with τ = n − 1: min{DCGD rule, 0.99·delayed rule} (cyclic order "
+            "only; [K18], (?))"
+        )
 
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         if self.order == "random":

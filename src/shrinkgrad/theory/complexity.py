@@ -48,6 +48,17 @@ def lyapunov0(
     return gap + (g / th if pl else g / (2.0 * th)) * G
 
 
+def _ceil_rounds(t: float, eps: float) -> int:
+    """⌈t⌉ for a bound's round count t, or a ValueError where t overflows floating point (a
+    tiny ε or step: no finite count can be given)."""
+    if not math.isfinite(t):
+        raise ValueError(
+            f"the bound for eps = {eps:.3g} needs more rounds than floating point can count "
+            "(over 1.8e308): use a larger eps (or step size)"
+        )
+    return math.ceil(t)
+
+
 def rounds_ef21(
     stepsize: SupportsFloat,
     f_gap: SupportsFloat,
@@ -73,7 +84,7 @@ def rounds_ef21(
             "number of rounds guarantees it; use larger minibatches or a larger eps"
         )
     phi0 = lyapunov0(g, f_gap, alpha, G0)
-    return max(0, math.ceil(2.0 * phi0 / (g * (e - floor))))
+    return max(0, _ceil_rounds(2.0 * phi0 / (g * (e - floor)), e))
 
 
 def rounds_ef21_pl(
@@ -96,7 +107,7 @@ def rounds_ef21_pl(
     phi0 = lyapunov0(g, f_gap, alpha, G0, pl=True)
     if phi0 <= e:
         return 0
-    return math.ceil(math.log(phi0 / e) / -math.log1p(-g * m))
+    return _ceil_rounds((math.log(phi0) - math.log(e)) / -math.log1p(-g * m), e)
 
 
 def rounds_dcgd(
@@ -148,7 +159,7 @@ def rounds_dcgd(
     if gap == 0.0:
         return 0
     a = L_ * g * g * w * Lm / n
-    T0 = math.ceil(2.0 * gap / (g * e))  # the bound without the growth factor: T ≥ T0
+    T0 = _ceil_rounds(2.0 * gap / (g * e), e)  # the bound without the growth factor: T ≥ T0
     if a == 0.0:
         return T0
     log1a = math.log1p(a)

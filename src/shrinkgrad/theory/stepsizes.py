@@ -259,8 +259,9 @@ def _stepsize_pp(
     elif p_min == p_max:
         # (D) homogeneous participation: the optimum over s, ρ is ξ(α p)², i.e. EF21 with the
         # contractive operator "C with probability p, else no update" (α' = α p); the tests
-        # check it against the numerical optimum of the general form
-        ratio = xi(a * p_min) ** 2
+        # check it against the numerical optimum of the general form. Its square root is
+        # ξ(α p) itself (squaring it overflowed for α p < 1e-154)
+        return _inverse(L_ + L_tilde * xi(a * p_min), rule)
     else:
         ratio = _pp_best_ratio(a, p_min, p_max)
         if not math.isfinite(ratio):
@@ -358,7 +359,7 @@ def _alpha_nu(a: float, nu: float) -> float:
         raise ValueError(
             f"nu must be in [0, α/(1 − α)) = [0, {a / (1.0 - a):.4g}) for alpha = {a:.4g}, got {nu}"
         )
-    return 1.0 - (1.0 + nu) * (1.0 - a)
+    return a - nu * (1.0 - a)  # = 1 − (1 + ν)(1 − α), without its cancellation at tiny α
 
 
 def stepsize_ef21_sgd(
