@@ -37,6 +37,7 @@ class AmpJob:
     momentum: float = 0.0
     steps: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
     overflow_at: int | None = None  # rank 1's last-layer gradient becomes inf at this step
+    overflow_param: int = -2  # which parameter: the last weight (-1: the last bias, uncompressed)
     scale: float | None = SCALE  # None: no scaler
     granularity: str = "tensor"
     bucket_cap_mb: float = 0.01  # several buckets (one per bucket unit: 0.004 gives two)
@@ -65,7 +66,7 @@ def _train(rank: int, world: int, job: AmpJob) -> dict[str, Any]:
         model.module.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         state.load_state_dict(ckpt["hook"])
-    last = list(model.parameters())[-2]  # the last weight matrix: one bucket of several
+    last = list(model.parameters())[job.overflow_param]  # (-2: one bucket of several)
     skipped, nan_grads = [], []
     for step in job.steps:
         X, y = _batch(rank, step, torch.float32)
@@ -203,6 +204,23 @@ def test_without_a_scaler_an_overflow_in_the_dense_first_step_is_blamed_on_its_r
     text = str(info.value)
     assert "rank 1: this rank's gradients hold inf or nan in a dense iteration" in text
     assert "rank 0: ValueError" not in text
+
+
+@pytest.mark.parametrize("error_feedback", ["ef21", "ef"])
+def test_without_a_scaler_an_overflow_in_an_uncompressed_tensor_stops_its_rank(
+    error_feedback: str,
+) -> None:
+    """Rank 1's inf in the last bias (4 entries, below min_numel: sent uncompressed) at step 2:
+    rank 1 stops naming itself and the tensor. It used to go on the wire silently and leave
+    EF21's g (EF's e) of that tensor non-finite for the rest of the run."""
+    job = AmpJob(
+        "top_k", ratio=0.1, error_feedback=error_feedback, scale=None, overflow_at=2,
+        overflow_param=-1,
+    )  # fmt: skip
+    with pytest.raises(WorkerError) as info:
+        spawn(_train, 2, (job,), pg_timeout=20.0)
+    assert "rank 1: the gradient of" in str(info.value)
+    assert "(sent uncompressed) holds inf or nan" in str(info.value)
 
 
 def _train_amp(rank: int, world: int) -> dict[str, Any]:

@@ -44,20 +44,68 @@ def test_a_16_bit_model_trains_with_16_bit_values_on_the_wire(job: Job, dtype: t
     """Every rank ends with the same 16-bit parameters, and a compressed step's bytes — counted
     by the state and, independently, at the collectives themselves — equal the compressors'
     bit formulas with 16-bit values (the uncompressed biases: 2 bytes a value); the first step
-    (DDP's bucket rebuild) is dense: 2 bytes per parameter, half of float32's."""
+    (the method's initialisation or a warm-up round) is dense: in float32 with float32 memory
+    (4 bytes per parameter: the exact sum of the float32 messages the ranks keep), in the
+    16-bit dtype with ``state_dtype="gradient"`` (2 bytes per parameter)."""
     job = dataclasses.replace(job, dtype=dtype, steps=4, record_bytes=True)
     out = spawn(run, 2, (job,))
     numel = sum(math.prod(s) for s in SHAPES)
     want = expected_bytes(job, 2, dtype)
     assert want < expected_bytes(job, 2, torch.float32)
+    first = (4 if job.state_dtype == "float32" else 2) * numel
     for r in range(2):
-        assert out[r]["state_bytes"] == [2 * numel] + [want] * (job.steps - 1)
+        assert out[r]["state_bytes"] == [first] + [want] * (job.steps - 1)
         assert out[r]["sent"] == out[r]["state_bytes"]
         for t in range(job.steps):
             assert out[r]["params"][t].dtype == dtype
             assert torch.equal(out[r]["params"][t], out[0]["params"][t])
         assert bool(torch.isfinite(out[r]["params"][-1]).all())
     assert not torch.equal(out[0]["params"][0], out[0]["params"][-1])
+
+
+def _ef21_memories(rank: int, world: int, dtype: torch.dtype) -> list[dict[str, torch.Tensor]]:
+    """top_k 10% + EF21 (init="full", float32 memory): every tensor's g and this rank's g_i
+    after each of 4 steps, by the tensor's size."""
+    model = make_model(dtype)
+    ddp = DDP(model, bucket_cap_mb=0.01)
+    state = CompressionState("top_k", ratio=0.1, method="ef21", min_numel=45)
+    ddp.register_comm_hook(state, compression_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.2)
+    out = []
+    for step in range(4):
+        X, y = _batch(rank, step, dtype)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(X), y).backward()
+        opt.step()
+        mem = state.state_dict()["memory"]
+        out.append(
+            {
+                f"{kind}{v['state']['server.g'].numel()}": v["state"][f"{kind}.g"].clone()
+                for v in mem.values()
+                for kind in ("server", "clients")
+            }
+        )
+    return out
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=_name)
+def test_ef21s_float32_memory_keeps_g_the_mean_of_the_g_i_in_a_16_bit_model(
+    dtype: torch.dtype,
+) -> None:
+    """EF21's invariant g = (1/n) Σ g_i, bit for bit on 2 ranks (halving is exact), at every
+    step: the dense initialisation sums the ranks' float32 messages (g_i = ∇f_i exactly). It
+    used to all-reduce them in the 16-bit dtype — g was the 16-bit sum of the rounded x_i/n, up
+    to half a 16-bit unit away from the mean of the g_i, for the rest of the run."""
+    out = spawn(_ef21_memories, 2, (dtype,))
+    for t in range(4):
+        for name in out[0][t]:
+            if not name.startswith("server"):
+                continue
+            d = name.removeprefix("server")
+            g = out[0][t][name].reshape(-1)
+            assert g.dtype == torch.float32 and torch.equal(g, out[1][t][name].reshape(-1))
+            mean = (out[0][t]["clients" + d] + out[1][t]["clients" + d]).reshape(-1) / 2
+            assert torch.equal(g, mean), (t, name, float((g - mean).abs().max()))
 
 
 # --------------------------------------------------------------------------------------------

@@ -141,6 +141,8 @@ def exchange(state: CompressionState, plan: Plan, buf: torch.Tensor, bad: bool) 
     states = [e for e in entries if e is not None]
     if state.iteration < state.settings.warmup_steps:
         return _dense_round(step, states)
+    if state.scaler is None and not bad and plan.compressed:
+        _check_uncompressed(step)
     if plan.mode == "allgather":
         return _gather(step, states)
     if plan.mode == "factors":
@@ -148,6 +150,22 @@ def exchange(state: CompressionState, plan: Plan, buf: torch.Tensor, bad: bool) 
 
         return exchange_factors(step, states)
     return _reduce(step, states)
+
+
+def _check_uncompressed(step: Step) -> None:
+    """Without a loss scaler, stop at a non-finite gradient of a tensor sent uncompressed
+    (below ``min_numel``), before the method reads it, naming this rank and the tensor — as a
+    compressed tensor's compressor and the dense iterations (:func:`_dense_collective`) do.
+    Unchecked, its inf or nan went on the wire silently and into EF's e and EF21's g for the
+    rest of the run. (These tensors are small; a run without any compressed tensor — ``gd``,
+    plain DDP — is not checked, as plain DDP does not check.)"""
+    for u in step.plan.dense:
+        if not bool(torch.isfinite(u.slice(step.buf)).all()):
+            raise ValueError(
+                f"rank {step.rank}: the gradient of {u.label} (sent uncompressed) holds inf or "
+                "nan; without a loss scaler (scaler=) every rank stops: check the gradients, or "
+                "pass scaler= for mixed precision"
+            )
 
 
 def _weigh(cfg: HookConfig, rank: int, values: torch.Tensor, out: torch.Tensor) -> None:
@@ -253,8 +271,9 @@ def _initialise(step: Step) -> Fut | None:
             server, _direction = adapter.init_server(cfg, None)
             state.memory.put(u.uid, State(0, server, clients))
         return None
+    send = _dense_send(step)
     for u, cfg, _, msg in inits:
-        out = u.slice(step.buf)
+        out = u.slice(send)
         values = _dense_values(msg)
         if values is None:
             out.zero_()
@@ -269,7 +288,7 @@ def _initialise(step: Step) -> Fut | None:
             state.memory.put(u.uid, State(0, server, clients))
             _deliver(step, u, direction)
 
-    return _dense_collective(step, finish)
+    return _dense_collective(step, finish, send)
 
 
 def _dense_round(step: Step, states: list[State[Any, Any]]) -> Fut:
@@ -279,6 +298,7 @@ def _dense_round(step: Step, states: list[State[Any, Any]]) -> Fut:
     if step.bad:
         return _dense_collective(step, None)
     steps: list[tuple[Unit, HookConfig, State[Any, Any], Any]] = []
+    send = _dense_send(step)
     for u, st in zip(plan.units, states, strict=True):
         cfg = step.config(u, True)
         dec = plan.work(1, u.numel)
@@ -289,7 +309,7 @@ def _dense_round(step: Step, states: list[State[Any, Any]]) -> Fut:
             encoders.dense_encoder(cfg.compressor, None, dec, dec),
             plan.work(0, u.numel),
         )
-        out = u.slice(step.buf)
+        out = u.slice(send)
         values = _dense_values(msg)
         if values is None:
             out.zero_()
@@ -303,12 +323,27 @@ def _dense_round(step: Step, states: list[State[Any, Any]]) -> Fut:
             agg = res if res.dtype == plan.wdtype else u.slice(step.x).copy_(res)
             _server_part(step, cfg, u, st, clients, agg)
 
-    return _dense_collective(step, finish)
+    return _dense_collective(step, finish, send)
 
 
-def _dense_collective(step: Step, finish: Any) -> Fut:
-    """All-reduce the bucket in place, then run ``finish`` on the sum (a non-finite bucket
-    makes every rank's sum non-finite: then the sum itself is returned).
+def _dense_send(step: Step) -> torch.Tensor:
+    """Where a dense iteration writes its weighted messages: the bucket itself, or — a 16-bit
+    bucket whose method runs in float32 (``state_dtype="float32"``) — a fresh float32 vector
+    of its size. The clients keep their float32 messages in their memory (EF21: g_i = ∇f_i
+    exactly), so the server's aggregate must be the float32 sum of those same messages; a
+    16-bit all-reduce rounded every message to 16 bits and the sum at every addition, and
+    EF21's g then differed from the mean of the g_i by up to half a 16-bit unit for the rest
+    of the run (each later round adds the same message to both sides). These iterations (the
+    initialisation and the warm-up) therefore send 4 bytes an entry."""
+    plan = step.plan
+    if plan.wdtype == step.buf.dtype:
+        return step.buf
+    return torch.empty(step.buf.numel(), dtype=plan.wdtype, device=step.buf.device)
+
+
+def _dense_collective(step: Step, finish: Any, send: torch.Tensor | None = None) -> Fut:
+    """All-reduce ``send`` (default: the bucket) in place, then run ``finish`` on the sum (a
+    non-finite bucket makes every rank's sum non-finite: then the sum itself is returned).
 
     Without a loss scaler a rank whose bucket is not finite stops here, before the collective,
     naming itself — as a compressed iteration's compressor does — so that the other ranks fail
@@ -321,7 +356,7 @@ def _dense_collective(step: Step, finish: Any) -> Fut:
             "hook (its initialisation or warm-up); without a loss scaler (scaler=) every rank "
             "stops: check the gradients, or pass scaler= for mixed precision"
         )
-    fut = step.state.comm.all_reduce(step.buf)
+    fut = step.state.comm.all_reduce(step.buf if send is None else send)
 
     def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         total = result(f, "all-reduce (dense)", rank)
