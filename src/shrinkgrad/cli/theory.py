@@ -39,17 +39,21 @@ def theory_report(
 ) -> dict[str, Any]:
     """Constants, step sizes and predictions of one problem × compressor, as plain data.
 
+    ``compressor``: a built compressor or its spec string (``"top_k[k=1]"``), read by
+    :func:`shrinkgrad.compressors.make_compressor` as everywhere else (stop 35's audit).
     ``p`` is the participation probability of the PP rules, in (0, 1] ([BW] Thm 7). When f(x⁰)
     (and, for the ℓ2 logistic loss, f* by L-BFGS) would take more memory than is available (a
     high declared dimension d), those values and the predictions built on them are left out and
     ``notes`` says so; everything else needs O(nnz + n) memory (nothing is quadratic in d).
     """
     from .. import theory as T
+    from ..compressors import make_compressor
     from ..problems.linear import LinearModelProblem
     from ..problems.memory import MemoryBudgetError, check_memory
     from ..problems.rare import rare_features
 
     p = _check_p(p)
+    compressor = make_compressor(compressor)  # a spec string, or a built compressor unchanged
     d, n = problem.d, problem.n
     notes: list[str] = []
 

@@ -25,8 +25,10 @@ formulas torch's autograd uses (``threshold_backward``, ``tanh_backward``, ``sig
 ∂ℓ/∂h is :attr:`~shrinkgrad.problems.model_losses.ModelLoss.output_grad`.
 
 :meth:`SequentialGrads.of` recognises such a module and returns None for anything else (other
-layers, subclasses of ``Sequential`` with their own ``forward``, shared layers, buffers, inputs
-that are not feature vectors, a loss without ``output_grad``); those models use the generic
+layers, subclasses of ``Sequential`` with their own ``forward``, shared layers, buffers, forward
+or backward hooks on the module or a layer or for all modules (:func:`has_hooks`: the passes
+here call no module, so no hook), inputs that are not feature vectors, a loss without
+``output_grad``); those models use the generic
 ``vmap(grad)`` path of :mod:`~shrinkgrad.problems.model`. Both paths compute the same function;
 the tests check this path against a per-client autograd loop and against the generic path
 (float64, 1e-10).
@@ -42,7 +44,7 @@ import torch
 
 from .model_losses import ModelLoss
 
-__all__ = ["ACTIVATIONS", "Activation", "SequentialGrads"]
+__all__ = ["ACTIVATIONS", "Activation", "SequentialGrads", "has_hooks"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +91,34 @@ class _Layer:
     act: Activation | None
 
 
+#: the hooks ``Module.__call__`` runs around ``forward`` (and autograd runs around its backward):
+#: per module, and global (``torch.nn.modules.module.register_module_forward_hook`` and kin)
+_MODULE_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+_GLOBAL_HOOKS = (
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+)
+
+
+def has_hooks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` or a submodule has a forward, forward-pre, backward or backward-pre
+    hook (``register_forward_hook`` and kin), or such a hook is registered for every module
+    (``torch.nn.modules.module.register_module_forward_hook`` and kin). A hook can change
+    what a module computes, and the fast path does not call modules (stop 35's audit)."""
+    from torch.nn.modules import module as module_mod
+
+    if any(getattr(module_mod, name, None) for name in _GLOBAL_HOOKS):
+        return True
+    return any(getattr(m, name, None) for m in module.modules() for name in _MODULE_HOOKS)
+
+
 class SequentialGrads:
     """The per-client losses and gradients of a Linear/activation stack (module docstring).
 
@@ -112,6 +142,8 @@ class SequentialGrads:
         on feature vectors (then the generic path applies)."""
         if loss.output_grad is None or type(module) is not torch.nn.Sequential:
             return None
+        if has_hooks(module):
+            return None  # the passes below are by hand: they would not run the hooks
         if sample_shape is None or len(sample_shape) != 1 or list(module.buffers()):
             return None
         layers: list[_Layer] = []

@@ -5,14 +5,17 @@
   bundled dataset (the LIBSVM files, ``digits``);
 * ``cnn[dataset=digits, channels=8, n_clients=20, ...]``: a small convolutional network on image
   data, conv 3×3 (``channels``) → ReLU → max-pool 2 → conv 3×3 (2·``channels``) → ReLU →
-  max-pool 2 → linear to the classes (1,882 parameters at channels = 8 on 8×8 digits).
+  max-pool 2 → linear to the classes (1,898 parameters at channels = 8 on 8×8 digits: 80 + 1,168
+  in the convolutions, 650 in the linear layer).
 
 Both are :func:`~shrinkgrad.problems.model_problem` problems (cross-entropy by default; the
 other parameters are passed through). Their weights are drawn with shrinkgrad's keyed randomness
 (never torch's global generator): every ``Linear``/``Conv2d`` weight and bias is uniform on
 [−1/√fan_in, 1/√fan_in] (the distribution of torch's default initialisation), parameter k of the
-model drawn from ``Keys.derive(seed, client=k, stream="model_init")``. So a spec names one
-network: the same ``seed`` gives the same x⁰ in every process.
+model drawn from ``Keys.derive(seed, client=k, stream="model_init")``, and stored in float32
+(:data:`INIT_DTYPE`: the modules are built in it, whatever torch's default dtype) before the
+problem casts it to its ``dtype``. So a spec names one network: the same ``seed`` gives the same
+x⁰ in every process, including one that called ``torch.set_default_dtype`` (stop 35's audit).
 """
 
 from __future__ import annotations
@@ -29,11 +32,16 @@ from .datasets import load
 from .model import ModelProblem, model_problem
 from .splits import Split
 
-__all__ = ["SmallCNN", "cnn", "keyed_init_", "mlp", "mlp_module"]
+__all__ = ["INIT_DTYPE", "SmallCNN", "cnn", "keyed_init_", "mlp", "mlp_module"]
 
 Activation = Literal["relu", "tanh"]
 LossName = Literal["cross_entropy", "logistic", "mse"]
 _ACTIVATIONS: dict[str, type[torch.nn.Module]] = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh}
+
+#: the dtype the registered networks are built and initialised in (their keyed float64 draws
+#: are rounded to it): explicit, so x⁰ does not depend on ``torch.get_default_dtype()``;
+#: float32, torch's usual default, so x⁰ is the one the networks have always had
+INIT_DTYPE = torch.float32
 
 
 def keyed_init_(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -58,11 +66,17 @@ def _outputs(loss: str, n_classes: int) -> int:
 
 
 def mlp_module(
-    d_in: int, d_out: int, hidden: int = 64, depth: int = 1, activation: Activation = "relu"
+    d_in: int,
+    d_out: int,
+    hidden: int = 64,
+    depth: int = 1,
+    activation: Activation = "relu",
+    dtype: torch.dtype = INIT_DTYPE,
 ) -> torch.nn.Sequential:
     """Linear(d_in, hidden) → act → (depth − 1) × [Linear(hidden, hidden) → act] → Linear(·, out).
 
-    ``d_out`` outputs; ``act`` is ReLU or tanh.
+    ``d_out`` outputs; ``act`` is ReLU or tanh; parameters in ``dtype`` (:data:`INIT_DTYPE`,
+    not torch's default dtype).
     """
     for what, v in (("hidden", hidden), ("depth", depth)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -72,16 +86,25 @@ def mlp_module(
     layers: list[torch.nn.Module] = []
     width = d_in
     for _ in range(depth):
-        layers += [torch.nn.Linear(width, hidden), _ACTIVATIONS[activation]()]
+        layers += [torch.nn.Linear(width, hidden, dtype=dtype), _ACTIVATIONS[activation]()]
         width = hidden
-    layers.append(torch.nn.Linear(width, d_out))
+    layers.append(torch.nn.Linear(width, d_out, dtype=dtype))
     return torch.nn.Sequential(*layers)
 
 
 class SmallCNN(torch.nn.Module):
-    """conv3×3(c) → ReLU → maxpool 2 → conv3×3(2c) → ReLU → maxpool 2 → flatten → linear."""
+    """conv3×3(c) → ReLU → maxpool 2 → conv3×3(2c) → ReLU → maxpool 2 → flatten → linear.
 
-    def __init__(self, image_shape: Sequence[int], n_outputs: int, channels: int = 8) -> None:
+    Parameters in ``dtype`` (:data:`INIT_DTYPE`, not torch's default dtype).
+    """
+
+    def __init__(
+        self,
+        image_shape: Sequence[int],
+        n_outputs: int,
+        channels: int = 8,
+        dtype: torch.dtype = INIT_DTYPE,
+    ) -> None:
         super().__init__()
         if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
             raise ValueError(f"channels must be a positive integer, got {channels!r}")
@@ -89,15 +112,15 @@ class SmallCNN(torch.nn.Module):
         if h < 4 or w < 4:
             raise ValueError(f"the images must be at least 4×4 for two 2×2 poolings, got {h}×{w}")
         self.features = torch.nn.Sequential(
-            torch.nn.Conv2d(c_in, channels, 3, padding=1),
+            torch.nn.Conv2d(c_in, channels, 3, padding=1, dtype=dtype),
             torch.nn.ReLU(),
             torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            torch.nn.Conv2d(channels, 2 * channels, 3, padding=1, dtype=dtype),
             torch.nn.ReLU(),
             torch.nn.MaxPool2d(2),
             torch.nn.Flatten(),
         )
-        self.head = torch.nn.Linear(2 * channels * (h // 4) * (w // 4), n_outputs)
+        self.head = torch.nn.Linear(2 * channels * (h // 4) * (w // 4), n_outputs, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(self.features(x))

@@ -396,7 +396,8 @@ class RunSetup:
     options: RunOptions
     #: the table's identifying columns (``method`` ... ``d`` of :data:`COLUMNS`)
     meta: dict[str, Any]
-    #: what a checkpoint must match to be resumed (``meta``, a hash of x⁰, log_every, dtypes)
+    #: what a checkpoint must match to be resumed (``meta``, the problem's identity of
+    #: :func:`problem_identity`, a hash of x⁰, log_every, dtypes)
     fingerprint: dict[str, Any]
     #: the problem's held-out columns (``held_out_columns``), appended to the metric block
     held_out: tuple[str, ...] = ()
@@ -474,6 +475,82 @@ def check_round_memory(problem: Any, method: Any) -> None:
     )
 
 
+#: factory parameters that say how a problem is computed, not which problem it is: the run's
+#: dtype is a fingerprint entry of its own, and a resume may move to another device, thread
+#: count, storage format or evaluation chunk size (docs/simulator.md, "Checkpoints and resume")
+EXECUTION_PARAMS = frozenset({"dtype", "device", "threads", "storage", "batch_size"})
+
+#: ``info()`` keys the fingerprint already holds (in ``meta``, or as the run's dtype)
+_INFO_IN_META = frozenset({"problem", "dataset", "n_clients", "d", "dtype", "spec"})
+
+#: a canonical spec longer than this (an explicit client assignment, say) is kept as its hash
+_SPEC_MAX_CHARS = 240
+
+
+def problem_identity(problem: Problem, info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What identifies ``problem`` in a checkpoint's fingerprint, beyond name, dataset, n and d.
+
+    Two problems with the same name, data set, n, d and x⁰ can still be different problems: another
+    client split, held-out fraction, loss or regulariser (stop 35's audit). The fingerprint
+    therefore holds
+
+    * ``problem.<key>`` for every scalar entry of ``problem.info()`` (``split``, ``loss``,
+      ``lam``, ``n_samples``, ``n_test``, ...) not already in ``meta``;
+    * ``problem.spec``: the problem's registry spec without the parameters at their defaults
+      and without :data:`EXECUTION_PARAMS`, so ``mlp[dataset=a1a]`` and
+      ``mlp[dataset=a1a,split=contiguous,device=cpu]`` are one problem; a spec of more than
+      :data:`_SPEC_MAX_CHARS` characters is kept as ``sha1:<hex>``.
+    """
+    info = problem.info() if info is None else info
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key in _INFO_IN_META:
+            continue
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, float) and math.isnan(value):
+            value = "nan"  # NaN != NaN would refuse the problem's own checkpoint
+        if value is None or isinstance(value, (str, int, float, bool)):
+            out[f"problem.{key}"] = value
+    spec = canonical_problem_spec(getattr(problem, "spec", None))
+    if spec is not None:
+        if len(spec) > _SPEC_MAX_CHARS:
+            spec = "sha1:" + hashlib.sha1(spec.encode()).hexdigest()
+        out["problem.spec"] = spec
+    return out
+
+
+def canonical_problem_spec(spec: Any) -> str | None:
+    """``spec`` (a problem's registry spec) without :data:`EXECUTION_PARAMS` and without the
+    parameters given at their factory's defaults (:func:`problem_identity`); None when there
+    is no spec, and the spec unchanged when the registry does not know it."""
+    from ..problems import PROBLEMS
+    from ..registry import Spec, SpecError, coerce_value, parse_spec
+
+    if not isinstance(spec, str) or not spec:
+        return None
+    try:
+        parsed = parse_spec(spec)
+        entry = PROBLEMS.entry(parsed.name)
+    except SpecError:
+        return spec
+    defaults = {p.name: p.default for p in entry.keyword if p.default is not p.empty}
+    kept: list[tuple[str, Any]] = []
+    for key, raw in parsed.params:
+        if key in EXECUTION_PARAMS:
+            continue
+        if key in defaults:
+            try:
+                value = coerce_value(raw, entry.hints.get(key), key, PROBLEMS)
+                at_default = type(value) is type(defaults[key]) and bool(value == defaults[key])
+            except Exception:  # a value the factory accepted but cannot be compared: keep it
+                at_default = False
+            if at_default:
+                continue
+        kept.append((key, raw))
+    return str(Spec(parsed.name, tuple(kept), parsed.args))
+
+
 def setup_run(
     problem: Problem | str,
     method: Method[Any, Any] | str,
@@ -531,6 +608,7 @@ def setup_run(
     x_bytes = x_start.detach().cpu().to(torch.float64).numpy().tobytes()
     fingerprint = dict(
         meta,
+        **problem_identity(prob, info),
         x0_sha1=hashlib.sha1(x_bytes).hexdigest(),
         log_every=options.log_every,
         dtype=str(cfg.dtype),
@@ -541,7 +619,7 @@ def setup_run(
     clock = None
     if options.network is not None:
         try:
-            clock = ModelClock.of(options.network, cfg.n, cfg.compressor)
+            clock = ModelClock.of(options.network, cfg.n, cfg.compressor, cfg.d)
         except ValueError as e:
             raise ValueError(f"network: {e}") from None
         fingerprint["network"] = clock.describe()
@@ -888,13 +966,24 @@ def _resume(
         return None
     saved = data.get("fingerprint", {})
     diff = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
+    unrecorded = [k for k in diff if k.startswith("problem.") and k not in saved]
+    if diff and len(unrecorded) == len(diff):
+        # a checkpoint of an earlier version, whose fingerprint did not identify the problem
+        # (problem_identity): it cannot be told apart from one of another split or loss
+        raise ValueError(
+            f"the checkpoint {str(path)!r} belongs to a different run or to an earlier version "
+            f"of shrinkgrad: it does not record the problem's "
+            f"{', '.join(k.removeprefix('problem.') for k in unrecorded)}, so it may be of "
+            "another split, held-out part or loss; delete it to start the run again, or choose "
+            "another checkpoint path (another --out)"
+        )
     if diff:
         detail = ", ".join(
             f"{k}: saved {saved.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff
         )
         raise ValueError(
             f"the checkpoint {str(path)!r} belongs to a different run ({detail}); delete it, or "
-            "choose another checkpoint path"
+            "choose another checkpoint path (another --out)"
         )
     fields = {f.name for f in dataclasses.fields(Progress)}
     optional = ("status", "message", "time_model_s")
