@@ -206,6 +206,16 @@ def test_mistakes_are_one_line_errors(network: object, words: list[str]) -> None
 
 def test_a_modelled_time_that_overflows_blames_the_network_not_x0() -> None:
     # every metric of x0 is finite; 2 × latency overflows the clock of round 0
-    with pytest.raises(ValueError, match=r"^the network model's time of round 0 is inf s") as e:
+    with pytest.raises(ValueError, match=r"^the network model's time of a round is inf s") as e:
         simulate(PROBLEM, "ef21", "top_k[k=2]", rounds=1, network="star[up=1kbit,latency=1e308]")
     assert "starting point" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_later_round_that_overflows_blames_the_network_not_the_step_size() -> None:
+    # DCGD sends nothing in round 0 (a finite clock), then 8·bits/B overflows for B = 1e-310:
+    # before stop 35 the run ended "diverged ... step size too large?" (the table's
+    # time_model_s was inf); now it is the network's one-line error
+    with pytest.raises(ValueError, match=r"^the network model's time of a round is inf s") as e:
+        simulate(PROBLEM, "dcgd", "rand_k[k=2]", rounds=3, network="star[up=1e-310,compute=0]")
+    msg = str(e.value)
+    assert "star[up=1e-310" in msg and "step size" not in msg and "\n" not in msg

@@ -27,7 +27,14 @@ from .clock import ModelClock, network_of
 from .collectives import Cost, point_to_point, ring_allgather, ring_allreduce
 from .estimate import Estimate, measure_rounds  # network.estimate stays the module
 from .topology import NETWORKS, Links, Network, Ring, RoundCost, Star, make_network
-from .traffic import Collective, PSMessages, hook_collectives, ps_messages, summable
+from .traffic import (
+    Collective,
+    PSMessages,
+    hook_collectives,
+    ps_messages,
+    stage_shares,
+    summable,
+)
 from .units import parse_bandwidth, parse_duration
 from .values import DISTRIBUTIONS, Distribution, PerClient
 
@@ -56,5 +63,6 @@ __all__ = [
     "ps_messages",
     "ring_allgather",
     "ring_allreduce",
+    "stage_shares",
     "summable",
 ]

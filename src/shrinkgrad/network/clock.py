@@ -12,8 +12,12 @@ with t_i = [D_i > 0](α_i + 8D_i/B↓_i) + c_i + [U_i > 0](α_i + 8U_i/B↑_i) (
 round 0 is the initialisation). On a ring a round is an all-reduce when its messages can be
 summed — the run's compressor's are (:func:`~.traffic.summable`), or the round sent
 uncompressed vectors (:func:`~.traffic.round_summable`: EF21's full initialisation) — and an
-all-gather otherwise. The active clients are those that send or receive anything: with
-partial participation the sampled ones, so a round costs what its slowest sampled client costs.
+all-gather otherwise. PowerSGD's shared basis sends its factors in two stages, P then Q
+(:func:`~.traffic.stage_shares`): two all-reduces on a ring, two round trips on a star
+(docs/network.md §2). A round whose modelled time is not finite is a one-line ValueError that
+blames the network (:func:`overflow_message`), not the step size. The active clients are those
+that send or receive anything: with partial participation the sampled ones, so a round costs
+what its slowest sampled client costs.
 
 Compute time c_i is the network spec's ``compute`` when it gives one, else the round's measured
 wall time divided by n (one client's share of the vectorised step, which computes every client on
@@ -23,19 +27,20 @@ one tensor axis: the share the simulator's ``time_s`` charges each of the n clie
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .topology import Network, RoundCost, make_network
-from .traffic import round_summable, summable
+from .traffic import round_stages, round_summable, stage_shares, summable
 
 if TYPE_CHECKING:
     import torch
 
     from ..methods.base import Traffic
 
-__all__ = ["ModelClock", "network_of"]
+__all__ = ["ModelClock", "network_of", "overflow_message"]
 
 
 def network_of(value: Any, what: str = "network") -> Network | None:
@@ -63,19 +68,31 @@ class ModelClock:
     """The cost of a simulated round on ``network`` for ``n`` clients (module docstring).
 
     ``summable``: whether the compressed messages can be all-reduced (rings only; see
-    :func:`~.traffic.summable`); a round of uncompressed vectors always can.
+    :func:`~.traffic.summable`); a round of uncompressed vectors always can. ``stages``: the
+    shares of a compressed message sent in successive exchanges (:func:`~.traffic.stage_shares`:
+    PowerSGD's shared basis, P then Q; one exchange otherwise).
     """
 
     network: Network
     n: int
     summable: bool = False
+    stages: tuple[float, ...] = (1.0,)
 
     @classmethod
-    def of(cls, network: Network, n: int, compressor: Any) -> ModelClock:
-        """The clock of a run of ``n`` clients with ``compressor``; checks now that the
-        network's per-client lists fit ``n`` (one-line error otherwise)."""
+    def of(cls, network: Network, n: int, compressor: Any, d: int | None = None) -> ModelClock:
+        """The clock of a run of ``n`` clients with ``compressor`` on vectors of ``d`` entries
+        (needed for a compressor sent in stages, whose shares follow from d); checks now that
+        the network's per-client lists fit ``n`` (one-line error otherwise)."""
         cls.check(network, n)
-        return cls(network, int(n), summable(compressor))
+        shares: tuple[float, ...] = (1.0,)
+        if summable(compressor) and compressor.collective == "allreduce_factors":
+            if d is None:
+                raise ValueError(
+                    f"{compressor.name} sends its factors in two stages whose sizes follow from "
+                    "the dimension: give d"
+                )
+            shares = stage_shares(compressor, d)
+        return cls(network, int(n), summable(compressor), shares)
 
     @staticmethod
     def check(network: Network, n: int) -> None:
@@ -96,13 +113,28 @@ class ModelClock:
         idx = ids.detach().cpu().numpy()
         up[idx] = traffic.up.detach().cpu().numpy() / 8.0
         down[idx] = traffic.down.detach().cpu().numpy() / 8.0
-        return self.network.round(
+        cost = self.network.round(
             up,
             down,
             compute=max(0.0, float(elapsed_s)) / self.n,
             summable=round_summable(traffic, self.summable),
+            stages=round_stages(traffic, self.stages),
         )
+        if not math.isfinite(cost.total_s):
+            raise ValueError(overflow_message(cost.total_s, self.describe()))
+        return cost
 
     def seconds(self, traffic: Traffic, ids: torch.Tensor, elapsed_s: float) -> float:
         """:meth:`round`'s total in seconds."""
         return self.round(traffic, ids, elapsed_s).total_s
+
+
+def overflow_message(seconds: float, network: str) -> str:
+    """The one line that blames an overflowing modelled time on the network (not on the step
+    size or x⁰): a bandwidth so small, or a latency or compute time so large, that a round's
+    seconds are not a finite number."""
+    return (
+        f"the network model's time of a round is {seconds} s: the network {network} has values "
+        "out of any physical range (its latency, bandwidth or compute); give finite, realistic "
+        "ones"
+    )

@@ -25,6 +25,7 @@ import numpy as np
 
 __all__ = [
     "Cost",
+    "check_ranks",
     "point_to_point",
     "ring_allgather",
     "ring_allreduce",
@@ -47,11 +48,27 @@ class Cost:
         return Cost(self.transfer_s + other.transfer_s, self.latency_s + other.latency_s)
 
 
-def _check(nbytes: float, p: int) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
+def check_ranks(p: int) -> int:
+    """``p`` as an int when it is a number of ranks (an integer >= 1), else a one-line
+    ValueError."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, np.integer)) or p < 1:
         raise ValueError(f"the number of ranks p must be an integer >= 1, got {p!r}")
+    return int(p)
+
+
+def _check(nbytes: float, p: int, bandwidth: float = math.inf, latency: float = 0.0) -> None:
+    """One-line ValueErrors for what the α–β model has no meaning for: p < 1 ranks, a size that
+    is not a finite number ≥ 0, a bandwidth that is not > 0 (inf: an infinitely fast link), a
+    latency that is not a finite number ≥ 0."""
+    check_ranks(p)
     if not (nbytes >= 0 and math.isfinite(nbytes)):
         raise ValueError(f"a message size must be a finite number of bytes >= 0, got {nbytes!r}")
+    if not bandwidth > 0:  # NaN too
+        raise ValueError(
+            f"a bandwidth must be > 0 bit/s (inf: an infinitely fast link), got {bandwidth!r}"
+        )
+    if not (latency >= 0 and math.isfinite(latency)):
+        raise ValueError(f"a latency must be a finite number of seconds >= 0, got {latency!r}")
 
 
 def _seconds(nbytes: float, bandwidth: float) -> float:
@@ -63,7 +80,7 @@ def _seconds(nbytes: float, bandwidth: float) -> float:
 
 def ring_allreduce(nbytes: float, p: int, bandwidth: float, latency: float) -> Cost:
     """All-reduce of ``nbytes`` per rank on a ring of ``p`` ranks: 2(p−1)/p·8S/B + 2(p−1)α."""
-    _check(nbytes, p)
+    _check(nbytes, p, bandwidth, latency)
     if p == 1 or nbytes == 0:
         return Cost()
     return Cost(2.0 * (p - 1) / p * _seconds(nbytes, bandwidth), 2.0 * (p - 1) * latency)
@@ -71,7 +88,7 @@ def ring_allreduce(nbytes: float, p: int, bandwidth: float, latency: float) -> C
 
 def ring_allgather(block: float, p: int, bandwidth: float, latency: float) -> Cost:
     """All-gather of a ``block`` of bytes from each of ``p`` ranks: (p−1)·8b/B + (p−1)α."""
-    _check(block, p)
+    _check(block, p, bandwidth, latency)
     if p == 1 or block == 0:
         return Cost()
     return Cost((p - 1) * _seconds(block, bandwidth), (p - 1) * latency)
@@ -79,7 +96,7 @@ def ring_allgather(block: float, p: int, bandwidth: float, latency: float) -> Co
 
 def point_to_point(nbytes: float, bandwidth: float, latency: float) -> Cost:
     """One message of ``nbytes`` over one link: 8S/B + α (nothing when the message is empty)."""
-    _check(nbytes, 1)
+    _check(nbytes, 1, bandwidth, latency)
     if nbytes == 0:
         return Cost()
     return Cost(_seconds(nbytes, bandwidth), latency)

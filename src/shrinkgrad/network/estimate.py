@@ -7,8 +7,11 @@ For a problem, a method with its compressor and step size, and a network:
 
    * GD, EF21, EF21-W, EF21-PP, EF21-W-PP: T = ⌈2Φ⁰/(γε)⌉, Φ⁰ = f(x⁰) − f^inf + (γ/(2θ(α))) G⁰
      ([EF21] Thm 1, [EFR] Thms 2–3, [BW] Thm 7; :func:`shrinkgrad.theory.rounds_ef21`),
-     G⁰ = Σ_i w_i‖g_i⁰ − ∇f_i(x⁰)/(n w_i)‖² measured at the initialisation (0 for
-     ``init="full"``), at a step not above the method's rule;
+     G⁰ = Σ_i v_i‖g_i⁰ − ∇f_i(x⁰)/(n w_i)‖² measured at the initialisation (0 for
+     ``init="full"``) with the weights of the rule's Lyapunov function (v_i = w_i; for
+     ``ef21[rule=reloaded]`` v_i = L_AM/(n L_i), [EFR] Thm 3's G_w: :func:`_lyapunov_weights`),
+     and its θ (θ(α), or θ_p of [BW] Thm 7 under partial participation:
+     :func:`lyapunov_alpha`), at a step not above the method's rule;
    * DCGD with an unbiased ω-compressor ([K18]): the smallest T with
      2(1 + Lγ²ωL_max/n)^T δ⁰/(γT) ≤ ε, δ⁰ = f(x⁰) − 0, for γ ≤ 1/L (Khaled & Richtárik, *Better
      theory for SGD in the nonconvex world*, TMLR 2023, Thm 2 with A = ωL_max/n, B = 1, C = 0;
@@ -34,11 +37,15 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..registry import parse_spec
+from .clock import overflow_message
 from .topology import Network, RoundCost, make_network
-from .traffic import round_summable, summable
+from .traffic import round_summable, stage_shares, summable
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ROUNDS_THEOREMS",
@@ -76,8 +83,9 @@ def _gap_to_inf(problem: Any) -> float:
 
 
 def _ef21_rounds(bound: Any, problem: Any, eps: float, G0: float) -> int:
-    """T = ⌈2Φ⁰/(γε)⌉, Φ⁰ = f(x⁰) − f^inf + γG⁰/(2θ(α)) ([EF21] Thm 1 and its relatives), at a
-    step not above the method's own rule."""
+    """T = ⌈2Φ⁰/(γε)⌉, Φ⁰ = f(x⁰) − f^inf + γG⁰/(2θ) ([EF21] Thm 1 and its relatives), at a
+    step not above the method's own rule, with the θ of the rule's Lyapunov function
+    (:func:`lyapunov_alpha`: θ(α), or θ_p under partial participation)."""
     from ..theory import rounds_ef21
 
     gamma_max, rule = bound.method.theory_stepsize(bound.cfg)
@@ -87,7 +95,48 @@ def _ef21_rounds(bound: Any, problem: Any, eps: float, G0: float) -> int:
             f"{gamma_max:.4g} ({rule}): the theorem does not bound its rounds; use a step "
             "<= theory, or give the number of rounds (--rounds N, rounds=N)"
         )
-    return rounds_ef21(bound.cfg.stepsize, _gap_to_inf(problem), eps, alpha=bound.cfg.alpha, G0=G0)
+    alpha = lyapunov_alpha(bound)
+    return rounds_ef21(bound.cfg.stepsize, _gap_to_inf(problem), eps, alpha=alpha, G0=G0)
+
+
+def lyapunov_alpha(bound: Any) -> float:
+    """The α' whose θ(α') = 1 − √(1 − α') is the θ of the Lyapunov function Φ = δ + (γ/(2θ))G
+    of the theorem behind the method's step rule.
+
+    Full participation: α' = α, θ(α) ([EF21] Thm 1, [EFR] Thms 2–3). Partial participation
+    (EF21-PP, EF21-W-PP: [BW] Thm 7, [EFR] §3.2): the bound is 2δ⁰/(γT) + G⁰/(θ_p T) with the
+    θ_p = ρ p_min + θ p_max − ρ − (p_max − p_min) of the free s, ρ the rule uses
+    (:func:`shrinkgrad.theory.stepsizes.pp_constants`), the minimisers of B/θ_p: for one
+    common p, θ_p = θ(αp) (the rule is EF21's with α' = αp, methods.md §4, D), so α' = αp; for
+    per-client p_i, θ_p at the numerical minimiser (:func:`_pp_theta`) and α' = 1 − (1 − θ_p)²,
+    whose θ(α') is θ_p.
+    """
+    alpha = float(bound.cfg.alpha)
+    method = bound.method
+    if not getattr(method, "partial", False):
+        return alpha
+    p = [float(v) for v in method.p.reshape(-1).tolist()]
+    p_min, p_max = min(p), max(p)
+    if p_min == p_max:
+        return alpha * p_min
+    theta_p = _pp_theta(alpha, p_min, p_max)
+    return 1.0 - (1.0 - theta_p) ** 2
+
+
+def _pp_theta(alpha: float, p_min: float, p_max: float) -> float:
+    """θ_p of [BW] Thm 7 at the (s, ρ) that minimise B/θ_p, the step rule of
+    :func:`shrinkgrad.theory.stepsizes.stepsize_ef21_pp`
+    (:func:`~shrinkgrad.theory.stepsizes.pp_best_parameters`), by
+    :func:`~shrinkgrad.theory.stepsizes.pp_constants`."""
+    from ..theory.stepsizes import pp_best_parameters, pp_constants
+
+    ratio, s, rho = pp_best_parameters(alpha, p_min, p_max)
+    if not math.isfinite(ratio):
+        raise ValueError(
+            f"no valid θ_p: α·p_max > p_max − p_min fails (α = {alpha:.4g}, p_min = {p_min:.4g}, "
+            f"p_max = {p_max:.4g})"
+        )
+    return pp_constants(alpha, [p_min, p_max], s, rho)[0]
 
 
 def _dcgd_rounds(bound: Any, problem: Any, eps: float, G0: float) -> int:
@@ -169,6 +218,9 @@ class MeasuredRounds:
     #: (:func:`~.traffic.round_summable`)
     summable: bool
     init_summable: bool
+    #: the shares of a round's messages sent in successive exchanges (:func:`~.traffic.
+    #: stage_shares`: PowerSGD's shared basis, P then Q; one exchange otherwise)
+    stages: tuple[float, ...] = (1.0,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +298,9 @@ def measure_rounds(bound: Any, problem: Any, rounds: int = 10) -> MeasuredRounds
     if isinstance(g, torch.Tensor) and g.shape == (n, problem.d):
         w = bound.cfg.weights.to(torch.float64).reshape(-1, 1)
         target = oracle.grads(state.x, torch.arange(n)).to(torch.float64) / (n * w)
-        G0 = float((w.reshape(-1) * ((g.to(torch.float64) - target) ** 2).sum(1)).sum())
+        gap = ((g.to(torch.float64) - target) ** 2).sum(1)
+        coef = _lyapunov_weights(bound, n)
+        G0 = float(torch.where(gap == 0, 0.0, coef * gap).sum())
     traffic, times, bits, sums = [], [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -265,7 +319,27 @@ def measure_rounds(bound: Any, problem: Any, rounds: int = 10) -> MeasuredRounds
         G0=G0,
         summable=all(sums),
         init_summable=init_summable,
+        stages=stage_shares(bound.cfg.compressor, int(problem.d)) if compressed else (1.0,),
     )
+
+
+def _lyapunov_weights(bound: Any, n: int) -> torch.Tensor:
+    """The weights v_i of G = Σ_i v_i‖g_i − ∇f_i/(n w_i)‖² in the Lyapunov function of the
+    method's step rule: the method's weights w_i (1/n: [EF21] Thm 1's G; EF21-W's
+    w_i = L_i/Σ_j L_j: [EFR] Thm 2's G_w), or, for ``ef21[rule=reloaded]`` (unweighted, the
+    L_AM step), (1/n)(L_AM/L_i): G_w = (1/n) Σ_i (L_AM/L_i)‖g_i − ∇f_i‖² ([EFR] Thm 3;
+    methods.md §4), inf for a client with L_i = 0 (whose f_i is constant: its gap is 0 and
+    counts 0)."""
+    import torch
+
+    method, cfg = bound.method, bound.cfg
+    if getattr(method, "rule", None) == "reloaded" and not getattr(method, "weighted", False):
+        L_i = cfg.constants.smoothness()[1].to(torch.float64).reshape(-1).cpu()
+        L_AM = float(L_i.mean())
+        with torch.no_grad():
+            return torch.where(L_i > 0, L_AM / (n * L_i), torch.full_like(L_i, math.inf))
+    weights: torch.Tensor = cfg.weights.to(torch.float64).reshape(-1).cpu()
+    return weights
 
 
 def theory_rounds(bound: Any, problem: Any, eps: float, G0: float) -> tuple[int, str]:
@@ -341,9 +415,15 @@ def estimate(
         c, csource = parse_duration(compute, "compute"), "given"
     else:
         c, csource = m.compute_s, "measured (median simulated round / n)"
-    costs = [net.round(up, down, compute=c, summable=m.summable) for up, down in m.traffic]
+    stages = m.stages if m.summable else (1.0,)
+    costs = [
+        net.round(up, down, compute=c, summable=m.summable, stages=stages) for up, down in m.traffic
+    ]
     up0, down0 = m.init_traffic
     init = net.round(up0, down0, compute=c, summable=m.init_summable)
+    for cost in (init, *costs):
+        if not math.isfinite(cost.total_s):
+            raise ValueError(overflow_message(cost.total_s, net.describe(int(prob.n))))
     return Estimate(
         problem=getattr(prob, "spec", "") or prob.name,
         method=meth.name,

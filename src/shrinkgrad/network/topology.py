@@ -21,7 +21,9 @@ The time of a round (:class:`RoundCost`, its compute, transfer and latency parts
   the active ranks compute (max_i c_i) and then all n ranks all-reduce (summable messages) or
   all-gather (padded to the largest message) what the active ones send — every rank holds a
   replica of x and needs the aggregate, so the inactive ranks take part with empty blocks, and
-  nothing comes down;
+  nothing comes down; a message sent in stages (``stages``: PowerSGD's shared basis, P then Q)
+  is one collective per stage on a ring, and on a star one more round trip per stage (the sum
+  of the previous stage down, the next share up, after the slowest client: docs/network.md §2);
 * a **DDP step** (:meth:`Network.step`): max_i c_i and then the hook's collectives
   (:func:`~.traffic.hook_collectives`) one after the other — no overlap of computation and
   communication;
@@ -38,13 +40,22 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import itertools
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..registry import Registry
-from .collectives import Cost, point_to_point, ring_allgather, ring_allreduce, slowest
+from .collectives import (
+    Cost,
+    check_ranks,
+    point_to_point,
+    ring_allgather,
+    ring_allreduce,
+    slowest,
+)
 from .traffic import Collective, PSMessages
 from .units import format_bandwidth, format_duration, parse_bandwidth, parse_duration
 from .values import BandwidthValue, DurationValue, PerClient, per_client
@@ -184,18 +195,22 @@ class Network(abc.ABC):
         compute: float | Sequence[float] | np.ndarray | None = None,
         active: Sequence[bool] | np.ndarray | None = None,
         summable: bool = False,
+        stages: Sequence[float] | None = None,
     ) -> RoundCost:
         """A server round: client i receives ``down[i]`` bytes, computes, sends ``up[i]`` bytes.
 
         ``active`` marks the clients that take part (default: those that send or receive
         anything); ``summable`` says the messages can be all-reduced (rings only);
-        ``compute`` is the measured compute time (used when the spec gives none).
+        ``compute`` is the measured compute time (used when the spec gives none); ``stages``
+        the shares of every up message sent in successive synchronous exchanges (default one;
+        PowerSGD's shared basis two, P then Q: :func:`~.traffic.stage_shares`; summable only).
         """
         u, d = _traffic(up, down)
+        shares = _stages(stages, summable)
         act = _active(u, d, active)
         if not act.any():
             return RoundCost()
-        return self._round(u, d, act, self.compute_times(u.size, compute), summable)
+        return self._round(u, d, act, self.compute_times(u.size, compute), summable, shares)
 
     @abc.abstractmethod
     def _round(
@@ -205,8 +220,10 @@ class Network(abc.ABC):
         active: np.ndarray,
         compute: np.ndarray,
         summable: bool,
+        stages: tuple[float, ...] = (1.0,),
     ) -> RoundCost:
-        """:meth:`round` of checked per-client bytes, flags and compute times (some active)."""
+        """:meth:`round` of checked per-client bytes, flags, compute times (some active) and
+        stage shares."""
 
     def step(
         self,
@@ -216,6 +233,7 @@ class Network(abc.ABC):
         compute: float | Sequence[float] | np.ndarray | None = None,
     ) -> RoundCost:
         """One synchronous step of ``p`` ranks: the slowest compute, then every collective."""
+        p = check_ranks(p)
         c = float(np.max(self.compute_times(p, compute)))
         comm = Cost()
         for coll in collectives:
@@ -298,10 +316,27 @@ def _traffic(
     return u, d
 
 
+def _stages(stages: Sequence[float] | None, summable: bool) -> tuple[float, ...]:
+    """The checked stage shares of :meth:`Network.round` (default: one exchange)."""
+    if stages is None:
+        return (1.0,)
+    shares = tuple(float(s) for s in stages)
+    if not shares or any(not (math.isfinite(s) and s > 0) for s in shares):
+        raise ValueError(f"stages must be shares > 0 of a message, got {list(stages)!r}")
+    if abs(sum(shares) - 1.0) > 1e-9:
+        raise ValueError(f"stages must be shares of a message that add up to 1, got {shares}")
+    if len(shares) > 1 and not summable:
+        raise ValueError(
+            "a message in several stages is summed stage by stage (PowerSGD's shared basis: "
+            "P, then Q); give summable=True with more than one stage"
+        )
+    return shares
+
+
 def _seconds(nbytes: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
     """8·nbytes/bandwidth per client (0 for empty messages and infinitely fast links)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = 8.0 * nbytes / bandwidth
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t = 8.0 * nbytes / bandwidth  # an overflow is inf, refused by the callers
     return np.where((nbytes == 0) | np.isinf(bandwidth), 0.0, t)
 
 
@@ -346,15 +381,42 @@ class Star(Network):
         active: np.ndarray,
         compute: np.ndarray,
         summable: bool,
+        stages: tuple[float, ...] = (1.0,),
     ) -> RoundCost:
         links = self.links(up.size)
-        t_down, t_up = _seconds(down, links.down), _seconds(up, links.up)
-        lat = links.latency * ((down > 0).astype(float) + (up > 0).astype(float))
+        with np.errstate(over="ignore"):  # an overflow is inf, refused by the callers
+            return self._phases(up, down, active, compute, stages, links)
+
+    @staticmethod
+    def _phases(
+        up: np.ndarray,
+        down: np.ndarray,
+        active: np.ndarray,
+        compute: np.ndarray,
+        stages: tuple[float, ...],
+        links: Links,
+    ) -> RoundCost:
+        """:meth:`_round`'s exchanges: the first (down, compute, the first share up), then
+        one per further stage (the previous stage's sum down, the next share up)."""
+        first = up if len(stages) == 1 else stages[0] * up
+        t_down, t_up = _seconds(down, links.down), _seconds(first, links.up)
+        lat = links.latency * ((down > 0).astype(float) + (first > 0).astype(float))
         total = np.where(active, compute + t_down + t_up + lat, -np.inf)
         i = int(np.argmax(total))
-        return RoundCost(float(compute[i]), float(t_down[i] + t_up[i]), float(lat[i]), i)
+        cost = RoundCost(float(compute[i]), float(t_down[i] + t_up[i]), float(lat[i]), i)
+        for prev, share in itertools.pairwise(stages):
+            # the next exchange waits for every client's part of the previous one: the server
+            # sends each the sum (as large as one part), then each sends its next part
+            back = np.full(up.size, prev * float(np.max(up[active])))
+            part = share * up
+            t = _seconds(back, links.down) + _seconds(part, links.up)
+            lat = links.latency * ((back > 0).astype(float) + (part > 0).astype(float))
+            j = int(np.argmax(np.where(active, t + lat, -np.inf)))
+            cost = dataclasses.replace(cost + RoundCost(0.0, float(t[j]), float(lat[j])), client=i)
+        return cost
 
     def collective(self, c: Collective, p: int) -> Cost:
+        p = check_ranks(p)
         if p == 1 or c.nbytes == 0:
             return Cost()
         links = self.links(p)
@@ -411,6 +473,7 @@ class Ring(Network):
         return Links(b, b, self.latency.values(n))
 
     def collective(self, c: Collective, p: int) -> Cost:
+        p = check_ranks(p)
         links = self.links(p)
         bw, lat = slowest(links.up, links.latency)
         if c.kind == "allreduce":
@@ -424,6 +487,7 @@ class Ring(Network):
         active: np.ndarray,
         compute: np.ndarray,
         summable: bool,
+        stages: tuple[float, ...] = (1.0,),
     ) -> RoundCost:
         idx = np.flatnonzero(active)
         # every rank holds a replica of x, so every rank takes part in the collective, the
@@ -431,6 +495,9 @@ class Ring(Network):
         # set by its slowest link; only the active ranks compute
         links = self.links(up.size)
         bw, lat = slowest(links.up, links.latency)
-        block = float(np.max(up[idx]))
-        comm = (ring_allreduce if summable else ring_allgather)(block, int(up.size), bw, lat)
+        block, n = float(np.max(up[idx])), int(up.size)
+        collective = ring_allreduce if summable else ring_allgather
+        comm = Cost()
+        for share in stages:  # one collective per stage, one after the other
+            comm = comm + collective(block if len(stages) == 1 else share * block, n, bw, lat)
         return RoundCost(float(np.max(compute[idx])), comm.transfer_s, comm.latency_s)

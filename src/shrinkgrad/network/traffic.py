@@ -16,6 +16,8 @@ runtimes use them, so the cost model charges what is sent:
   PowerSGD's shared basis (``power_sgd[shared=true]``, ``collective == "allreduce_factors"``)
   all-reduces the raw small tensors with the P factors (m × r each), then the Q factors
   (n × r), r(m + n) values per tensor of the matrix view ``shapes`` gives.
+* :func:`stage_shares` — how a compressed message of the simulator travels: in one exchange, or
+  (PowerSGD's shared basis) in two, P then Q, the shares m/(m + n) and n/(m + n);
 * :func:`ps_messages` — one cycle of a parameter-server worker
   (:mod:`shrinkgrad.distributed.ps.wire`): the model down (header + d values), the header and
   the encoded gradient up.
@@ -32,6 +34,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 if TYPE_CHECKING:
     import torch
 
@@ -39,27 +43,53 @@ if TYPE_CHECKING:
     from ..methods.base import Traffic
 
 __all__ = [
+    "COLLECTIVE_KINDS",
     "Collective",
     "CollectiveKind",
     "PSMessages",
     "hook_collectives",
     "ps_messages",
+    "round_stages",
     "round_summable",
+    "stage_shares",
     "summable",
 ]
 
 #: a synchronous collective among all ranks
 CollectiveKind = Literal["allreduce", "allgather"]
+#: the kinds a :class:`Collective` may have (the network costs each its own way)
+COLLECTIVE_KINDS: tuple[str, ...] = ("allreduce", "allgather")
+
+
+def _is_int(n: object) -> bool:
+    """An integer, Python's or numpy's (bools are not)."""
+    return not isinstance(n, (bool, np.bool_)) and isinstance(n, (int, np.integer))
 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
     """One collective: its kind, and the bytes each rank hands to it (the all-reduced buffer,
-    or its own all-gather block)."""
+    or its own all-gather block).
+
+    A kind other than :data:`COLLECTIVE_KINDS`, or a byte count that is not a finite number
+    ≥ 0, is a one-line ValueError here (a network would otherwise cost it as something else).
+    """
 
     kind: CollectiveKind
     nbytes: int
     what: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in COLLECTIVE_KINDS:
+            raise ValueError(
+                f"Collective kind must be one of {', '.join(COLLECTIVE_KINDS)}, got {self.kind!r}"
+            )
+        n = self.nbytes
+        number = not isinstance(n, (bool, np.bool_)) and isinstance(
+            n, (int, float, np.integer, np.floating)
+        )
+        if not (number and math.isfinite(n) and n >= 0):
+            raise ValueError(f"Collective nbytes must be a finite number of bytes >= 0, got {n!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +101,40 @@ class PSMessages:
     up: tuple[int, ...]
 
 
+def _factor_shared(compressor: Compressor) -> bool:
+    """PowerSGD's shared basis (``collective == "allreduce_factors"`` with ``shared``): its
+    factors are summed stage by stage; per-client PowerSGD's are each client's own."""
+    return compressor.collective == "allreduce_factors" and bool(
+        getattr(compressor, "shared", False)
+    )
+
+
 def summable(compressor: Compressor) -> bool:
-    """Whether ranks can sum their messages with an all-reduce (dense results, or the k values
-    of a shared-seed sparsifier) instead of all-gathering them."""
-    return compressor.collective == "allreduce" or bool(getattr(compressor, "shared_seed", False))
+    """Whether ranks can sum their messages with all-reduces (dense results, the k values of a
+    shared-seed sparsifier, or PowerSGD's shared-basis factors P then Q:
+    :func:`stage_shares`) instead of all-gathering them. Per-client PowerSGD is not: each
+    client's factors are its own and do not add up (:func:`.hooks.config.factor_refusal`)."""
+    return (
+        compressor.collective == "allreduce"
+        or bool(getattr(compressor, "shared_seed", False))
+        or _factor_shared(compressor)
+    )
+
+
+def stage_shares(compressor: Compressor, d: int) -> tuple[float, ...]:
+    """The shares of one compressed message of a d-vector that travel in successive,
+    synchronous exchanges: ``(1.0,)`` (one exchange) for every compressor but PowerSGD's shared
+    basis, whose message is r(m + n) values sent in two stages, P (m × r) summed, then — once
+    every rank has P̂ = orthonormalize(ΣP_i) — Q (n × r) summed:
+    ``(m/(m + n), n/(m + n))`` for the m × n view of a d-vector
+    (:meth:`shrinkgrad.compressors.lowrank.PowerSGD.factor_collective`, the same two
+    all-reduces :func:`hook_collectives` charges the DDP hook)."""
+    if not _factor_shared(compressor):
+        return (1.0,)
+    plan = compressor.factor_collective(int(d))  # type: ignore[attr-defined]
+    sizes = [math.prod(stage.shape) for stage in plan.stages]
+    total = sum(sizes)
+    return tuple(s / total for s in sizes)
 
 
 def round_summable(traffic: Traffic, compressed: bool) -> bool:
@@ -85,6 +145,15 @@ def round_summable(traffic: Traffic, compressed: bool) -> bool:
     from ..methods.base import DenseTraffic
 
     return compressed or isinstance(traffic, DenseTraffic)
+
+
+def round_stages(traffic: Traffic, stages: tuple[float, ...]) -> tuple[float, ...]:
+    """The stages of one round's messages (:func:`stage_shares`): those of the run's compressed
+    messages (``stages``), or one for a round of uncompressed vectors
+    (:class:`~shrinkgrad.methods.DenseTraffic`, summed in one all-reduce)."""
+    from ..methods.base import DenseTraffic
+
+    return (1.0,) if isinstance(traffic, DenseTraffic) else stages
 
 
 def _buckets(tensors: Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]]:
@@ -104,10 +173,31 @@ def _buckets(tensors: Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]
     for b in out:
         if not b:
             raise ValueError("a bucket of tensors is empty")
-        for n in b:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        for i, n in enumerate(b):
+            if not _is_int(n) or n < 1:
                 raise ValueError(f"a tensor size must be an integer >= 1, got {n!r}")
+            b[i] = int(n)  # numpy integers (e.g. from np.prod) are sizes too
     return out
+
+
+def _float_dtype(dtype: object, default: str, what: str) -> torch.dtype:
+    """``dtype`` (None: torch's ``default``) when it is a floating-point torch dtype, else a
+    one-line ValueError naming ``what`` (gradients and wire values are floats)."""
+    import torch
+
+    dt = getattr(torch, default) if dtype is None else dtype
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise ValueError(
+            f"{what} must be a floating-point torch dtype (torch.float32, torch.float16, "
+            f"torch.bfloat16, torch.float64), got {dtype!r}"
+        )
+    return dt
+
+
+def _float_bits(dtype: torch.dtype) -> int:
+    import torch
+
+    return int(torch.finfo(dtype).bits)
 
 
 def _shapes(
@@ -191,10 +281,8 @@ def hook_collectives(
     variable-size ones (bernoulli) the block holds the expected payload (the hook pads to the
     largest rank's actual one).
     """
-    import torch
-
-    dt = torch.float32 if dtype is None else dtype
-    esize = torch.finfo(dt).bits // 8
+    dt = _float_dtype(dtype, "float32", "dtype")
+    esize = _float_bits(dt) // 8
     if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
         raise ValueError(f"min_numel must be an integer >= 0, got {min_numel!r}")
     if ratio is not None and not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) <= 1.0):
@@ -289,19 +377,19 @@ def ps_messages(
     ``C.encode(v)`` of ⌈bits(d, wire_dtype)/8⌉ bytes (wire dtype float32 by default), or the d
     values in the wire dtype for a method's ``dense`` message; an empty payload is not sent.
     """
-    import torch
 
     from ..compressors import make_compressor
     from ..distributed.ps.wire import HEADER_BYTES, REPLY_WORDS
 
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+    if not _is_int(d) or d < 1:
         raise ValueError(f"d must be an integer >= 1, got {d!r}")
-    dt = torch.float64 if dtype is None else dtype
-    wire = torch.float32 if wire_dtype is None else wire_dtype
+    d = int(d)
+    dt = _float_dtype(dtype, "float64", "dtype")
+    wire = _float_dtype(wire_dtype, "float32", "wire_dtype")
     if dense:
-        payload = d * (torch.finfo(wire).bits // 8)
+        payload = d * (_float_bits(wire) // 8)
     else:
         payload = math.ceil(make_compressor(compressor).bits(d, wire) / 8)
-    down = HEADER_BYTES + d * (torch.finfo(dt).bits // 8)
+    down = HEADER_BYTES + d * (_float_bits(dt) // 8)
     header = 8 * REPLY_WORDS
     return PSMessages((down,), (header, payload) if payload else (header,))

@@ -6,8 +6,12 @@
   optionally ``/s``: ``10mbit``, ``1gbit``, ``100kbit/s``, ``50Mbps``, ``12.5MB/s``,
   ``1.25GByte``. ``inf`` is an infinitely fast link. ``b`` is a bit and ``B`` a byte, as in
   "Mbps" against "MB/s". (``tc`` spells megabytes per second "mbps"; here "mbps" is megabits.)
-* A **duration** is a number of seconds, or a number with ``s``, ``ms``, ``us``/``µs`` or
-  ``ns``: ``20ms``, ``50us``, ``0.05s``.
+  The words ``bit(s)`` and ``byte(s)`` may be in any case (``10MBIT``, ``1GBYTES``); ``bps``
+  only as ``bps`` (bits) or ``Bps`` (bytes): other capitalisations (``10MBPS``) are refused as
+  ambiguous, with both spellings in the message. A number that overflows to infinity
+  (``1e400``) is refused: only ``inf`` itself is an infinitely fast link.
+* A **duration** is a number of seconds, or a number with ``s``, ``ms``, ``us``/``µs`` (the
+  micro sign or the Greek mu) or ``ns``: ``20ms``, ``50us``, ``0.05s``.
 
 Both parsers raise a ValueError that names the parameter and the allowed form.
 """
@@ -37,11 +41,11 @@ DURATION_FORM = "a duration such as 20ms, 50us, 0.05s, or a number of seconds"
 
 _NUMBER = r"(?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
 _RATE = re.compile(_NUMBER + r"\s*(?P<prefix>[kKmMgGtT]?)(?P<unit>[A-Za-z]+)(?:/s)?")
-_TIME = re.compile(_NUMBER + r"\s*(?P<unit>s|ms|us|µs|ns)")
+_TIME = re.compile(_NUMBER + r"\s*(?P<unit>s|ms|us|µs|μs|ns)")
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _BIT_UNITS = ("bit", "bits", "b", "bps")
 _BYTE_UNITS = ("byte", "bytes", "B", "Bps", "Byte", "Bytes")
-_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9}
 
 
 def _number(value: Any) -> float | None:
@@ -59,16 +63,24 @@ def parse_bandwidth(value: Any, what: str = "bandwidth") -> float:
     Must be > 0; ``inf`` (or ``math.inf``) is an infinitely fast link.
     """
     rate = _number(value)
+    literal_inf = rate is not None and math.isinf(rate)  # math.inf: an infinitely fast link
     if rate is None and isinstance(value, str):
         text = value.strip()
         if text.lower() in ("inf", "+inf", "infinity"):
-            rate = math.inf
+            rate, literal_inf = math.inf, True
         else:
             m = _RATE.fullmatch(text)
             unit = m.group("unit") if m else ""
+            if m and unit.lower() == "bps" and unit not in ("bps", "Bps"):
+                raise ValueError(
+                    f"{what}: {value!r} is ambiguous (bits or bytes?): write "
+                    f"{m.group('num')}{m.group('prefix')}bps or {m.group('num')}"
+                    f"{m.group('prefix')}bit for bits per second, {m.group('num')}"
+                    f"{m.group('prefix')}Bps or {m.group('num')}{m.group('prefix')}B/s for bytes"
+                )
             if m and (unit in _BIT_UNITS or unit.lower() in ("bit", "bits", "bps")):
                 factor = 1.0 if unit != "Bps" else 8.0
-            elif m and unit in _BYTE_UNITS:
+            elif m and (unit in _BYTE_UNITS or unit.lower() in ("byte", "bytes")):
                 factor = 8.0
             else:
                 m = None
@@ -78,6 +90,11 @@ def parse_bandwidth(value: Any, what: str = "bandwidth") -> float:
                 rate = float(text)  # a bare number of bit/s
     if rate is None or math.isnan(rate):
         raise ValueError(f"{what}: cannot read {value!r}; give {BANDWIDTH_FORM}")
+    if math.isinf(rate) and not literal_inf:
+        raise ValueError(
+            f"{what}: {value!r} is out of range (it overflows to infinity); give {BANDWIDTH_FORM}"
+            " (inf itself for an infinitely fast link)"
+        )
     if not rate > 0:
         raise ValueError(f"{what} must be > 0, got {value!r}; give {BANDWIDTH_FORM}")
     return rate

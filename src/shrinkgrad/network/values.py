@@ -9,7 +9,16 @@ Every link parameter (``up``, ``down``, ``bandwidth``, ``latency``, ``compute``)
   ``up=loguniform[low=1mbit,high=100mbit,seed=0]``, ``compute=uniform[low=10ms,high=50ms]``,
   ``up=lognormal[median=20mbit,sigma=1,seed=3]``. Client i's draw is a function of (seed, i)
   only (:class:`shrinkgrad.rng.Keys`, stream ``"network"``): adding clients never changes the
-  values of the others, and the same seed gives the same network on every machine.
+  values of the others, and the same seed gives the same network on every machine. Hence two
+  parameters drawn with the same seed (the default 0) use the same uniforms u_i and are
+  perfectly rank-correlated: with ``up=loguniform[...]`` and ``compute=uniform[...]`` the
+  client with the fastest uplink is also the slowest to compute. Give each parameter its own
+  seed (``up=loguniform[low=1mbit,high=100mbit,seed=1],compute=uniform[low=10ms,high=50ms,
+  seed=2]``) for independent draws (docs/network.md §1).
+
+Draws that are not finite values the parameter accepts (a bandwidth > 0, a duration >= 0 —
+e.g. a loguniform whose high/low overflows, a lognormal with an enormous sigma) are a one-line
+ValueError naming the parameter and the client when the values are asked for.
 """
 
 from __future__ import annotations
@@ -122,7 +131,8 @@ class LogUniform(Uniform):
     def draw(self, n: int, parse: Parser, what: str) -> np.ndarray:
         lo, hi = self._bounds(parse, what)
         u = self._uniforms(self.seed, n)[:, 0]
-        return np.asarray(lo * (hi / lo) ** u, dtype=np.float64)
+        with np.errstate(over="ignore"):  # an overflow is inf, refused by PerClient.values
+            return np.asarray(lo * (hi / lo) ** u, dtype=np.float64)
 
 
 @DISTRIBUTIONS.register("lognormal")
@@ -148,7 +158,8 @@ class LogNormal(Distribution):
         m = self._median(parse, what)
         u = self._uniforms(self.seed, n, 2)
         z = np.sqrt(-2.0 * np.log(u[:, 0])) * np.cos(2.0 * math.pi * u[:, 1])
-        return np.asarray(m * np.exp(self.sigma * z), dtype=np.float64)
+        with np.errstate(over="ignore", under="ignore"):  # refused by PerClient.values
+            return np.asarray(m * np.exp(self.sigma * z), dtype=np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +205,7 @@ class PerClient:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"the number of clients must be an integer >= 1, got {n!r}")
         if isinstance(self.raw, Distribution):
-            return self.raw.draw(int(n), self.parse, self.what)
+            return self._checked(self.raw.draw(int(n), self.parse, self.what))
         if isinstance(self.raw, (tuple, list, np.ndarray)):
             if len(self.raw) != n:
                 raise ValueError(
@@ -206,6 +217,25 @@ class PerClient:
                 dtype=np.float64,
             )
         return np.full(int(n), self.parse(self.raw, self.what), dtype=np.float64)
+
+    def _checked(self, drawn: np.ndarray) -> np.ndarray:
+        """``drawn`` when every draw is a finite value the parameter's parser accepts (a
+        bandwidth > 0, a duration >= 0), else a one-line ValueError naming the parameter and
+        the client: a distribution whose draws overflow (loguniform with a huge high/low,
+        lognormal with a huge sigma) must not give a silently infinite or zero link."""
+        bad = np.flatnonzero(~np.isfinite(drawn))
+        i = int(bad[0]) if bad.size else int(np.argmin(drawn))
+        try:
+            if bad.size:
+                raise ValueError("not a finite number")
+            self.parse(float(drawn[i]), self.what)
+        except ValueError:
+            raise ValueError(
+                f"{self.what}: {self} draws {float(drawn[i])!r} for client {i}, not a finite "
+                "value > 0 (a bandwidth) or >= 0 (a duration); narrow the distribution (its "
+                "low/high or sigma)"
+            ) from None
+        return drawn
 
     def __str__(self) -> str:
         if isinstance(self.raw, Distribution):

@@ -33,6 +33,7 @@ import torch
 from ..rng import Keys
 from .base import PROBLEMS
 from .linear import REG_CURVATURE, LinearModelProblem, Regularizer, Storage
+from .memory import check_memory
 from .smoothness import client_lambda_max
 from .splits import ClientRows
 
@@ -99,6 +100,16 @@ def synthetic_least_squares(
         raise ValueError(f"noise must be a finite number ≥ 0, got {noise}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer ≥ 0, got {seed!r}")
+    if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 1:
+        raise ValueError(f"n_clients must be a positive integer, got {n_clients!r}")
+    # refuse in one line, before allocating, data that cannot fit: the n·m × d float64 matrix A
+    # (a lower bound on what the problem holds; problems.memory, as the dataset loader)
+    check_memory(
+        8.0 * n_clients * m * d,
+        f"synthetic_least_squares with n_clients = {n_clients:,}, m = {m:,}, d = {d:,} (its "
+        f"n_clients·m × d float64 data matrix)",
+        "use fewer clients, samples per client (m) or dimensions (d)",
+    )
     if L_i is not None:
         target = np.asarray(L_i, dtype=np.float64).reshape(-1)
         if target.size != n_clients:

@@ -192,46 +192,58 @@ def pp_constants(
     return theta_p, b
 
 
-def _pp_best_ratio(a: float, p_min: float, p_max: float) -> float:
-    """min over s, ρ > 0 of B/(L̃² θ_p) subject to θ_p > 0 (see :func:`stepsize_ef21_pp`)."""
+def pp_best_parameters(a: float, p_min: float, p_max: float) -> tuple[float, float, float]:
+    """(min over s, ρ > 0 of B/(L̃² θ_p) subject to θ_p > 0, and the minimising s and ρ) of
+    EF21-PP ([BW] Thm 7; see :func:`stepsize_ef21_pp`): the inner minimum over ρ in closed
+    form, the outer one over u = (1 + s)(1 − α) numerically. The ratio is ∞ (and s, ρ NaN)
+    when no s, ρ give θ_p > 0."""
     from scipy.optimize import minimize_scalar
 
     q = 1.0 - p_min  # coefficient of ρ in θ_p and of 1/ρ in B
+    nan = math.nan
 
-    def best_over_rho(th: float, be: float) -> float:
+    def best_over_rho(th: float, be: float) -> tuple[float, float]:
         # minimise (A + q/ρ)/(c − qρ) over 0 < ρ < c/q, with A = β p_max + q, c = θ p_max − Δp.
         A = be * p_max + q
         c = th * p_max - (p_max - p_min)
         if c <= 0:
-            return math.inf
+            return math.inf, nan
         if q == 0.0:  # everybody always participates: ρ plays no role
-            return A / c
+            return A / c, 1.0
         # stationary point of (Aρ + q)/(ρ(c − qρ)): A q ρ² + 2 q² ρ − q c = 0
         rho = (-q + math.sqrt(q * q + A * c)) / A
-        return (A + q / rho) / (c - q * rho)
+        return (A + q / rho) / (c - q * rho), rho
 
     if a == 1.0:  # no compression: θ = 1, β = 0 for every s
-        return best_over_rho(1.0, 0.0)
+        ratio, rho = best_over_rho(1.0, 0.0)
+        return ratio, 1.0, rho
     # parametrise by u = (1 + s)(1 − α) ∈ (1 − α, 1): θ = 1 − u, β = u(1 − α)/(u − (1 − α))
     lo, hi = 1.0 - a, 1.0
     if p_max > p_min:
         hi = min(hi, 1.0 - (p_max - p_min) / p_max)
 
-    def objective(u: float) -> float:
-        th = 1.0 - u
-        be = u * (1.0 - a) / (u - (1.0 - a))
-        return best_over_rho(th, be)
+    def at(u: float) -> tuple[float, float]:
+        return best_over_rho(1.0 - u, u * (1.0 - a) / (u - (1.0 - a)))
 
     if not hi > lo:
-        return math.inf
+        return math.inf, nan, nan
     width = hi - lo
     res = minimize_scalar(
-        objective,
+        lambda u: at(u)[0],
         bounds=(lo + 1e-15 * width, hi - 1e-15 * width),
         method="bounded",
         options={"xatol": 1e-13 * max(width, 1e-300)},
     )
-    return float(min(res.fun, objective(float(res.x))))
+    u = float(res.x)
+    ratio, rho = at(u)
+    if not ratio <= res.fun:  # (the optimiser's value, if smaller: the same point in practice)
+        ratio = float(res.fun)
+    return ratio, u / (1.0 - a) - 1.0, rho
+
+
+def _pp_best_ratio(a: float, p_min: float, p_max: float) -> float:
+    """min over s, ρ > 0 of B/(L̃² θ_p) subject to θ_p > 0 (:func:`pp_best_parameters`)."""
+    return pp_best_parameters(a, p_min, p_max)[0]
 
 
 def _stepsize_pp(
