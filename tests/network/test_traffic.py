@@ -50,6 +50,17 @@ def test_buckets_warm_up_variable_sizes_scaler_and_dtype() -> None:
     buckets = [[2048, 64], [640, 10]]
     warm = hook_collectives("top_k", buckets, ratio=0.1, warmup=True)
     assert [(c.kind, c.nbytes) for c in warm] == [("allreduce", 4 * 2112), ("allreduce", 4 * 650)]
+    # 16-bit gradients: the warm-up all-reduces the float32 memory's messages (4 bytes), or the
+    # 16-bit values with state_dtype="gradient" (as the hook counts: tests/distributed)
+    for dt in (torch.bfloat16, torch.float16):
+        warm16 = hook_collectives("top_k", buckets, ratio=0.1, warmup=True, dtype=dt)
+        assert [c.nbytes for c in warm16] == [4 * 2112, 4 * 650]
+        warm16 = hook_collectives(
+            "top_k", buckets, ratio=0.1, warmup=True, dtype=dt, state_dtype="gradient"
+        )
+        assert [c.nbytes for c in warm16] == [2 * 2112, 2 * 650]
+    with pytest.raises(ValueError, match="state_dtype must be one of float32, gradient"):
+        hook_collectives("top_k", buckets, ratio=0.1, state_dtype="bf16")
     # min_numel 1024: the second bucket has nothing to compress: a plain dense all-reduce
     got = hook_collectives("top_k", buckets, ratio=0.1, scaler=True)
     assert [(c.kind, c.nbytes) for c in got] == [("allgather", 1102 + 256 + 1), ("allreduce", 2600)]

@@ -266,6 +266,7 @@ def hook_collectives(
     scaler: bool = False,
     shapes: Sequence[Sequence[Sequence[int]]] | None = None,
     granularity: str = "tensor",
+    state_dtype: str = "float32",
 ) -> list[Collective]:
     """The collectives of one step of :func:`~shrinkgrad.distributed.compression_hook`.
 
@@ -274,6 +275,9 @@ def hook_collectives(
     the matrix views of the low-rank compressors (default: every tensor a vector, the flat
     rule); ``compressor``, ``ratio``, ``min_numel`` as given to ``CompressionState``; ``dtype``
     the gradients' (float32 by default); ``warmup`` for a warm-up step (dense all-reduce);
+    ``state_dtype`` as given to ``CompressionState`` (a warm-up step of 16-bit gradients
+    all-reduces in float32 with the default float32 memory, in the 16-bit dtype with
+    ``"gradient"``: docs/distributed.md, bfloat16 and float16 models);
     ``scaler`` when a loss scaler is attached (one flag byte per all-gathered block);
     ``granularity="bucket"`` as given to ``CompressionState``: every bucket one flat vector of
     its total size (vector compressors only, as in the hook). The sum of
@@ -288,7 +292,15 @@ def hook_collectives(
     if ratio is not None and not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) <= 1.0):
         raise ValueError(f"ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got {ratio!r}")
     template = _template(compressor, ratio)
-    from ..distributed.hooks.config import factor_refusal, granularity_refusal
+    from ..distributed.hooks.config import STATE_DTYPES, factor_refusal, granularity_refusal
+
+    if state_dtype not in STATE_DTYPES:
+        raise ValueError(
+            f"state_dtype must be one of {', '.join(STATE_DTYPES)} (as given to "
+            f"CompressionState), got {state_dtype!r}"
+        )
+    half = _float_bits(dt) == 16
+    warm_size = 4 if half and state_dtype == "float32" else esize
 
     refusal = factor_refusal(template)  # the hook refuses it: no traffic to model
     if refusal is not None:
@@ -305,7 +317,11 @@ def hook_collectives(
     for b, bucket in enumerate(buckets):
         dense = sum(bucket) * esize
         if warmup:
-            out.append(Collective("allreduce", dense, f"bucket {b}: warm-up (dense all-reduce)"))
+            out.append(
+                Collective(
+                    "allreduce", sum(bucket) * warm_size, f"bucket {b}: warm-up (dense all-reduce)"
+                )
+            )
             continue
         comps = [
             _view(_per_tensor(template, n, ratio), shape) if n >= max(min_numel, 1) else None
