@@ -152,7 +152,7 @@ def test_clock_round_slowest_sampled_client_hand_case() -> None:
         "star[up=[1mbit,0.5mbit,10mbit],down=[10mbit,10mbit,100mbit],latency=[10ms,1ms,100ms],"
         "compute=[0.1s,2s,0.05s]]"
     )
-    clock = ModelClock.of(net, 3, make_compressor("top_k[k=1]"))
+    clock = ModelClock.of(net, 3, make_compressor("top_k[k=1]"), 10)
     from shrinkgrad.methods.base import Traffic
 
     up = torch.tensor([8e4, 0.0, 8e5], dtype=torch.float64)  # bits: 10 kB, 0, 100 kB

@@ -79,20 +79,12 @@ class ModelClock:
     stages: tuple[float, ...] = (1.0,)
 
     @classmethod
-    def of(cls, network: Network, n: int, compressor: Any, d: int | None = None) -> ModelClock:
+    def of(cls, network: Network, n: int, compressor: Any, d: int) -> ModelClock:
         """The clock of a run of ``n`` clients with ``compressor`` on vectors of ``d`` entries
-        (needed for a compressor sent in stages, whose shares follow from d); checks now that
-        the network's per-client lists fit ``n`` (one-line error otherwise)."""
+        (the shares of a compressor sent in stages follow from d: :func:`~.traffic.stage_shares`);
+        checks now that the network's per-client lists fit ``n`` (one-line error otherwise)."""
         cls.check(network, n)
-        shares: tuple[float, ...] = (1.0,)
-        if summable(compressor) and compressor.collective == "allreduce_factors":
-            if d is None:
-                raise ValueError(
-                    f"{compressor.name} sends its factors in two stages whose sizes follow from "
-                    "the dimension: give d"
-                )
-            shares = stage_shares(compressor, d)
-        return cls(network, int(n), summable(compressor), shares)
+        return cls(network, int(n), summable(compressor), stage_shares(compressor, d))
 
     @staticmethod
     def check(network: Network, n: int) -> None:

@@ -319,7 +319,7 @@ def measure_rounds(bound: Any, problem: Any, rounds: int = 10) -> MeasuredRounds
         G0=G0,
         summable=all(sums),
         init_summable=init_summable,
-        stages=stage_shares(bound.cfg.compressor, int(problem.d)) if compressed else (1.0,),
+        stages=stage_shares(bound.cfg.compressor, int(problem.d)),
     )
 
 

@@ -225,16 +225,18 @@ class PerClient:
         lognormal with a huge sigma) must not give a silently infinite or zero link."""
         bad = np.flatnonzero(~np.isfinite(drawn))
         i = int(bad[0]) if bad.size else int(np.argmin(drawn))
-        try:
-            if bad.size:
-                raise ValueError("not a finite number")
-            self.parse(float(drawn[i]), self.what)
-        except ValueError:
+        ok = not bad.size
+        if ok:  # the smallest draw: the parser refuses it if any is out of range
+            try:
+                self.parse(float(drawn[i]), self.what)
+            except ValueError:
+                ok = False
+        if not ok:
             raise ValueError(
                 f"{self.what}: {self} draws {float(drawn[i])!r} for client {i}, not a finite "
                 "value > 0 (a bandwidth) or >= 0 (a duration); narrow the distribution (its "
                 "low/high or sigma)"
-            ) from None
+            )
         return drawn
 
     def __str__(self) -> str:
