@@ -111,3 +111,16 @@ def test_unexpected_characters_explain_quoting() -> None:
         parse_spec("lr[dataset=a;b]")
     with pytest.raises(SpecError, match=r"after a list item at position 7, found 'b'"):
         parse_spec("x[v=[a b c]]")
+
+
+def test_a_number_that_overflows_is_refused_and_only_inf_is_infinite() -> None:
+    """``star[up=1e400]`` used to parse as an infinitely fast link (float('1e400') is inf)."""
+    for text in ("star[up=1e400]", "x[v=-1e400]", "x[v=[1, 2e999]]"):
+        with pytest.raises(SpecError, match=r"out of range \(it overflows to infinity\)"):
+            parse_spec(text)
+    assert parse_spec("x[v=inf]").params == (("v", float("inf")),)
+    assert parse_spec("x[v=1e308]").params == (("v", 1e308),)
+    from shrinkgrad.network import make_network
+
+    with pytest.raises(ValueError, match="overflows to infinity"):
+        make_network("star[up=1e400]")

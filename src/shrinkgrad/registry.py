@@ -240,7 +240,15 @@ class _Parser:
             return text
         if kind == "num":
             self.i += 1
-            return int(text) if re.fullmatch(r"[+-]?\d+", text) else float(text)
+            if re.fullmatch(r"[+-]?\d+", text):
+                return int(text)
+            number = float(text)
+            if math.isinf(number):  # only the word inf means an infinite value
+                raise SpecError(
+                    f"cannot parse {self.text!r}: the number {text} is out of range (it "
+                    "overflows to infinity); write inf for an infinite value"
+                )
+            return number
         if kind == "str":
             self.i += 1
             return text[1:-1]
