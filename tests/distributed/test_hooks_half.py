@@ -109,6 +109,82 @@ def test_ef21s_float32_memory_keeps_g_the_mean_of_the_g_i_in_a_16_bit_model(
 
 
 # --------------------------------------------------------------------------------------------
+# the summed paths: EF21's 16-bit messages are summed in float32 (summation="auto")
+# --------------------------------------------------------------------------------------------
+SUMMED = {
+    "identity": dict(compressor="identity"),
+    "values": dict(compressor="rand_k_scaled[shared_seed=true]", ratio=0.2),
+    "factors": dict(compressor="power_sgd[rank=1,shared=true]"),
+}
+
+
+def _summed_memories(
+    rank: int, world: int, dtype: torch.dtype, path: str, summation: str
+) -> dict[str, Any]:
+    """EF21 (float32 memory) with a compressor of a summed path (``path``: SUMMED) for 5 steps:
+    every tensor's g and this rank's g_i after the last one, by size; the bytes of every step,
+    and the collective the state reports."""
+    model = make_model(dtype)
+    ddp = DDP(model, bucket_cap_mb=0.01)
+    state = CompressionState(
+        method="ef21",
+        min_numel=45,
+        summation=summation,
+        **SUMMED[path],  # type: ignore[arg-type]
+    )
+    ddp.register_comm_hook(state, compression_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.2)
+    sent = []
+    for step in range(5):
+        X, y = _batch(rank, step, dtype)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(X), y).backward()
+        opt.step()
+        sent.append(state.last_step_bytes)
+    mem = state.state_dict()["memory"]
+    g = {
+        f"{kind}{v['state']['server.g'].numel()}": v["state"][f"{kind}.g"].clone()
+        for v in mem.values()
+        for kind in ("server", "clients")
+    }
+    return {"g": g, "sent": sent, "gathered": state.gathers_sums(dtype)}
+
+
+def _drift(out: list[dict[str, Any]]) -> float:
+    """max over tensors of |g − (1/n) Σ_i g_i| / max |g| (ranks' g checked identical)."""
+    worst = 0.0
+    n = len(out)
+    for name, g in out[0]["g"].items():
+        if not name.startswith("server"):
+            continue
+        d = name.removeprefix("server")
+        g = g.reshape(-1)
+        assert g.dtype == torch.float32
+        for r in range(1, n):
+            assert torch.equal(g, out[r]["g"][name].reshape(-1))
+        mean = sum(out[r]["g"]["clients" + d].reshape(-1) for r in range(n)) / n
+        worst = max(worst, float((g - mean).abs().max()) / float(g.abs().max()))
+    return worst
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=_name)
+@pytest.mark.parametrize("path", list(SUMMED))
+def test_ef21s_16_bit_sums_keep_g_the_mean_of_the_g_i(path: str, dtype: torch.dtype) -> None:
+    """EF21 with a compressor whose messages are summed (the identity, a shared-seed rand-k's
+    values, PowerSGD's factors) in a 16-bit model: by default (``summation="auto"``) the ranks'
+    16-bit messages are all-gathered and summed in float32, so g stays the mean of the g_i to
+    float32 round-off; summed in 16 bits (``summation="reduce"``, the all-reduce) g drifts by
+    a 16-bit rounding per round. Both send the same bytes from every rank (the messages'
+    16-bit values)."""
+    exact = spawn(_summed_memories, 2, (dtype, path, "auto"))
+    rounded = spawn(_summed_memories, 2, (dtype, path, "reduce"))
+    assert exact[0]["gathered"] and not rounded[0]["gathered"]
+    assert exact[0]["sent"] == rounded[0]["sent"]
+    assert _drift(exact) <= 1e-6, _drift(exact)
+    assert _drift(rounded) >= 1e-5, _drift(rounded)  # the known limit without the float32 sum
+
+
+# --------------------------------------------------------------------------------------------
 # the float32 memory equals an independent float32 computation of EF on the upcast gradient
 # --------------------------------------------------------------------------------------------
 def _ef_states(rank: int, world: int, dtype: torch.dtype) -> dict[str, Any]:
@@ -267,3 +343,49 @@ def test_an_unknown_state_dtype_is_a_one_line_error() -> None:
         "state_dtype must be one of float32, gradient (where the method states of 16-bit "
         "gradients are kept), got 'float16'"
     )
+
+
+def _bad_summation(rank: int, world: int) -> list[Any]:
+    try:
+        CompressionState("identity", method="ef21", summation="float32")  # type: ignore[arg-type]
+    except ValueError as e:
+        message = str(e)
+    else:
+        message = "no error"
+    # "auto": the gathered sum only for 16-bit values, float32 memory and an integrating method
+    cases = [
+        ("ef21", "float32", torch.bfloat16),
+        ("ef21", "float32", torch.float16),
+        ("ef21_sgdm", "float32", torch.bfloat16),
+        ("diana", "float32", torch.bfloat16),
+        ("ef21", "float32", torch.float32),
+        ("ef21", "gradient", torch.bfloat16),
+        ("dcgd", "float32", torch.bfloat16),
+        ("ef", "float32", torch.bfloat16),
+    ]
+    compressor = {"diana": "rand_k[k=5,shared_seed=true]", "dcgd": "rand_k[k=5,shared_seed=true]"}
+    auto = [
+        CompressionState(
+            compressor.get(m, "top_k[k=5]"),
+            method=m,
+            state_dtype=s,  # type: ignore[arg-type]
+        ).gathers_sums(dt)
+        for m, s, dt in cases
+    ]
+    forced = [
+        CompressionState("top_k", ratio=0.1, method="ef", summation=how).gathers_sums(dt)  # type: ignore[arg-type]
+        for how in ("gather", "reduce")
+        for dt in (torch.float32, torch.bfloat16)
+    ]
+    return [message, auto, forced]
+
+
+def test_summation_is_checked_and_auto_gathers_only_where_a_16_bit_sum_would_drift() -> None:
+    (out,) = spawn(_bad_summation, 1, ())
+    message, auto, forced = out
+    assert message == (
+        "summation must be one of auto, gather, reduce (how the ranks' summable messages are "
+        "added), got 'float32'"
+    )
+    assert auto == [True, True, True, True, False, False, False, False]
+    assert forced == [True, True, False, False]

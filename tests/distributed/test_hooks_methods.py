@@ -175,6 +175,37 @@ def test_server_direction_equals_post_then_pre(label: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# accumulates_aggregates: the direction depends on earlier aggregates exactly when declared
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("label", [c[0] for c in _cases()])
+def test_accumulates_aggregates_is_declared_exactly(label: str) -> None:
+    """The hook sums a 16-bit model's messages in float32 for the methods that declare
+    ``accumulates_aggregates`` (a rounded sum would drift their server state away from the
+    clients'). The declaration must be exact: from the server states after 2 and after 3 rounds
+    (different histories), one and the same aggregate gives different directions if and only
+    if the method declares it."""
+    method, compressor = next((m, c) for lab, m, c in _cases() if lab == label)
+    problem = logistic_regression("a1a", n_clients=3, lam=LAM)
+    bound = method.bind(problem, compressor, 0.3 / problem.L)
+    oracle = ProblemOracle(problem)
+    state, _ = bound.init(problem.x0(), oracle)
+    servers = []
+    for t in range(3):
+        state, _ = bound.step(state, oracle)
+        if t >= 1:
+            servers.append(state.server)
+    cfg, r = bound.cfg, state.round + 1
+    agg = torch.randn(problem.d, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    x = torch.zeros(problem.d, dtype=torch.float64)
+    directions = []
+    for server in servers:
+        pre = method.server_pre(cfg, _copy(server), r)._replace(x=x)
+        directions.append(method.server_direction(cfg, pre, agg.clone(), r)[1].reshape(-1))
+    differ = not torch.equal(directions[0], directions[1])
+    assert differ == method.accumulates_aggregates, (label, differ)
+
+
+# --------------------------------------------------------------------------------------------
 # the sparse path: a method that declares sparse_messages takes SparseMessages
 # --------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -730,6 +730,20 @@ class Method(abc.ABC, Generic[ServerT, ClientT]):
         return False
 
     @property
+    def accumulates_aggregates(self) -> bool:
+        """True when the server state integrates the aggregates: the direction of a round
+        depends on earlier rounds' aggregates, not only on this one's (EF21's g ← g + Σ w_i c_i,
+        DIANA's shift h ← h + α·aggregate), so the server's state equals a function of the
+        clients' states (EF21: g = Σ_i w_i g_i) only as long as every aggregate is the exact
+        sum of the messages the clients added to their own states. A runtime whose collective
+        rounds the sum (the DDP hook's 16-bit all-reduce) then lets the two drift apart by one
+        rounding per round: the hook sums such methods' 16-bit messages in float32 instead
+        (``CompressionState(summation="auto")``). A declared property, checked by
+        tests/distributed/test_hooks_methods.py: the direction from two different server
+        states for one aggregate differs exactly when it is True."""
+        return False
+
+    @property
     def name(self) -> str:
         """The canonical name: the registry spec, or one built from the parameters."""
         return self.spec or self.default_spec()

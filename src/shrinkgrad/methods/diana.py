@@ -90,6 +90,11 @@ class DIANA(Method[DianaServer, DianaClients]):
         """ĝ = h + (1/n)Σ(∇f_i − h_i) = ∇f for every α when Q is the identity."""
         return True
 
+    @property
+    def accumulates_aggregates(self) -> bool:
+        """h ← h + α·(1/n) Σ_i Q_i (the server's shift integrates the aggregates)."""
+        return True
+
     def unsupported(self, runtime: Runtime) -> str | None:
         """DIANA fits a DDP hook (one client per rank: the shift h_i is the tensor's memory, the
         mean shift h is replicated, x moves by −γ(h + aggregate)); it has no theory under the

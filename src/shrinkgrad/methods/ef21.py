@@ -239,6 +239,11 @@ class EF21(Method[EF21Server, EF21Clients]):
         return not self.weighted and self.batch is None and not self.partial
 
     @property
+    def accumulates_aggregates(self) -> bool:
+        """g^{t+1} = g^t + Σ_i w_i c_i ([EF21] Alg. 1 step 3): g integrates the aggregates."""
+        return True
+
+    @property
     def identity_is_gd(self) -> bool:
         """Exact gradients, everybody every round and g_i⁰ = ∇f_i(x⁰) (also C(∇f_i) with C = id)."""
         return self.batch is None and not self.partial and self.init != "zero"

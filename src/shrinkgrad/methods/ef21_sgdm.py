@@ -166,6 +166,11 @@ class ClientMomentum(Method[Any, MomentumClients]):
     def theory_stepsize(self, cfg: Config) -> tuple[float, str]:
         raise ValueError(f"{self.name} has no theory step size; pass a number")
 
+    @property
+    def accumulates_aggregates(self) -> bool:
+        """The inner method's (the momentum is the clients')."""
+        return self.inner.accumulates_aggregates
+
     def unsupported(self, runtime: Runtime) -> str | None:
         if runtime == "hook" and self.batch is not None:
             return (

@@ -142,8 +142,11 @@ class Comm:
 
         return self._ordered(start, after)
 
-    def all_gather(self, out: torch.Tensor, t: torch.Tensor) -> Fut:
-        """Every rank's ``t``, in rank order, into ``out`` (world size × t.numel())."""
+    def all_gather(
+        self, out: torch.Tensor, t: torch.Tensor, after: torch.futures.Future[None] | None = None
+    ) -> Fut:
+        """Every rank's ``t``, in rank order, into ``out`` (world size × t.numel()); started
+        as :meth:`all_reduce` is."""
         self.count(t)
 
         def start() -> Fut:
@@ -155,7 +158,7 @@ class Comm:
             assert work is not None
             return cast(Fut, work.get_future())
 
-        return self._ordered(start, None)
+        return self._ordered(start, after)
 
     def max_size(self, size: int) -> int:
         """The largest ``size`` over the ranks (a small blocking all-gather in the hook body)."""

@@ -28,12 +28,15 @@ __all__ = [
     "HALF",
     "STATE_DTYPES",
     "STREAM",
+    "SUMMATIONS",
     "ErrorFeedback",
     "Granularity",
     "Mode",
     "Settings",
     "StateDtype",
+    "Summation",
     "factor_refusal",
+    "gathers_sums",
     "granularity_refusal",
     "resolve_method",
 ]
@@ -60,8 +63,26 @@ STATE_DTYPES: tuple[StateDtype, ...] = ("float32", "gradient")
 #: (GRANULARITIES[0], GRACE's unit) or every DDP bucket as one flat vector
 Granularity = Literal["tensor", "bucket"]
 GRANULARITIES: tuple[Granularity, ...] = ("tensor", "bucket")
+#: how the summed paths (``allreduce``, ``values``, ``factors``) add the ranks' messages
+#: (``CompressionState(summation=...)``): ``"reduce"``, one all-reduce in the values' dtype;
+#: ``"gather"``, an all-gather of the values and their sum in the method's dtype, in rank order;
+#: ``"auto"``, gather where a 16-bit sum would make a float32 state drift (:meth:`Settings.gathers`)
+Summation = Literal["auto", "gather", "reduce"]
+SUMMATIONS: tuple[Summation, ...] = ("auto", "gather", "reduce")
 
 _IDENTITY = COMPRESSORS.make("identity")
+
+
+def gathers_sums(
+    summation: str, dtype: torch.dtype, wdtype: torch.dtype, method: Method[Any, Any]
+) -> bool:
+    """:meth:`Settings.gathers` as a function of its parts (the network model prices the
+    hook's collectives with it): ``summation`` ``"gather"``, or ``"auto"`` with 16-bit values
+    ``dtype``, a float32 method ``wdtype`` and a method that declares
+    :attr:`~shrinkgrad.methods.Method.accumulates_aggregates`."""
+    if summation != "auto":
+        return summation == "gather"
+    return dtype in HALF and wdtype == torch.float32 and bool(method.accumulates_aggregates)
 
 
 def _dtypes(C: Compressor) -> tuple[torch.dtype, ...]:
@@ -185,6 +206,7 @@ class Settings:
     rank: int
     state_dtype: StateDtype = "float32"
     granularity: Granularity = "tensor"
+    summation: Summation = "auto"
     _compressors: dict[tuple[int, tuple[int, ...], torch.dtype], Compressor | None] = (
         dataclasses.field(default_factory=dict)
     )
@@ -208,8 +230,14 @@ class Settings:
         rank: int,
         state_dtype: str = "float32",
         granularity: str = "tensor",
+        summation: str = "auto",
     ) -> Settings:
         seed = _check_int("seed", seed)
+        if summation not in SUMMATIONS:
+            raise ValueError(
+                f"summation must be one of {', '.join(SUMMATIONS)} (how the ranks' summable "
+                f"messages are added), got {summation!r}"
+            )
         if granularity not in GRANULARITIES:
             raise ValueError(granularity_refusal(_IDENTITY, granularity))
         if state_dtype not in STATE_DTYPES:
@@ -244,6 +272,7 @@ class Settings:
             rank=rank,
             state_dtype=state_dtype,
             granularity=granularity,
+            summation=summation,
         )
         out.weights = out._check_weights(weights)
         C = out.build_compressor(None if ratio is None else 1)  # validates the name
@@ -413,6 +442,21 @@ class Settings:
             return "values"
         return "allgather"
 
+    def gathers(self, dtype: torch.dtype, wdtype: torch.dtype) -> bool:
+        """Whether the summed paths all-gather the ranks' values (``dtype``, the gradients')
+        and add them in ``wdtype`` (the method's), instead of one all-reduce in ``dtype``.
+
+        ``summation="auto"`` gathers where a 16-bit sum would break the method: 16-bit values,
+        a float32 method state, and a method whose server integrates the aggregates
+        (:attr:`~shrinkgrad.methods.Method.accumulates_aggregates`: EF21, DIANA). Its clients
+        add their own (16-bit) message to their state, so the server's sum must be the exact
+        sum of those same values: an all-reduce in 16 bits rounds it, once per round, and EF21's
+        g drifts from (1/n) Σ g_i as a random walk. Every rank still sends its message's
+        16-bit values (the bytes counted are the same); what grows is what each rank
+        receives: n − 1 messages instead of a ring all-reduce's ≈ 2(n − 1)/n.
+        """
+        return gathers_sums(self.summation, dtype, wdtype, self.method)
+
     # -- keys --------------------------------------------------------------------------------------
     def keys(self, C: Compressor, uid: int, rank: int, iteration: int) -> Keys | None:
         """The keys of ``rank``'s draw for tensor ``uid`` at ``iteration`` (None: deterministic).
@@ -443,4 +487,5 @@ class Settings:
             "rank": self.rank,
             "state_dtype": self.state_dtype,
             "granularity": self.granularity,
+            "summation": self.summation,
         }

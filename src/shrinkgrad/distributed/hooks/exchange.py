@@ -14,6 +14,10 @@ receives (:meth:`.plan.Plan.output`). Which collective:
 * ``values`` (shared-seed sparsifiers): one all-reduce of the weighted k values of every tensor;
 * ``factors`` (PowerSGD's shared basis): an all-reduce of the P factors, then one of the Q
   factors started from the first one's callback (:mod:`.factors`);
+  on these three *summed* paths, a plan that ``gathered`` (16-bit values, a float32 method
+  that integrates its aggregates: :meth:`.config.Settings.gathers`) all-gathers the same
+  values unweighted instead and adds them in float32 in rank order (:func:`_summed`), so
+  that the sum is that of the messages the ranks added to their own states;
 * ``allgather`` (everything else): one all-gather of every rank's packed payloads (raw values of
   the uncompressed tensors first; for variable-size messages a header of sizes, padding to the
   largest block, whose size is all-gathered first), decoded in rank order on every rank — so
@@ -414,15 +418,24 @@ def _reduce(step: Step, states: list[State[Any, Any]]) -> Fut:
                 seg.copy_(raw)
             else:
                 raise RuntimeError(_unsent(step, u))
-        if cfg.uniform:
+        if plan.gathered:
+            pass  # weighted in the method's dtype when summed (_summed)
+        elif cfg.uniform:
             seg.div_(cfg.n)
         else:
             seg.mul_(cfg.w[rank])
         clients_of[u.uid] = clients
-    fut = state.comm.all_reduce(send)
+    if plan.gathered:
+        cfg0 = step.config(plan.units[0])  # (the ranks' weights: the same for every tensor)
+        if cfg0.uniform:
+            fut = _summed(step, send, 0, None, cfg0.n)
+        else:
+            fut = _summed(step, send, 0, [float(w) for w in cfg0.w[: cfg0.n]])
+    else:
+        fut = state.comm.all_reduce(send)
 
     def finish(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        total = result(f, "all-reduce", rank)
+        total = result(f, "all-gather" if plan.gathered else "all-reduce", rank)
         out = step.output
         for u, st in zip(plan.units, states, strict=True):
             seg = total[u.soff : u.soff + u.nbytes // esize]
@@ -446,6 +459,69 @@ def _reduce(step: Step, states: list[State[Any, Any]]) -> Fut:
         return out
 
     return fut.then(finish)
+
+
+def _summed(
+    step: Step,
+    values: torch.Tensor,
+    offset: int,
+    weights: list[float] | None,
+    divisor: int = 1,
+    after: torch.futures.Future[None] | None = None,
+) -> torch.futures.Future[list[torch.Tensor]]:
+    """The sum of every rank's ``values`` (a part of the plan's send buffer, at element
+    ``offset``), exact to the method's dtype: one all-gather of the values as they are (the
+    16-bit messages the ranks added to their own states) into the plan's ``recv`` rows, then
+    Σ_j w_j v_j (``weights``; None: Σ_j v_j, then divided by ``divisor``) in the method's
+    dtype, in rank order — the same bits on every rank — into the plan's ``sums`` at
+    ``offset``. A future of that slice, like an all-reduce's; started once
+    ``after`` is done (:meth:`.collectives.Comm.all_gather`)."""
+    plan, comm = step.plan, step.state.comm
+    n, size = comm.world_size, plan.send.numel()
+    if plan.recv is None or plan.recv.dtype != plan.send.dtype:
+        plan.recv = torch.empty(n * size, dtype=plan.send.dtype, device=plan.send.device)
+    if plan.sums is None:
+        plan.sums = torch.empty(size, dtype=plan.wdtype, device=plan.send.device)
+    m = values.numel()
+    flat = plan.recv[n * offset : n * (offset + m)]
+    rows = flat.view(n, m)
+    total = plan.sums[offset : offset + m]
+    gathered = comm.all_gather(flat, values, after=after)
+
+    def add(f: torch.futures.Future[list[torch.Tensor]]) -> list[torch.Tensor]:
+        result(f, "all-gather", step.rank)
+        return [_add_rows(rows, total, weights, divisor)]
+
+    return gathered.then(add)
+
+
+def _add_rows(
+    rows: torch.Tensor, out: torch.Tensor, weights: list[float] | None, divisor: int = 1
+) -> torch.Tensor:
+    """``out`` ← Σ_j w_j rows[j] (``weights``; None: Σ_j rows[j] / ``divisor``) in ``out``'s
+    dtype, rank by rank."""
+    out.copy_(rows[0])  # (widened first: a product in 16 bits would round)
+    if weights is not None:
+        out.mul_(weights[0])
+    for j in range(1, rows.shape[0]):
+        out.add_(rows[j], alpha=1.0 if weights is None else weights[j])
+    if divisor != 1:
+        out.div_(divisor)
+    return out
+
+
+def _weighted_rows(
+    step: Step, cfg: HookConfig, offset: int, length: int, region: int, out: torch.Tensor
+) -> torch.Tensor:
+    """``out`` ← Σ_j w_j v_j of the entries [offset, offset + length) of the values
+    all-gathered by :func:`_summed` for a region of ``region`` entries at the send buffer's
+    start (PowerSGD's P region, whose factors are summed unweighted)."""
+    n = step.state.world_size
+    assert step.plan.recv is not None
+    rows = step.plan.recv[: n * region].view(n, region)[:, offset : offset + length]
+    if cfg.uniform:
+        return _add_rows(rows, out, None, cfg.n)
+    return _add_rows(rows, out, [float(w) for w in cfg.w[:n]])
 
 
 # --------------------------------------------------------------------------------------------

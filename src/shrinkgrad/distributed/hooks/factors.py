@@ -100,6 +100,21 @@ def _finite(C: PowerSGD, p: torch.Tensor) -> None:
         )
 
 
+def _weigh_raw(
+    step: Step, lay: dict[int, tuple[int, int, int, int]], total: torch.Tensor
+) -> torch.Tensor:
+    """The gathered P region's sum with the uncompressed tensors' raw values weighted (Σ_j
+    w_j v_j, recomputed from the rows; the P factors stay the plain sum Σ_j P_j)."""
+    from .exchange import _weighted_rows
+
+    region = total.numel()
+    for u in step.plan.dense:
+        p_off, p_len, _, _ = lay[u.uid]
+        seg = total[p_off : p_off + p_len]
+        _weighted_rows(step, step.config(u), p_off, p_len, region, seg)
+    return total
+
+
 def _factored(
     C: PowerSGD, p_hat: torch.Tensor, q: torch.Tensor, shape: tuple[int, ...]
 ) -> LowRankMessage:
@@ -143,7 +158,7 @@ def _after_turn(
 
 def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
     """Run the bucket's iteration by the factor all-reduce (module docstring)."""
-    from .exchange import _dense_values, _server_part
+    from .exchange import _dense_values, _server_part, _summed
 
     state, plan = step.state, step.plan
     adapter, comm, rank, n = state.adapter, state.comm, step.rank, state.world_size
@@ -185,7 +200,8 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
             if not sent:
                 raw = _dense_values(msg)
                 seg.zero_() if raw is None else seg.copy_(raw)
-            seg.div_(cfg.n) if cfg.uniform else seg.mul_(cfg.w[rank])
+            if not plan.gathered:  # (gathered: weighted when summed, below)
+                seg.div_(cfg.n) if cfg.uniform else seg.mul_(cfg.w[rank])
             dense_clients[u.uid] = clients
             continue
         assert isinstance(C, PowerSGD)
@@ -206,9 +222,13 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
         adapter.probe(cfg, st, u.slice(step.x), probe, keep)
         held[u.uid] = keep
 
-    p_fut = comm.all_reduce(P)
     ready: torch.futures.Future[None] = torch.futures.Future()
-    q_fut = comm.all_reduce(Q, after=ready)  # reserved now, started by the P callback
+    if plan.gathered:  # the ranks' 16-bit factors added in float32 (exchange._summed)
+        p_fut = _summed(step, P, 0, None).then(lambda f: [_weigh_raw(step, lay, f.value()[0])])
+        q_fut = _summed(step, Q, p_total, None, n, after=ready)
+    else:
+        p_fut = comm.all_reduce(P)
+        q_fut = comm.all_reduce(Q, after=ready)  # reserved now, started by the P callback
     #: per compressed tensor: P̂, the new client state, the Q it carries (filled with Q̄)
     pending: dict[int, tuple[torch.Tensor, Any, torch.Tensor]] = {}
     failed: list[BaseException] = []
@@ -233,7 +253,8 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
         total: torch.Tensor | None = None
         factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         try:
-            total = result(f, "all-reduce (PowerSGD's P)", rank)
+            what = "all-gather" if plan.gathered else "all-reduce"
+            total = result(f, f"{what} (PowerSGD's P)", rank)
             if poisoned[0] or not bool(torch.isfinite(total).all()):
                 poisoned[0] = True  # some rank's bucket was not finite: so is every result
                 Q.fill_(float("nan"))
@@ -245,8 +266,12 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
                     p_off, p_len, q_off, q_len = lay[u.uid]
                     m, _ = C.matrix_shape(u.numel)
                     p_hat = C.orthonormal_basis(total[p_off : p_off + p_len].view(m, C.r))
-                    q_i = C.factor_q(held[u.uid].view(1, -1), p_hat)  # (1, n, r), wire-rounded
-                    send[q_off : q_off + q_len].copy_(q_i.reshape(-1)).div_(n)
+                    q_i = C.factor_q(held[u.uid].view(1, -1), p_hat)  # (1, n, r)
+                    if q_i.dtype != send.dtype:  # what is sent is what the client adds
+                        q_i = q_i.to(send.dtype).to(q_i.dtype)
+                    q_seg = send[q_off : q_off + q_len].copy_(q_i.reshape(-1))
+                    if not plan.gathered:
+                        q_seg.div_(n)
                     factors[u.uid] = (p_hat, q_i)
         except BaseException as e:
             failed.append(e)
@@ -308,7 +333,8 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
     def after_q(both: torch.futures.Future[list[torch.futures.Future[Any]]]) -> torch.Tensor:
         """The Q callback (once the P callback has finished too): Q̄, every rank's next Q, and
         the aggregate P̂ Q̄ᵀ for the server parts."""
-        total = result(q_fut, "all-reduce (PowerSGD's Q)", rank)  # done (or failed) by now
+        what = "all-gather" if plan.gathered else "all-reduce"
+        total = result(q_fut, f"{what} (PowerSGD's Q)", rank)  # done (or failed) by now
         if failed:
             raise failed[0]
         out = step.output

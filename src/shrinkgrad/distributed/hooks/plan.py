@@ -126,6 +126,12 @@ class Plan:
     out: torch.Tensor | None  # the direction DDP receives (None: the bucket itself)
     wide: torch.Tensor | None  # the method-dtype copy of the gradients (None: the bucket)
     recv: torch.Tensor | None = None
+    #: the summed paths (``allreduce``, ``values``, ``factors``) all-gather the ranks' values
+    #: into ``recv`` (n rows of the send buffer, the bucket's dtype) and add them into ``sums``
+    #: (the method's dtype) in rank order, instead of one all-reduce in the bucket's dtype
+    #: (``CompressionState(summation=)``, :meth:`.config.Settings.gathers`)
+    gathered: bool = False
+    sums: torch.Tensor | None = None
     #: two work vectors of the largest tensor (the client step's scratch, decoded messages):
     #: preallocated, so that no multi-megabyte tensor is created per step
     scratch: list[torch.Tensor] = dataclasses.field(default_factory=list)
@@ -509,6 +515,7 @@ class Planner:
             out=torch.zeros(n, dtype=buf.dtype, device=device) if self.own_output else None,
             wide=None if wdtype == buf.dtype else torch.empty(n, dtype=wdtype, device=device),
         )
+        plan.gathered = mode != "allgather" and settings.gathers(buf.dtype, wdtype)
         plan.reads_half = self.direct_half and plan.wide is not None and buf.dtype == torch.bfloat16
         plan.sparse_downcast = self.sparse_downcast
         plan.fused_mirror = self.sparse_downcast and self.fused_mirror

@@ -28,7 +28,7 @@ from ...methods.base import Method, State
 from ...methods.ef21_sgdm import ClientMomentum
 from .adapter import Adapter, HookConfig
 from .collectives import Comm
-from .config import ErrorFeedback, Granularity, Mode, Settings, StateDtype
+from .config import ErrorFeedback, Granularity, Mode, Settings, StateDtype, Summation
 from .encoders import fresh_encoder
 from .exchange import exchange
 from .memory import STATE_FORMAT, Memory
@@ -98,6 +98,17 @@ class CompressionState:
         memory follows the parameters through DDP's bucket rebuild, and checkpoints hold one
         entry per parameter either way. Vector compressors only: low-rank ones (rank_k,
         power_sgd) act on each parameter's matrix and are refused.
+    summation:
+        how the ranks' summable messages (the identity's, a shared-seed sparsifier's k values,
+        PowerSGD's factors) are added: ``"reduce"`` (one all-reduce in the gradients' dtype),
+        ``"gather"`` (an all-gather of the same values, added in the method's dtype in rank
+        order) or ``"auto"`` (default: ``"gather"`` for 16-bit gradients with the float32 state
+        of a method whose server integrates the aggregates — EF21, EF21-W, EF21-SGDM, DIANA —
+        ``"reduce"`` otherwise). A 16-bit all-reduce rounds the sum at every round, and such a
+        method's server state drifts from its clients' (EF21: g from (1/n) Σ g_i), a random
+        walk; the gathered sum is exact to float32 round-off. Both send the same 16-bit values;
+        a rank receives n − 1 messages instead of a ring all-reduce's ≈ 2(n − 1)/n, so for large
+        n and dense messages (the identity) ``"reduce"`` moves fewer bytes.
     process_group:
         the group to communicate in (default: the default group, which must be initialised).
     skip_communication:
@@ -135,6 +146,7 @@ class CompressionState:
         min_numel: int = 1024,
         state_dtype: StateDtype = "float32",
         granularity: Granularity = "tensor",
+        summation: Summation = "auto",
         process_group: dist.ProcessGroup | None = None,
         skip_communication: bool = False,
         scaler: Any | None = None,
@@ -164,6 +176,7 @@ class CompressionState:
             rank=dist.get_rank(process_group),
             state_dtype=state_dtype,
             granularity=granularity,
+            summation=summation,
         )
         self.scaler = scaler
         self.process_group = process_group
@@ -216,6 +229,11 @@ class CompressionState:
     def collective(self) -> Mode:
         """How compressed messages travel: ``allreduce``, ``values`` or ``allgather``."""
         return self.settings.collective
+
+    def gathers_sums(self, dtype: torch.dtype) -> bool:
+        """Whether the summable messages of ``dtype`` gradients are all-gathered and added in
+        the method's dtype (``summation``; :meth:`.config.Settings.gathers`)."""
+        return self.settings.gathers(dtype, self.planner.work_dtype(dtype))
 
     @property
     def world_size(self) -> int:
@@ -329,7 +347,13 @@ class CompressionState:
         Memory.check_format(state)
         # checkpoints from before state_dtype existed kept float32/float64 models only
         # (and before granularity existed, per tensor)
-        saved = {"state_dtype": "float32", "granularity": "tensor", **state["config"]}
+        # (and before summation existed, "auto")
+        saved = {
+            "state_dtype": "float32",
+            "granularity": "tensor",
+            "summation": "auto",
+            **state["config"],
+        }
         now = self.settings.describe()
         diff = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
         if diff:
