@@ -50,6 +50,8 @@ SPARSE_SPECS = [
     "top_k[k={k}]",
     "rand_k[k={k}]",
     "rand_k[k={k},shared_seed=true]",
+    "strat_k[k={k}]",
+    "strat_k[k={k},shared_seed=true]",
     "bernoulli[p=0.01]",
 ]
 
@@ -58,6 +60,7 @@ SPECS = [
     "top_k[k={k}]",
     "rand_k[k={k}]",
     "rand_k_scaled[k={k}]",
+    "strat_k[k={k}]",
     "bernoulli[p=0.01]",
     "qsgd[s=16]",
     "qsgd[s=1]",

@@ -1,6 +1,6 @@
 """CPU time of the shrinkgrad DDP hook per step, in one process, with a fake n-rank payload set.
 
-Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm topk-ef randk qsgd] [--world 4]
+Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm topk-ef randk stratk qsgd] [--world 4]
 [--steps 5] [--dtype float32|bfloat16] [--no-half-paths] [--no-fused-mirror] [--profile]
 [--kernel-split] [--deep] [--flat N] [--granularity tensor|bucket] [--interleave-dtypes CYCLES]
 [--interleave-granularity CYCLES]``.
@@ -91,6 +91,8 @@ CONFIGS: dict[str, tuple[str, float | None, str, float]] = {
     "topk-sgdm": ("top_k", 0.01, "ef21", 0.9),  # EF21-SGDM, the example's default
     "topk-ef": ("top_k", 0.01, "ef", 0.0),  # classic error feedback: Top-k of e_i + ∇f_i
     "randk": ("rand_k[shared_seed=true]", 0.01, "dcgd", 0.0),
+    # the block-stratified sparsifier: one draw per block, no permutation, one fused pass
+    "stratk": ("strat_k[shared_seed=true]", 0.01, "dcgd", 0.0),
     "qsgd": ("qsgd[s=4]", None, "dcgd", 0.0),
     # PowerSGD's factor path (its collectives skipped: P and Q are this rank's own times n)
     "psgd-ef21": ("power_sgd[rank=4,shared=true]", None, "ef21", 0.0),

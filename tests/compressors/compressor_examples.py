@@ -15,6 +15,8 @@ EXAMPLES: dict[str, list[str]] = {
     "top_k": ["top_k[k=1]", "top_k[k=3]"],
     "rand_k": ["rand_k[k=3]", "rand_k[k=2,shared_seed=true]"],
     "rand_k_scaled": ["rand_k_scaled[k=3]"],
+    # D = 20: blocks of 6, 7, 7 (offsets of 3 bits); blocks of 5 (indices redrawn)
+    "strat_k": ["strat_k[k=3]", "strat_k[k=4,shared_seed=true]"],
     "bernoulli": ["bernoulli[p=0.3]"],
     "lazy_bernoulli": ["lazy_bernoulli[p=0.4]"],
     "qsgd": ["qsgd[s=1]", "qsgd[s=4]"],
@@ -40,6 +42,7 @@ EXAMPLES: dict[str, list[str]] = {
     "scaled": [
         "scaled(qsgd[s=2])",
         "scaled(rand_k[k=3])",
+        "scaled(strat_k[k=3])",  # no exact scaled form: C/(1 + ω) on the values
         "scaled(natural)",
         "scaled(bernoulli[p=0.5])",  # random message size
     ],
@@ -48,6 +51,7 @@ EXAMPLES: dict[str, list[str]] = {
         "compose(rand_k_scaled[k=6],qsgd[s=4])",  # random projection, then unbiased
         "compose(top_k[k=5],scaled_sign)",  # deterministic, contractive ∘ contractive
         "compose(rand_k[k=4],natural)",  # unbiased ∘ unbiased on the k values
+        "compose(strat_k[k=4],natural)",  # the same with the blocks' offsets as indices
         "compose(natural,qsgd[s=8])",  # unbiased ∘ unbiased, dense
         "compose(natural,top_k[k=16])",  # unbiased, then contractive (Minkowski)
         "compose(scaled(natural),qsgd[s=16])",  # contractive, then unbiased

@@ -71,6 +71,8 @@ CONFIGS = [
     Job(compressor="top_k", ratio=0.05, method="ef"),
     Job(compressor="top_k", ratio=0.1, method="ef21_w", weights=[1.0, 2.0, 5.0]),
     Job(compressor="rand_k[shared_seed=true]", ratio=0.1),  # values only, all-reduce
+    Job(compressor="strat_k[shared_seed=true]", ratio=0.1),  # the same, one index per block
+    Job(compressor="strat_k", ratio=0.1, method="diana"),  # block offsets on the wire
     Job(compressor="rand_k_scaled[shared_seed=true]", ratio=0.2, method="ef21"),
     # the same operator through the wrapper: still a shared-seed sparsifier (values path)
     Job(compressor="scaled(rand_k[k=4,shared_seed=true])", method="ef21", min_numel=16),
@@ -98,6 +100,8 @@ def test_every_rank_holds_identical_parameters_after_every_step(job: Job) -> Non
     [
         Job(compressor="top_k", ratio=0.1, method="ef21", record_bytes=True),
         Job(compressor="rand_k[shared_seed=true]", ratio=0.1, record_bytes=True),
+        Job(compressor="strat_k[shared_seed=true]", ratio=0.1, record_bytes=True),
+        Job(compressor="strat_k", ratio=0.1, record_bytes=True),
         # the k scaled values only, all-reduced: scaled() keeps the shared seed
         Job(
             compressor="scaled(rand_k[k=4,shared_seed=true])",

@@ -24,7 +24,7 @@ from .quantize import (
     StandardDithering,
     Ternary,
 )
-from .sparse import Bernoulli, LazyBernoulli, RandK, RandKScaled
+from .sparse import Bernoulli, LazyBernoulli, RandK, RandKScaled, StratK
 from .transforms import Compose, Scaled
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "Scaled",
     "ScaledSign",
     "StandardDithering",
+    "StratK",
     "Ternary",
     "TopK",
     "basic",

@@ -588,6 +588,7 @@ class Compressor(abc.ABC):
             starts = np.array([start for start, _ in spans], dtype=np.int64)
             w32 = np.array(weights, dtype=np.float32)
             unpack_pairs(buf.numpy(), starts, k, width, half, w32, idx.numpy(), vals.numpy())
+            self._index_positions(idx.numpy().reshape(len(spans), k), d)
             return idx, vals
         idx_list: list[torch.Tensor] = []
         val_list: list[torch.Tensor] = []
@@ -604,6 +605,17 @@ class Compressor(abc.ABC):
         """Bits of each index when a message is k indices of that many bits followed by its k
         values and nothing else (a fixed-size sparsifier's layout, :class:`Sparsifier`), else
         None (this default)."""
+        return None
+
+    def _index_fields(self, idx: np.ndarray, d: int) -> np.ndarray:
+        """The k index fields of that layout for the k indices ``idx`` (``int64``): the indices
+        themselves (this default), or what a compressor sends instead (strat_k: the offsets
+        within the blocks)."""
+        return idx
+
+    def _index_positions(self, fields: np.ndarray, d: int) -> None:
+        """The inverse of :meth:`_index_fields` on rows of k fields read from messages, in
+        place (this default: nothing to do)."""
         return None
 
     #: True when :meth:`_decode_pairs` returns the sent value fields as they are (no
@@ -739,7 +751,7 @@ class Sparsifier(Compressor):
             ints = torch.int32 if vwidth == 32 else torch.int16
             words = flat.view(ints).numpy().view(np.uint32 if vwidth == 32 else np.uint16)
             ix = indices.detach().reshape(-1).to(torch.int64).contiguous().numpy()
-            pack_pairs(ix, words, width, vwidth, payload.numpy())
+            pack_pairs(self._index_fields(ix, d), words, width, vwidth, payload.numpy())
             return payload
         w = BitWriter(device, fast=_fast_wire(device))
         self._encode_indices(w, indices.reshape(-1), d)

@@ -1,4 +1,5 @@
-"""Random sparsifiers: rand-k (unbiased and scaled) and Bernoulli sparsification.
+"""Random sparsifiers: rand-k (unbiased and scaled), its block-stratified variant strat-k, and
+Bernoulli sparsification.
 
 rand-k index sets
 -----------------
@@ -23,16 +24,21 @@ unusably slow on CPU), computable index by index on any device.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
+from numpy.typing import DTypeLike
 
-from ..rng import Keys, mix32_torch
+from ..rng import MASK32, Keys, bits32_torch, mix32_torch
 from . import _kernels as K
-from ._random import draw_up, kernel_keys
+from . import _strat_kernels as SK
+from ._random import EXTRA, draw_up, kernel_keys
 from ._wire import BitReader, BitWriter, float_width, paper_width
 from .base import (
     COMPRESSORS,
     Compressor,
+    Kind,
     Sparsifier,
     _check_positive_int,
     _emit,
@@ -51,8 +57,11 @@ __all__ = [
     "LazyBernoulli",
     "RandK",
     "RandKScaled",
+    "StratK",
     "randk_domain",
     "randk_indices_torch",
+    "strat_bounds",
+    "strat_indices_torch",
 ]
 
 #: fold tag of the rand-k permutation keys
@@ -302,6 +311,294 @@ class RandKScaled(_RandKBase):
 
     def alpha(self, d: int) -> float:
         return self._k(d) / d
+
+
+# --------------------------------------------------------------------------------------------
+# strat-k: one coordinate drawn in each of k blocks
+# --------------------------------------------------------------------------------------------
+#: fold tag of the strat-k draw keys
+STRATK_TAG = "strat_k"
+
+
+@functools.lru_cache(maxsize=64)
+def strat_bounds(d: int, k: int) -> np.ndarray:
+    """The k + 1 bounds ⌊b·d/k⌋ (b = 0, …, k) of strat-k's blocks B_b = [⌊b·d/k⌋,
+    ⌊(b+1)·d/k⌋) of [0, d), as a read-only ``int64`` array (cached: the wire format and the
+    torch path use them every call)."""
+    b = np.arange(k + 1, dtype=np.int64)
+    out = (b * d) // k
+    out.flags.writeable = False
+    return out
+
+
+def strat_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
+    """strat-k's kept index of every block for every row key (shape ``(*keys.shape, k)``,
+    ascending), torch reference of :func:`._strat_kernels.strat_draw` (the rule is stated in
+    :mod:`._strat_kernels`: Lemire's multiply-shift with rejection, exactly uniform on each
+    block unless all :data:`~._strat_kernels.TRIES` words of a block are rejected).
+
+    ``keys`` are the already folded draw keys (``row_keys.fold("strat_k")``).
+    """
+    dev = keys.device
+    b = torch.arange(k, device=dev, dtype=torch.int64)
+    lo = b * d // k
+    s = (b + 1) * d // k - lo
+    m = keys.bits32(k) * s  # < 2³²·2³¹: exact in int64
+    t = (2**32 - s) % s  # 2³² mod s
+    bad = (m & MASK32) < t
+    if bool(bad.any()):  # (rare: probability < s/2³² per block)
+        k2 = keys.fold(EXTRA)
+        for tr in range(1, SK.TRIES):
+            cnt = (b * SK.TRIES + tr) & MASK32
+            m2 = bits32_torch(k2.lo[..., None], k2.hi[..., None], cnt) * s
+            m = torch.where(bad, m2, m)
+            bad = bad & ((m2 & MASK32) < t)
+            if not bool(bad.any()):
+                break
+    return lo + (m >> 32)
+
+
+@COMPRESSORS.register("strat_k")
+class StratK(Sparsifier):
+    """Block-stratified random sparsification: the stratified variant of the unbiased random
+    sparsifier rand-k ([K18] §2, Khirirat et al. 2018; methods.md §2). [0, d) is cut into k
+    blocks B_b = [⌊b·d/k⌋, ⌊(b+1)·d/k⌋) of ⌊d/k⌋ or ⌈d/k⌉ entries; block b keeps one index j_b
+    drawn uniformly in B_b (independently across blocks), with the value |B_b|·x_{j_b}:
+
+        C(x) = Σ_b |B_b| x_{j_b} e_{j_b}.
+
+    Unbiased: E C(x)_j = P(j_b = j)·|B_b| x_j = x_j. Second moment: E‖C(x)‖² = Σ_b E |B_b|²
+    x_{j_b}² = Σ_b |B_b| Σ_{j ∈ B_b} x_j² = Σ_j |B(j)| x_j² (B(j): the block of j), so
+    E‖C(x) − x‖² = Σ_j (|B(j)| − 1) x_j² ≤ (⌈d/k⌉ − 1)‖x‖², with equality for x supported on
+    a largest block: ω = ⌈d/k⌉ − 1, tight (rand-k's d/k − 1 when k divides d, less than 1
+    above it otherwise). It is not rand-k: two entries of one block are never kept together,
+    so its k-subsets are not uniform, and ω is its own.
+
+    Its indices come out sorted with no permutation to draw, and a block's kept value is read
+    while the finiteness check of the input streams over that block (one pass, the fused CPU
+    kernel :func:`._strat_kernels.strat_gather`). Draws: :mod:`._strat_kernels` (keys
+    ``keys.fold("strat_k")``; Lemire's multiply-shift with rejection, exactly uniform per
+    block). Message: k offsets j_b − ⌊b·d/k⌋ of ⌈log₂⌈d/k⌉⌉ bits each (the block is the
+    position of the field in the message), then the k values; with ``shared_seed=true`` only
+    the values (every client of a round draws the same blocks' indices from the shared key, as
+    ``rand_k[shared_seed=true]``: the DDP hook all-reduces the k values).
+    """
+
+    kind: Kind = "unbiased"
+    collective = "allgather"
+    positively_homogeneous = True
+    sparse_message = True
+    constant_formula = "ω = ⌈d/k⌉ − 1"
+    bits_formula = "k·(32 + ⌈log₂⌈d/k⌉⌉); 32·k with shared_seed=true"
+
+    def __init__(self, k: int, shared_seed: bool = False) -> None:
+        self.k = _check_positive_int(
+            k, "k (the number of blocks, one coordinate kept in each)", "strat_k"
+        )
+        self.shared_seed = bool(shared_seed)
+
+    def _k(self, d: int) -> int:
+        k = self.k
+        if k > d:
+            raise ValueError(
+                f"strat_k[k={k}] cannot keep more than d={d} coordinates; use k in [1, {d}]"
+            )
+        if -(-d // k) > 1 << 31 or d * k >= 1 << 62:
+            raise ValueError(
+                f"strat_k[k={k}] at d={d}: blocks of ⌈d/k⌉ = {-(-d // k)} entries (at most 2³¹, "
+                "and d·k < 2⁶²); use a larger k"
+            )
+        return k
+
+    def _width(self, d: int) -> int:
+        """⌈log₂⌈d/k⌉⌉: the bits of one offset within its block."""
+        return _log2ceil(-(-d // self._k(d)))
+
+    def omega(self, d: int) -> float:
+        return float(-(-d // self._k(d)) - 1)
+
+    def bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(self._k(d) * float_width(dtype) + self.index_bits(d))
+
+    def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
+        return float(paper_width(dtype) * self._k(d))
+
+    def index_bits(self, d: int) -> int:
+        return 0 if self.shared_seed else self._k(d) * self._width(d)
+
+    # -- draws ----------------------------------------------------------------------------------
+    @staticmethod
+    def _kernel_keys(keys: Keys) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(lo, hi, lo₂, hi₂) of the draw keys K = keys.fold("strat_k") and K₂ =
+        K.fold("extra"), flat ``uint64`` arrays (one key: Python ints, µs)."""
+        pk = keys.fold(STRATK_TAG)
+        lo, hi = _keys_rows(pk)
+        lo2, hi2 = _keys_rows(pk.fold(EXTRA))
+        return lo, hi, lo2, hi2
+
+    def _idx(self, keys: Keys, d: int, numba: bool) -> torch.Tensor:
+        k = self._k(d)
+        if numba:
+            lo, hi, lo2, hi2 = self._kernel_keys(keys)
+            idx = np.empty((lo.shape[0], k), dtype=np.int64)
+            SK.strat_draw(lo, hi, lo2, hi2, d, idx)
+            return torch.from_numpy(idx).reshape(*keys.shape, k)
+        return strat_indices_torch(keys.fold(STRATK_TAG), d, k)
+
+    def _scale(self, d: int, dtype: DTypeLike | torch.dtype) -> np.ndarray:
+        """The factor of a kept value in a block of ⌊d/k⌋ and of ⌊d/k⌋ + 1 entries, in the
+        values' dtype (numpy's or torch's, rounded once): the block sizes themselves. Both
+        paths take their factors from here, so they scale by the same numbers."""
+        if isinstance(dtype, torch.dtype):
+            dtype = torch.empty(0, dtype=dtype).numpy().dtype.type
+        q = d // self._k(d)
+        return np.array([q, q + 1], dtype=dtype)
+
+    def _factors(self, d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """:meth:`_scale`'s factor of every block (shape (k,)), in ``dtype``."""
+        big = np.diff(strat_bounds(d, self._k(d))) > d // self._k(d)
+        return torch.from_numpy(self._scale(d, dtype)[big.astype(np.int64)]).to(device)
+
+    def scaled_form(self) -> Compressor:
+        """C/(1 + ω) computed exactly: the same draws, each kept value scaled by
+        |B_b|/⌈d/k⌉ rounded once (:class:`_StratKScaled`)."""
+        return _StratKScaled(self.k, self.shared_seed)
+
+    # -- application ----------------------------------------------------------------------------
+    def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
+        assert keys is not None
+        d = x.shape[-1]
+        if _use_numba(x):  # one pass: the check, the draws and the gather of the kept values
+            return self._gather(x, keys, x, None)
+        _require_finite(x, self.name)
+        idx = self._idx(keys, d, False)
+        vals = take(x, idx) * self._factors(d, x.dtype, x.device)
+        if not bool(torch.isfinite(vals).all()):
+            raise _overflow_error(self.name, x.dtype)
+        return idx, vals
+
+    def _sparse_bf16(
+        self, x: torch.Tensor, keys: Keys | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The kernel path of :meth:`_select` on the bit patterns of a bfloat16 ``x`` (2 bytes
+        read an entry; the kept values widened to float32 exactly, then scaled in float32):
+        the values of ``_select(x.float(), keys)``."""
+        if not _use_numba(x):
+            return None
+        assert keys is not None
+        return self._gather(x, keys, x.contiguous().view(torch.int16), np.uint16)
+
+    def _gather(
+        self, x: torch.Tensor, keys: Keys, src: torch.Tensor, view: type | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices, values) of ``x`` (float32/float64, or bfloat16 read as the patterns
+        ``src`` viewed as ``view``) by the fused kernel :func:`SK.strat_gather` (one pass:
+        check, draw, gather)."""
+        d = x.shape[-1]
+        k = self._k(d)
+        x2 = _rows(src)
+        if view is not None:
+            x2 = x2.view(view)
+        vdtype = np.float32 if view is not None else x2.dtype
+        lo, hi, lo2, hi2 = self._kernel_keys(keys)
+        out = np.empty((x2.shape[0], k), dtype=vdtype)
+        idx = np.empty((x2.shape[0], k), dtype=np.int64)
+        sc = self._scale(d, vdtype)
+        status = K.run(SK.strat_gather, x2, x2, lo, hi, lo2, hi2, sc, idx, out)
+        if status == K.NON_FINITE:
+            raise non_finite_error(self.name)
+        if status == K.OVERFLOW:
+            raise _overflow_error(self.name, torch.float32 if view is not None else x.dtype)
+        shape = (*x.shape[:-1], k)
+        return torch.from_numpy(idx).reshape(shape), torch.from_numpy(out).reshape(shape)
+
+    def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
+        assert keys is not None
+        d = x.shape[-1]
+        if _use_numba(x):
+            k = self._k(d)
+            res, o2, copy = _out_rows(x, out)
+            lo, hi, lo2, hi2 = self._kernel_keys(keys)
+            x2 = _rows(x)
+            sc = self._scale(d, o2.dtype)
+            status = K.run(SK.strat_rows, x2, x2, k, lo, hi, lo2, hi2, sc, o2)
+            if status == K.NON_FINITE:
+                raise non_finite_error(self.name)
+            if status == K.OVERFLOW:
+                raise _overflow_error(self.name, x.dtype)
+            return _emit(res, out) if copy else res
+        idx, vals = self._select(x, keys)
+        res = torch.zeros_like(x) if out is None else out.zero_()
+        return res.scatter_(-1, idx, vals)
+
+    # -- wire format: offsets within the blocks -------------------------------------------------
+    def _offsets(self, idx: np.ndarray, d: int) -> np.ndarray:
+        """j_b − ⌊b·d/k⌋ of k indices (one per block, in block order), checked."""
+        bounds = strat_bounds(d, self._k(d))
+        off: np.ndarray = idx - bounds[:-1]
+        if idx.shape[-1] != bounds.size - 1 or bool(((off < 0) | (off >= np.diff(bounds))).any()):
+            raise ValueError(
+                f"{self.name}: a message carries one index per block, in block order (the "
+                "sparse form's indices)"
+            )
+        return off
+
+    def _positions(self, off: np.ndarray, d: int) -> None:
+        """Offsets read from a message (rows of k) → indices, in place; a corrupt offset (past
+        its block) is refused."""
+        bounds = strat_bounds(d, self._k(d))
+        if bool((off >= np.diff(bounds)).any()):
+            raise ValueError(
+                f"corrupt payload: {self.name} read an offset past its block for d={d}; was it "
+                "encoded with the same compressor and d?"
+            )
+        off += bounds[:-1]
+
+    def _encode_indices(self, w: BitWriter, idx: torch.Tensor, d: int) -> None:
+        if not self.shared_seed:  # with a shared seed the receiver redraws the indices
+            off = self._offsets(idx.detach().reshape(-1).cpu().numpy(), d)
+            w.add(torch.from_numpy(off).to(idx.device), self._width(d))
+
+    def _index_fields(self, idx: np.ndarray, d: int) -> np.ndarray:
+        return self._offsets(idx, d)
+
+    def _index_positions(self, fields: np.ndarray, d: int) -> None:
+        self._positions(fields, d)
+
+    def _packed_width(self, d: int) -> int | None:
+        return None if self.shared_seed else self._width(d)
+
+    def _decode_indices(self, r: BitReader, d: int, keys: Keys | None) -> torch.Tensor:
+        if self.shared_seed:
+            assert keys is not None
+            return self._idx(keys.to(r.device), d, r.fast)
+        off = r.read(self._k(d), self._width(d))
+        pos = off.cpu().numpy().copy()
+        self._positions(pos, d)
+        return torch.from_numpy(pos).to(off.device)
+
+
+class _StratKScaled(StratK):
+    """``scaled(strat_k[k])`` = strat_k/(1 + ω) = strat_k/⌈d/k⌉, exactly (its ``scaled_form``):
+    the same draws and message layout, a kept value x_{j_b}·(|B_b|/⌈d/k⌉) with the factor
+    rounded once to the values' dtype (1 in the largest blocks: their values are sent as they
+    are). Contractive with α = 1/(1 + ω) = 1/⌈d/k⌉ (the conversion of methods.md §2), tight:
+    on x supported on a largest block, E‖C(x) − x‖² = (1 − 1/⌈d/k⌉)‖x‖². Not registered: it is
+    reached as ``scaled(strat_k[...])``, whose scaled values would otherwise be rounded twice
+    on a 16-bit wire (once when sent, once after the scaling)."""
+
+    kind = "contractive"
+
+    def omega(self, d: int) -> float:
+        return Compressor.omega(self, d)
+
+    def alpha(self, d: int) -> float:
+        return 1.0 / -(-d // self._k(d))
+
+    def _scale(self, d: int, dtype: DTypeLike | torch.dtype) -> np.ndarray:
+        sizes = super()._scale(d, dtype)
+        m = -(-d // self._k(d))
+        return np.array([int(sizes[0]) / m, (int(sizes[0]) + 1) / m], dtype=sizes.dtype)
 
 
 @COMPRESSORS.register("bernoulli")
