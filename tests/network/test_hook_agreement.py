@@ -91,6 +91,11 @@ CASES = [
     dict(compressor="top_k", ratio=0.1, error_feedback="ef21", min_numel=45, granularity="bucket"),
     dict(compressor="rand_k[shared_seed=true]", ratio=0.1, min_numel=45, granularity="bucket"),
     dict(compressor="qsgd[s=4]", min_numel=100, granularity="bucket"),
+    # summed rounds all-gathered and added in the method's dtype (the default for 16-bit models
+    # under EF21/DIANA; forced here): the same bytes, all-gathers instead of all-reduces
+    dict(compressor="identity", method="ef21", min_numel=0, summation="gather"),
+    dict(compressor="rand_k[shared_seed=true]", ratio=0.1, method="diana", summation="gather"),
+    dict(compressor="power_sgd[rank=2,shared=true]", method="ef21", summation="gather"),
 ]
 #: DDP's default (one bucket for so small a model) and a cap that cuts it in two after the
 #: first iteration (DDP's rebuild; tensors fill a bucket until it reaches the cap)
@@ -110,7 +115,9 @@ def test_model_bytes_equal_the_hooks_counters() -> None:
             for kwargs in CASES:
                 r = next(runs)
                 args = {
-                    k: v for k, v in kwargs.items() if k in ("ratio", "min_numel", "granularity")
+                    k: v
+                    for k, v in kwargs.items()
+                    if k in ("ratio", "min_numel", "granularity", "method", "summation")
                 }
                 for step in range(STEPS):
                     layout = r["layouts"][step]

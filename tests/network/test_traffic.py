@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -94,3 +95,79 @@ def test_parameter_server_messages() -> None:
 def test_mistakes_are_clear(call: object, pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern):
         call()  # type: ignore[operator]
+
+
+SUMMED = [  # (compressor, hook arguments, method): every summed path of the hook
+    ("identity", {"min_numel": 0}, None),
+    ("identity", {"min_numel": 0}, "ef21"),
+    ("rand_k_scaled[shared_seed=true]", {"ratio": 0.1, "min_numel": 45}, "ef21"),
+    ("rand_k_scaled[shared_seed=true]", {"ratio": 0.1, "min_numel": 45}, "ef"),
+    ("rand_k[shared_seed=true]", {"ratio": 0.1, "min_numel": 45}, "diana"),
+    ("rand_k[shared_seed=true]", {"ratio": 0.1, "min_numel": 45}, None),
+    ("top_k", {"ratio": 0.1}, "ef21"),  # bucket 0 all-gathers anyway; the raw bucket 1 is summed
+]
+
+
+@pytest.mark.parametrize("spec,kw,method", SUMMED, ids=[f"{s}-{m}" for s, _, m in SUMMED])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("summation", ["auto", "gather", "reduce"])
+@pytest.mark.parametrize("state_dtype", ["float32", "gradient"])
+def test_summed_rounds_are_all_gathered_exactly_where_the_hook_gathers_them(
+    spec: str,
+    kw: dict[str, Any],
+    method: str | None,
+    dtype: torch.dtype,
+    summation: str,
+    state_dtype: str,
+) -> None:
+    """The model follows the hook's own rule (what ``CompressionState.gathers_sums`` asks: its
+    settings and its planner's method dtype): where the hook gathers, each all-reduce of a
+    compressed step is an all-gather of the same per-rank bytes; payloads that are all-gathered
+    anyway and warm-up steps are unchanged. By default only 16-bit gradients with a float32
+    memory under EF21 or DIANA gather."""
+    from shrinkgrad.distributed.hooks.config import Settings
+    from shrinkgrad.distributed.hooks.plan import Planner
+
+    buckets = [[2048, 64], [640, 10]]
+    args = dict(kw, dtype=dtype, state_dtype=state_dtype)
+    settings = Settings.build(
+        spec,
+        method=method,
+        error_feedback=None,
+        ratio=kw.get("ratio"),
+        weights=None,
+        seed=0,
+        warmup_steps=1,
+        momentum=0.0,
+        min_numel=int(kw["min_numel"]) if "min_numel" in kw else 1024,
+        world_size=4,
+        rank=0,
+        state_dtype=state_dtype,
+        summation=summation,
+    )
+    planner = Planner(settings, lambda *a: None, bool(settings.method.sparse_messages))
+    gathers = settings.gathers(dtype, planner.work_dtype(dtype))
+    assert gathers == (
+        summation == "gather"
+        or (
+            summation == "auto"
+            and dtype != torch.float32
+            and state_dtype == "float32"
+            and method in ("ef21", "diana")
+        )
+    )
+    reduced = hook_collectives(spec, buckets, summation="reduce", **args)
+    got = hook_collectives(spec, buckets, method=method, summation=summation, **args)
+    assert [c.nbytes for c in got] == [c.nbytes for c in reduced]
+    assert any(c.kind == "allreduce" for c in reduced)  # every case has a summed round
+    for g, r in zip(got, reduced, strict=True):
+        assert g.kind == ("allgather" if gathers or r.kind == "allgather" else "allreduce")
+    warm = hook_collectives(spec, buckets, method=method, summation=summation, warmup=True, **args)
+    assert all(c.kind == "allreduce" for c in warm)
+
+
+def test_hook_collectives_checks_summation_and_method() -> None:
+    with pytest.raises(ValueError, match="summation must be one of auto, gather, reduce"):
+        hook_collectives("identity", [100], summation="sum")
+    with pytest.raises(ValueError, match="iag has no per-tensor rule for a DDP communication"):
+        hook_collectives("identity", [100], method="iag")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..compressors import Compressor
-    from ..methods.base import Traffic
+    from ..methods.base import Method, Traffic
 
 __all__ = [
     "COLLECTIVE_KINDS",
@@ -267,6 +267,8 @@ def hook_collectives(
     shapes: Sequence[Sequence[Sequence[int]]] | None = None,
     granularity: str = "tensor",
     state_dtype: str = "float32",
+    method: str | Method[Any, Any] | None = None,
+    summation: str = "auto",
 ) -> list[Collective]:
     """The collectives of one step of :func:`~shrinkgrad.distributed.compression_hook`.
 
@@ -280,7 +282,12 @@ def hook_collectives(
     ``"gradient"``: docs/distributed.md, bfloat16 and float16 models);
     ``scaler`` when a loss scaler is attached (one flag byte per all-gathered block);
     ``granularity="bucket"`` as given to ``CompressionState``: every bucket one flat vector of
-    its total size (vector compressors only, as in the hook). The sum of
+    its total size (vector compressors only, as in the hook); ``method`` (default
+    ``dcgd[biased=true]``, the hook's) and ``summation`` as given to ``CompressionState``: where
+    the hook all-gathers the summed rounds and adds them in float32
+    (:func:`~shrinkgrad.distributed.hooks.config.gathers_sums`: by default 16-bit gradients with
+    a float32 memory and a method that accumulates its aggregates, EF21 and DIANA), each
+    all-reduce of a compressed step is an all-gather of the same per-rank bytes. The sum of
     the ``nbytes`` equals the hook's ``last_step_bytes`` for fixed-size messages; for
     variable-size ones (bernoulli) the block holds the expected payload (the hook pads to the
     largest rank's actual one).
@@ -292,15 +299,33 @@ def hook_collectives(
     if ratio is not None and not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) <= 1.0):
         raise ValueError(f"ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got {ratio!r}")
     template = _template(compressor, ratio)
-    from ..distributed.hooks.config import STATE_DTYPES, factor_refusal, granularity_refusal
+    from ..distributed.hooks.config import (
+        STATE_DTYPES,
+        SUMMATIONS,
+        factor_refusal,
+        gathers_sums,
+        granularity_refusal,
+        resolve_method,
+    )
 
     if state_dtype not in STATE_DTYPES:
         raise ValueError(
             f"state_dtype must be one of {', '.join(STATE_DTYPES)} (as given to "
             f"CompressionState), got {state_dtype!r}"
         )
+    if summation not in SUMMATIONS:
+        raise ValueError(
+            f"summation must be one of {', '.join(SUMMATIONS)} (as given to CompressionState), "
+            f"got {summation!r}"
+        )
     half = _float_bits(dt) == 16
     warm_size = 4 if half and state_dtype == "float32" else esize
+    import torch
+
+    wdtype = torch.float32 if half and state_dtype == "float32" else dt
+    gathered = gathers_sums(summation, dt, wdtype, resolve_method(method, None, 0.0, 1))
+    summed: CollectiveKind = "allgather" if gathered else "allreduce"  # the summed rounds
+    how = " (all-gathered, added in float32)" if gathered else ""
 
     refusal = factor_refusal(template)  # the hook refuses it: no traffic to model
     if refusal is not None:
@@ -328,10 +353,10 @@ def hook_collectives(
             for n, shape in zip(bucket, views[b], strict=True)
         ]
         if all(C is None for C in comps):
-            out.append(Collective("allreduce", dense, f"bucket {b}: nothing to compress"))
+            out.append(Collective(summed, dense, f"bucket {b}: nothing to compress{how}"))
             continue
         if template.collective == "allreduce":
-            out.append(Collective("allreduce", dense, f"bucket {b}: summable dense results"))
+            out.append(Collective(summed, dense, f"bucket {b}: summable dense results{how}"))
             continue
         raw = sum(n * esize for n, C in zip(bucket, comps, strict=True) if C is None)
         if template.collective == "allreduce_factors":  # PowerSGD's shared basis: P, then Q
@@ -342,8 +367,8 @@ def hook_collectives(
                     p_stage, q_stage = plan.stages
                     p_bytes += math.prod(p_stage.shape) * esize
                     q_bytes += math.prod(q_stage.shape) * esize
-            out.append(Collective("allreduce", raw + p_bytes, f"bucket {b}: raw values and P"))
-            out.append(Collective("allreduce", q_bytes, f"bucket {b}: Q (after P)"))
+            out.append(Collective(summed, raw + p_bytes, f"bucket {b}: raw values and P{how}"))
+            out.append(Collective(summed, q_bytes, f"bucket {b}: Q (after P){how}"))
             continue
         if getattr(template, "shared_seed", False):
             values = 0
@@ -355,7 +380,7 @@ def hook_collectives(
                             f"{C.name}: shared_seed=true needs a fixed-size sparsifier (rand_k)"
                         )
                     values += k * esize
-            out.append(Collective("allreduce", raw + values, f"bucket {b}: shared-seed values"))
+            out.append(Collective(summed, raw + values, f"bucket {b}: shared-seed values{how}"))
             continue
         payload = 0
         for n, C in zip(bucket, comps, strict=True):
