@@ -33,9 +33,13 @@ from __future__ import annotations
 
 import abc
 import copy
+import hashlib
 import math
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
+import numpy as np
+import scipy.sparse as sp
 import torch
 
 from .._sums import all_finite
@@ -43,7 +47,7 @@ from ..registry import Registry, Spec
 from ..rng import Keys
 from ..theory import L_AM, L_QM, L_var
 
-__all__ = ["PROBLEMS", "Problem", "make_problem"]
+__all__ = ["PROBLEMS", "Problem", "digest_arrays", "make_problem"]
 
 
 class Problem(abc.ABC):
@@ -269,6 +273,57 @@ class Problem(abc.ABC):
     def info(self) -> dict[str, Any]:
         """Identifying metadata for result tables."""
         return {"problem": self.name, "dataset": self.dataset, "n_clients": self.n, "d": self.d}
+
+    def data_digest(self) -> str | None:
+        """A hex digest of the data that defines f beyond x (samples, targets, their clients,
+        the held-out part), or None for a problem that holds no data of its own (the default).
+
+        Two problems that agree on name, data set, n, d, ``info()`` and x⁰ but not on their data
+        get different digests, so a checkpoint of one is not resumed by the other (the
+        simulator's fingerprint, :func:`shrinkgrad.sim.engine.problem_identity`). The digest is
+        deterministic (the same data built twice, in another process or on another device, gives
+        the same one) and changes when any entry changes; :func:`digest_arrays` computes it.
+        """
+        return None
+
+
+def digest_arrays(items: Iterable[tuple[str, Any]]) -> str:
+    """The SHA-1 hex digest of labelled arrays, in the order given (:meth:`Problem.data_digest`).
+
+    Each item is (label, value) with value a NumPy array, a torch tensor (any device: its bytes
+    are read on the CPU), a SciPy sparse matrix (hashed as CSR: data, indices and indptr as
+    int64, and shape; so the same values given dense and sparse differ), a string or None.
+    Every array's label, kind, dtype and shape are hashed with its raw bytes, so arrays of the
+    same bytes but another shape or dtype differ. Contiguous arrays are fed without a copy:
+    about 1 ms per MB.
+    """
+    h = hashlib.sha1()
+
+    def add(label: str, value: Any) -> None:
+        if value is None or isinstance(value, str):
+            h.update(f"{label}:{type(value).__name__}:{value!s}\n".encode())
+        elif sp.issparse(value):
+            csr = sp.csr_matrix(value)
+            h.update(f"{label}:csr:{csr.shape}\n".encode())
+            add(f"{label}.data", csr.data)
+            # int64 whatever scipy chose (int32 or int64 indices for the same matrix)
+            add(f"{label}.indices", csr.indices.astype(np.int64, copy=False))
+            add(f"{label}.indptr", csr.indptr.astype(np.int64, copy=False))
+        elif isinstance(value, torch.Tensor):
+            t = value.detach()
+            h.update(f"{label}:tensor:{t.dtype}:{tuple(t.shape)}\n".encode())
+            raw = t.cpu().contiguous().reshape(-1).view(torch.uint8)  # bfloat16 has no NumPy dtype
+            h.update(raw.numpy().data)
+        else:
+            a = np.ascontiguousarray(value)
+            if a.dtype.hasobject:
+                raise TypeError(f"{label}: cannot digest an array of Python objects")
+            h.update(f"{label}:array:{a.dtype.str}:{a.shape}\n".encode())
+            h.update(a.reshape(-1).view(np.uint8).data)
+
+    for label, value in items:
+        add(label, value)
+    return h.hexdigest()
 
 
 def _unknown() -> NoReturn:

@@ -43,7 +43,7 @@ from .. import _buffers as buffers
 from .._sums import mean_value
 from ..rng import Keys, bits32_torch
 from . import _kernels as K
-from .base import PROBLEMS, Problem
+from .base import PROBLEMS, Problem, digest_arrays
 from .datasets import Dataset, load
 from .smoothness import DENSE_LIMIT, client_lambda_max, gram_matrix, lambda_max_gram
 from .splits import ClientRows, Split, resolve_split
@@ -216,6 +216,7 @@ class LinearModelProblem(Problem):
         self._no_e = np.empty(0, dtype=np_dtype)
         self._no_loss = np.empty(0, dtype=np.float64)
         self._torch: dict[str, torch.Tensor] | None = None
+        self._data_digest: str | None = None  # data_digest(), computed on first use
         self.backend: Literal["numba", "torch"] = "numba" if self.device.type == "cpu" else "torch"
         self._eig_method = eig_method
 
@@ -798,6 +799,20 @@ class LinearModelProblem(Problem):
     def data_matrix(self) -> sp.csr_matrix | np.ndarray:
         """The N × d data in client order (float64; rows offsets[i]:offsets[i+1] are client i's)."""
         return self._A64
+
+    def data_digest(self) -> str:
+        """SHA-1 hex digest of the data (:meth:`Problem.data_digest`): the N × d matrix in client
+        order as stored in float64 (CSR: data, indices, indptr, shape; dense: its entries; the
+        intercept's column included), the targets in that order and the clients' row offsets
+        (so the split). Independent of ``dtype``, ``device``, ``storage`` and ``threads`` (how
+        f is computed); the same values given once dense and once sparse digest differently.
+        Computed on first use and kept: the data is not modified after construction."""
+        digest: str | None = getattr(self, "_data_digest", None)
+        if digest is None:
+            digest = self._data_digest = digest_arrays(
+                (("A", self._A64), ("targets", self._y64), ("offsets", self.offsets))
+            )
+        return digest
 
     @property
     def curvature(self) -> float:

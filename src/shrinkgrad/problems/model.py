@@ -50,7 +50,7 @@ from torch.func import functional_call, grad, grad_and_value, jvp, vmap
 from .._sums import mean_value
 from ..registry import Spec
 from ..rng import Keys, bits32_torch
-from .base import Problem
+from .base import Problem, digest_arrays
 from .datasets import Dataset
 from .linear import as_device, as_dtype
 from .model_data import (
@@ -200,6 +200,7 @@ class ModelProblem(Problem):
         self.n_samples = int(self.client_sizes.sum())
         self.f_lower = 0.0  # every loss here is ≥ 0
         self.held_out_columns = functional.loss.held_out_columns if self._test is not None else ()
+        self._data_digest: str | None = None  # data_digest(), computed on first use
 
     # -- what the problem is ----------------------------------------------------------------------
     @property
@@ -244,6 +245,31 @@ class ModelProblem(Problem):
         if spec:
             out["spec"] = spec
         return out
+
+    def data_digest(self) -> str:
+        """SHA-1 hex digest of what defines f beyond x and ``info()`` (:meth:`Problem.data_digest`):
+        each client group's members, sizes, inputs and targets (padded as evaluated; so every
+        client's samples, in order), the held-out inputs and targets (they define the held-out
+        columns), and the model's buffers (running statistics: not part of x⁰). Hashed in the
+        problem's dtype, which the fingerprint records too (a problem built in float32 and one
+        moved there with :meth:`to` hold the same values); the device does not matter.
+        Computed on first use and kept (:meth:`to` to another dtype and :meth:`restrict` start
+        afresh)."""
+        digest: str | None = getattr(self, "_data_digest", None)
+        if digest is None:
+            items: list[tuple[str, Any]] = []
+            for k, g in enumerate(self._groups):
+                items += [
+                    (f"group{k}.members", g.members),
+                    (f"group{k}.sizes", g.batch.sizes),
+                    (f"group{k}.X", g.batch.X),
+                    (f"group{k}.y", g.batch.y),
+                ]
+            t = self._test
+            items += [("test", None)] if t is None else [("test.X", t.X), ("test.y", t.y)]
+            items += [(f"buffer.{k}", b) for k, b in self.module.named_buffers()]
+            digest = self._data_digest = digest_arrays(items)
+        return digest
 
     def __repr__(self) -> str:
         consts = "L unknown" if self.L is None else f"L={self.L:.4g}"
@@ -483,6 +509,7 @@ class ModelProblem(Problem):
         out.n_samples = int(out.client_sizes.sum())
         out.L = None
         out.L_i = None if self.L_i is None else self.L_i[idx].clone()
+        out._data_digest = None  # other clients: another digest
         return out
 
     def to(
@@ -501,6 +528,8 @@ class ModelProblem(Problem):
         out._test = None if self._test is None else self._test.to(dt, dev)
         out._x0 = self._x0.to(device=dev, dtype=dt)
         out.dtype, out.device = dt, dev
+        if dt != self.dtype:  # the values are rounded to the new dtype; a move keeps them
+            out._data_digest = None
         return out
 
 
