@@ -169,6 +169,26 @@ def test_model_buffers_enter_the_digest() -> None:
     assert a.data_digest() == build(0.0).data_digest()
 
 
+def test_the_model_architecture_enters_the_digest(tmp_path: Path) -> None:
+    """Equal parameter shapes and x⁰, another activation: another f, refused on resume."""
+    X, y = _data(0)
+    labels = torch.from_numpy((y > 0).astype(np.int64))
+
+    def build(act: type[torch.nn.Module]) -> Problem:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(D, 3), act(), torch.nn.Linear(3, 2))
+        return model_problem(net, (torch.from_numpy(X), labels), n_clients=CLIENTS)
+
+    tanh, relu = build(torch.nn.Tanh), build(torch.nn.ReLU)
+    assert torch.equal(tanh.x0(), relu.x0())
+    assert tanh.data_digest() != relu.data_digest()
+    assert tanh.data_digest() == build(torch.nn.Tanh).data_digest()
+    path = tmp_path / "run.pt"
+    _run(tanh, path)
+    with pytest.raises(ValueError, match=r"belongs to a different run \(problem\.data: "):
+        _run(relu, path, rounds=5)
+
+
 def test_how_a_problem_is_computed_does_not_change_its_digest() -> None:
     X, y = _data(0)
     A = sp.csr_matrix(np.where(np.abs(X) > 0.5, X, 0.0))

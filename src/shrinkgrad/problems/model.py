@@ -250,7 +250,9 @@ class ModelProblem(Problem):
         """SHA-1 hex digest of what defines f beyond x and ``info()`` (:meth:`Problem.data_digest`):
         each client group's members, sizes, inputs and targets (padded as evaluated; so every
         client's samples, in order), the held-out inputs and targets (they define the held-out
-        columns), and the model's buffers (running statistics: not part of x⁰). Hashed in the
+        columns), the model's buffers (running statistics: not part of x⁰) and its printed
+        form (``repr``: the layers, activations and their settings; code in a custom
+        ``forward`` is not seen). Hashed in the
         problem's dtype, which the fingerprint records too (a problem built in float32 and one
         moved there with :meth:`to` hold the same values); the device does not matter.
         Computed on first use and kept (:meth:`to` to another dtype and :meth:`restrict` start
@@ -268,6 +270,9 @@ class ModelProblem(Problem):
             t = self._test
             items += [("test", None)] if t is None else [("test.X", t.X), ("test.y", t.y)]
             items += [(f"buffer.{k}", b) for k, b in self.module.named_buffers()]
+            # the architecture beyond its class name (info()'s "model"): the layers and their
+            # settings as torch prints them, e.g. Tanh against ReLU between equal Linear layers
+            items += [("module", repr(self.module))]
             digest = self._data_digest = digest_arrays(items)
         return digest
 
