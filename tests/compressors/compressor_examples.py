@@ -42,7 +42,7 @@ EXAMPLES: dict[str, list[str]] = {
     "scaled": [
         "scaled(qsgd[s=2])",
         "scaled(rand_k[k=3])",
-        "scaled(strat_k[k=3])",  # no exact scaled form: C/(1 + ω) on the values
+        "scaled(strat_k[k=3])",  # its exact scaled form: C/⌈d/k⌉, one rounding
         "scaled(natural)",
         "scaled(bernoulli[p=0.5])",  # random message size
     ],

@@ -186,3 +186,55 @@ def test_a_corrupt_offset_is_refused() -> None:
     bad[0] = 0xFF  # the first offset field reads 7 in a block of 6 entries
     with pytest.raises(ValueError, match="corrupt payload"):
         c.decode(bad, 20, torch.float32, Keys.derive(1))
+
+
+# --------------------------------------------------------------------------------------------
+# audit findings (each test failed before its fix)
+# --------------------------------------------------------------------------------------------
+def test_scaled_factor_is_one_in_a_largest_block_beyond_float32_integers() -> None:
+    """scaled(strat_k) sends a largest block's value as it is (factor |B_b|/⌈d/k⌉ = 1). The
+    factors were computed from the block sizes already rounded to the dtype: ⌊d/k⌋ = 2²⁴ + 1
+    is no float32 integer, so the factor came out 2²⁴/(2²⁴ + 1) = 0.99999994 and every kept
+    float32 value was scaled down."""
+    d = (1 << 24) + 1  # k = 1: one block of 2²⁴ + 1 entries, factor exactly 1
+    x = torch.full((d,), 3.0)
+    keys = Keys.derive(2)
+    for kernels in ("numba", "torch"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(base, "KERNELS", kernels)
+            idx, vals = make_compressor("scaled(strat_k[k=1])").sparse(x, keys)
+        assert vals.tolist() == [3.0], kernels
+        assert make_compressor("strat_k[k=1]").sparse(x, keys)[0].tolist() == idx.tolist()
+    # k = 2, d = 2²⁵ + 3: blocks of 2²⁴ + 1 and 2²⁴ + 2 entries (no input allocated)
+    exact = make_compressor("scaled(strat_k[k=2])").exact
+    assert exact is not None
+    q, m = (1 << 24) + 1, (1 << 24) + 2
+    for dt in (np.float32, np.float64):
+        got = exact._scale((1 << 25) + 3, dt)
+        assert got.tolist() == [float(dt(q / m)), 1.0]
+
+
+def test_the_size_limit_error_names_the_valid_k() -> None:
+    """d·k < 2⁶² bounds k from above: the refusal of a too large k said "use a larger k"."""
+    d = 1 << 33
+    with pytest.raises(ValueError, match=r"use k in \[4, 536870911\]"):
+        make_compressor(f"strat_k[k={1 << 29}]").bits(d)
+    assert make_compressor(f"strat_k[k={(1 << 29) - 1}]").bits(d) > 0
+    assert make_compressor("strat_k[k=4]").omega(d) == (1 << 31) - 1
+    with pytest.raises(ValueError, match=r"use k in \[4, 536870911\]"):
+        make_compressor("strat_k[k=3]").bits(d)  # blocks of more than 2³¹ entries
+    with pytest.raises(ValueError, match="no k fits"):
+        make_compressor("strat_k[k=1]").bits(1 << 48)
+
+
+def test_scaled_strat_k_errors_name_the_compressor_as_written() -> None:
+    """The exact scaled form's errors said "_StratKScaled", a private class the user never
+    wrote."""
+    c = make_compressor("scaled(strat_k[k=2])")
+    with pytest.raises(ValueError, match=r"^scaled\(strat_k\[k=2\]\) got a non-finite"):
+        c(torch.tensor([1.0, math.nan, 3.0]), Keys.derive(1))
+    msg = c.encode(torch.randn(20), Keys.derive(1))
+    bad = msg.clone()
+    bad[0] = 0xFF  # the first offset field reads 15 in a block of 10 entries
+    with pytest.raises(ValueError, match=r"scaled\(strat_k\[k=2\]\) read an offset"):
+        c.decode(bad, 20, torch.float32, Keys.derive(1))

@@ -404,9 +404,13 @@ class StratK(Sparsifier):
                 f"strat_k[k={k}] cannot keep more than d={d} coordinates; use k in [1, {d}]"
             )
         if -(-d // k) > 1 << 31 or d * k >= 1 << 62:
+            # blocks of at most 2³¹ entries need k ≥ ⌈d/2³¹⌉; the int64 block bounds b·d need
+            # d·k < 2⁶², so k ≤ ⌊(2⁶² − 1)/d⌋: "a larger k" is no advice for the second bound
+            lo, hi = -(-d // (1 << 31)), min(d, ((1 << 62) - 1) // d)
+            fix = f"use k in [{lo}, {hi}]" if lo <= hi else "no k fits a vector this long"
             raise ValueError(
-                f"strat_k[k={k}] at d={d}: blocks of ⌈d/k⌉ = {-(-d // k)} entries (at most 2³¹, "
-                "and d·k < 2⁶²); use a larger k"
+                f"strat_k[k={k}] at d={d}: blocks of ⌈d/k⌉ = {-(-d // k)} entries and d·k = "
+                f"{d * k} (at most 2³¹ entries a block, and d·k < 2⁶²); {fix}"
             )
         return k
 
@@ -462,7 +466,9 @@ class StratK(Sparsifier):
     def scaled_form(self) -> Compressor:
         """C/(1 + ω) computed exactly: the same draws, each kept value scaled by
         |B_b|/⌈d/k⌉ rounded once (:class:`_StratKScaled`)."""
-        return _StratKScaled(self.k, self.shared_seed)
+        exact = _StratKScaled(self.k, self.shared_seed)
+        exact.spec = f"scaled({self.name})"  # its errors name what the user wrote
+        return exact
 
     # -- application ----------------------------------------------------------------------------
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -596,9 +602,15 @@ class _StratKScaled(StratK):
         return 1.0 / -(-d // self._k(d))
 
     def _scale(self, d: int, dtype: DTypeLike | torch.dtype) -> np.ndarray:
-        sizes = super()._scale(d, dtype)
+        # |B_b|/⌈d/k⌉ from the exact integer sizes (those of super()._scale are already
+        # rounded to the dtype: ⌊d/k⌋ > 2²⁴ is no float32 integer, and a largest block's
+        # factor would then miss 1); the float64 quotient is rounded to the dtype once more,
+        # which is one rounding for sizes below 2²⁴ (53 ≥ 2·24 bits: double rounding of a
+        # quotient is then innocuous)
+        dt = super()._scale(d, dtype).dtype
+        q = d // self._k(d)
         m = -(-d // self._k(d))
-        return np.array([int(sizes[0]) / m, (int(sizes[0]) + 1) / m], dtype=sizes.dtype)
+        return np.array([q / m, (q + 1) / m], dtype=dt)
 
 
 @COMPRESSORS.register("bernoulli")
