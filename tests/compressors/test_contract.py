@@ -118,6 +118,19 @@ def test_zero_vector_compresses_to_zero(spec: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("spec", ALL)
+@pytest.mark.parametrize("kernels", ["numba", "torch"])
+def test_an_empty_batch_gives_an_empty_batch(
+    spec: str, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of 0 clients (0, D) on both kernel paths (the torch path's gather of rand_k and
+    strat_k used to fail to reshape 0 rows)."""
+    monkeypatch.setattr(base, "KERNELS", kernels)
+    c = make_compressor(spec)
+    y = c(torch.zeros(0, D), _keys(0))
+    assert y.shape == (0, D)
+
+
+@pytest.mark.parametrize("spec", ALL)
 def test_bad_inputs_are_rejected(spec: str) -> None:
     c = make_compressor(spec)
     x = _x((2, D), torch.float64)

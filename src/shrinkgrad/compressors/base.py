@@ -853,13 +853,13 @@ def take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1]
     if x.device.type == "cpu":
         rows = _rows(x)
-        ii = idx.reshape(rows.shape[0], -1).numpy()
+        ii = idx.reshape(rows.shape[0], idx.shape[-1]).numpy()  # (an empty batch has 0 rows)
         return torch.from_numpy(np.take_along_axis(rows, ii, axis=1)).reshape(idx.shape)
     if x.ndim == 1:
         return x.index_select(0, idx)
     rows_t = x.reshape(-1, d)
     base = torch.arange(rows_t.shape[0], device=x.device, dtype=torch.int64)[:, None] * d
-    flat = (idx.reshape(rows_t.shape[0], -1) + base).reshape(-1)
+    flat = (idx.reshape(rows_t.shape[0], idx.shape[-1]) + base).reshape(-1)
     return rows_t.reshape(-1).index_select(0, flat).reshape(idx.shape)
 
 
