@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from shrinkgrad.compressors import COMPRESSORS
+from shrinkgrad.compressors.ratio import ratio_spec
 from shrinkgrad.distributed import (
     CompressionState,
     WorkerError,
@@ -57,7 +57,7 @@ from shrinkgrad.distributed import (
     worker_setup,
 )
 from shrinkgrad.problems import load
-from shrinkgrad.registry import parse_spec
+from shrinkgrad.registry import SpecError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -121,11 +121,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def default_ratio(compressor: str) -> float:
-    """0.01 for a compressor with a ``k`` parameter named without one (top_k, rand_k), else 0
-    (qsgd, natural, ... have no k: a ratio would be refused)."""
-    spec = parse_spec(compressor)
-    takes_k = "k" in {p.name for p in COMPRESSORS.entry(spec.name).keyword}
-    return 0.01 if takes_k and "k" not in dict(spec.params) else 0.0
+    """0.01 for a compressor with a ``k`` parameter named without one (top_k, rand_k, strat_k,
+    also inside ``scaled(...)``), else 0 (qsgd, natural, ... have no k: a ratio would be
+    refused). A name that is not understood raises its SpecError."""
+    try:
+        ratio_spec(compressor, 0.01)
+    except SpecError:
+        raise
+    except ValueError:
+        return 0.0
+    return 0.01
 
 
 def load_split(name: str, test_fraction: float, seed: int) -> tuple[torch.Tensor, ...]:

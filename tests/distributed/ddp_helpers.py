@@ -207,6 +207,13 @@ def _same_memory(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
     return True
 
 
+def _with_k(spec: str, k: int) -> str:
+    """``spec`` with k set where ``ratio=`` sets it (inside ``scaled(...)``), by hand."""
+    if spec.startswith("scaled(") and spec.endswith(")"):
+        return f"scaled({_with_k(spec[len('scaled(') : -1], k)})"
+    return f"{spec[:-1]},k={k}]" if spec.endswith("]") else f"{spec}[k={k}]"
+
+
 def expected_bytes(job: Job, world: int, dtype: torch.dtype = torch.float32) -> int:
     """A compressed step's message size per rank from the compressors' bits formulas:
     ⌈bits(d)/8⌉ bytes per compressed tensor, d values per uncompressed one."""
@@ -221,6 +228,6 @@ def expected_bytes(job: Job, world: int, dtype: torch.dtype = torch.float32) -> 
         spec = job.compressor
         if job.ratio is not None:
             k = max(1, math.ceil(job.ratio * d))
-            spec = f"{spec[:-1]},k={k}]" if spec.endswith("]") else f"{spec}[k={k}]"
+            spec = _with_k(spec, k)
         total += math.ceil(make_compressor(spec).bits(d, dtype) / 8)
     return total

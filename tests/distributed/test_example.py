@@ -119,6 +119,7 @@ def test_a_compressor_without_k_runs_with_the_default_ratio() -> None:
     assert mod.parse_args(["--compressor", "qsgd[s=4]"]).ratio == 0.0
     assert mod.parse_args(["--compressor", "top_k"]).ratio == 0.01
     assert mod.parse_args(["--compressor", "top_k[k=5]"]).ratio == 0.0
+    assert mod.parse_args(["--compressor", "scaled(strat_k[shared_seed=true])"]).ratio == 0.01
     argv = ["--nproc", "2", "--hidden", str(HIDDEN), "--steps", "2", "--compressor", "qsgd[s=4]"]
     with pytest.raises(SystemExit) as info:
         mod.main(argv)

@@ -73,6 +73,8 @@ CONFIGS = [
     Job(compressor="rand_k[shared_seed=true]", ratio=0.1),  # values only, all-reduce
     Job(compressor="strat_k[shared_seed=true]", ratio=0.1),  # the same, one index per block
     Job(compressor="strat_k", ratio=0.1, method="diana"),  # block offsets on the wire
+    # ratio= sets the k inside scaled(): the contractive strat_k, still on the values path
+    Job(compressor="scaled(strat_k[shared_seed=true])", ratio=0.1, method="ef21"),
     Job(compressor="rand_k_scaled[shared_seed=true]", ratio=0.2, method="ef21"),
     # the same operator through the wrapper: still a shared-seed sparsifier (values path)
     Job(compressor="scaled(rand_k[k=4,shared_seed=true])", method="ef21", min_numel=16),
@@ -102,6 +104,12 @@ def test_every_rank_holds_identical_parameters_after_every_step(job: Job) -> Non
         Job(compressor="rand_k[shared_seed=true]", ratio=0.1, record_bytes=True),
         Job(compressor="strat_k[shared_seed=true]", ratio=0.1, record_bytes=True),
         Job(compressor="strat_k", ratio=0.1, record_bytes=True),
+        Job(
+            compressor="scaled(strat_k[shared_seed=true])",
+            ratio=0.1,
+            method="ef21",
+            record_bytes=True,
+        ),
         # the k scaled values only, all-reduced: scaled() keeps the shared seed
         Job(
             compressor="scaled(rand_k[k=4,shared_seed=true])",
@@ -309,6 +317,8 @@ def _user_errors(rank: int, world: int) -> list[str]:
         {"compressor": "rand_k", "ratio": 0.1, "method": "ef21", "min_numel": 10**9},
         {"compressor": "top_k[k=5]", "ratio": 0.05},  # which k? (it used to drop k=5)
         {"compressor": "rand_k[shared_seed=true]", "ratio": 0.1, "method": "ef"},
+        {"compressor": "strat_k[shared_seed=true]", "ratio": 0.1, "method": "ef21"},
+        {"compressor": "scaled(strat_k[k=3])", "ratio": 0.1},  # which k?
     ]
     for kw in attempts:
         try:
@@ -330,8 +340,8 @@ def test_user_mistakes_are_clear_errors() -> None:
         "method 'ef21_w' needs weights: one positive number per rank, e.g. the ranks' "
         "smoothness constants L_i ([EFR] Alg. 2: w_i = L_i / Σ_j L_j)",
         "weights are the ranks' weights of a weighted method (method='ef21_w')",
-        "ratio=0.1 needs a compressor with a k parameter (top_k, rand_k, rand_k_scaled), got "
-        "'qsgd[s=4]'",
+        "ratio=0.1 needs a compressor with a k parameter (top_k, rand_k, rand_k_scaled, "
+        "strat_k, or scaled() of one), got 'qsgd[s=4]'",
         "ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got 1.5",
         "error_feedback must be one of none, ef, ef21, ef21_w, got 'ef22'",
         first[5],
@@ -347,10 +357,17 @@ def test_user_mistakes_are_clear_errors() -> None:
         "'top_k[k=5]' fixes k=5 and ratio=0.05 sets k per tensor (k = ⌈ratio·d⌉): give one of "
         "them (drop ratio=, or k from the name)",
         "ef needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] Def. 1)",
+        "ef21 needs a contractive compressor (E‖C(x) − x‖² ≤ (1 − α)‖x‖², [EF21] Def. 1)",
+        "'scaled(strat_k[k=3])' fixes k=3 and ratio=0.1 sets k per tensor (k = ⌈ratio·d⌉): "
+        "give one of them (drop ratio=, or k from the name)",
     ]
-    # with ratio=, the advice names the family that takes it and keeps the shared seed
+    # with ratio=, the advice names the contractive form that takes it and keeps the shared
+    # seed: rand_k_scaled for rand_k, scaled() of the compressor otherwise
     assert msgs[15].endswith(
         "(with ratio=: CompressionState('rand_k_scaled[shared_seed=true]', ratio=0.1))"
+    )
+    assert msgs[16].endswith(
+        "(with ratio=: CompressionState('scaled(strat_k[shared_seed=true])', ratio=0.1))"
     )
     assert first[12].startswith("gd sends uncompressed gradients and takes no compressor")
     assert first[5].startswith("unknown compressor 'nope'")

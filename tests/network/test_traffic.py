@@ -171,3 +171,18 @@ def test_hook_collectives_checks_summation_and_method() -> None:
         hook_collectives("identity", [100], summation="sum")
     with pytest.raises(ValueError, match="iag has no per-tensor rule for a DDP communication"):
         hook_collectives("identity", [100], method="iag")
+
+
+def test_ratio_sets_the_k_inside_scaled() -> None:
+    """scaled(strat_k[shared_seed=true]) with ratio=: k = ⌈ratio·d⌉ of each tensor inside
+    scaled(), whose shared seed keeps the values-only all-reduce (k values of 4 bytes)."""
+    (values,) = hook_collectives(
+        "scaled(strat_k[shared_seed=true])", SIZES, ratio=0.1, min_numel=45
+    )
+    assert values.kind == "allreduce" and values.nbytes == 4 * (205 + 7 + 64) + 4 * 10
+    (packed,) = hook_collectives("scaled(strat_k)", [2048], ratio=0.1)
+    assert packed.nbytes == math.ceil(205 * (32 + 4) / 8)  # offsets in blocks of ≤ 10 entries
+    with pytest.raises(ValueError, match=r"'scaled\(strat_k\[k=3\]\)' fixes k=3"):
+        hook_collectives("scaled(strat_k[k=3])", [2048], ratio=0.1)
+    with pytest.raises(ValueError, match=r"strat_k, or scaled\(\) of one\), got 'scaled\(natural"):
+        hook_collectives("scaled(natural)", [2048], ratio=0.1)

@@ -229,30 +229,17 @@ def _view(C: Compressor, shape: tuple[int, ...]) -> Compressor:
     return C
 
 
-def _per_tensor(template: Compressor, numel: int, ratio: float | None) -> Compressor:
-    """The compressor of one tensor: ``template``, or with k = ⌈ratio·numel⌉ (as the hook)."""
-    if ratio is None:
-        return template
-    from ..compressors import COMPRESSORS
-
-    k = min(numel, max(1, math.ceil(ratio * numel)))
-    return COMPRESSORS.make(template.name, k=k)
-
-
-def _template(compressor: str | Compressor, ratio: float | None) -> Compressor:
-    """The compressor as the hook builds it (with ``ratio``: k = 1, substituted per tensor)."""
+def _per_tensor(compressor: str | Compressor, numel: int, ratio: float | None) -> Compressor:
+    """The compressor of one tensor: ``compressor`` built, or with ``ratio`` k = ⌈ratio·numel⌉
+    set where the hook sets it (:mod:`shrinkgrad.compressors.ratio`)."""
     from ..compressors import COMPRESSORS, make_compressor
-    from ..registry import parse_spec
+    from ..compressors.ratio import ratio_spec, with_k
 
     if ratio is None:
         return make_compressor(compressor)
-    spec = parse_spec(compressor if isinstance(compressor, str) else compressor.name)
-    if "k" not in {p.name for p in COMPRESSORS.entry(spec.name).keyword}:
-        raise ValueError(
-            f"ratio={ratio:g} needs a compressor with a k parameter (top_k, rand_k, "
-            f"rand_k_scaled), got {str(spec)!r}; drop ratio for this compressor"
-        )
-    return COMPRESSORS.make(spec, k=1)
+    text = compressor if isinstance(compressor, str) else compressor.name
+    k = min(numel, max(1, math.ceil(ratio * numel)))
+    return COMPRESSORS.make(with_k(ratio_spec(text, ratio), k))
 
 
 def hook_collectives(
@@ -298,7 +285,7 @@ def hook_collectives(
         raise ValueError(f"min_numel must be an integer >= 0, got {min_numel!r}")
     if ratio is not None and not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) <= 1.0):
         raise ValueError(f"ratio must be a number in (0, 1] (e.g. 0.01 for 1%), got {ratio!r}")
-    template = _template(compressor, ratio)
+    template = _per_tensor(compressor, 1, ratio)  # (with a ratio: k = 1, per tensor below)
     from ..distributed.hooks.config import (
         STATE_DTYPES,
         SUMMATIONS,
@@ -349,7 +336,7 @@ def hook_collectives(
             )
             continue
         comps = [
-            _view(_per_tensor(template, n, ratio), shape) if n >= max(min_numel, 1) else None
+            _view(_per_tensor(compressor, n, ratio), shape) if n >= max(min_numel, 1) else None
             for n, shape in zip(bucket, views[b], strict=True)
         ]
         if all(C is None for C in comps):

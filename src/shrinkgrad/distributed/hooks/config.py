@@ -16,10 +16,10 @@ from typing import Any, Literal
 import torch
 
 from ...compressors import COMPRESSORS, Compressor
+from ...compressors.ratio import ratio_spec, with_k
 from ...methods.base import Constants, Method, UnknownConstantError, make_method
 from ...methods.ef21 import EF21
 from ...methods.ef21_sgdm import EF21SGDM, ClientMomentum
-from ...registry import parse_spec
 from ...rng import Keys, KeyStream
 
 __all__ = [
@@ -306,13 +306,19 @@ class Settings:
             return
 
     def _ratio_hint(self, C: Compressor) -> str:
-        """With ``ratio=``, what the method's refusal of an unbiased rand-k means here: its
-        advice names a fixed k, and ratio needs a family with a k parameter — rand_k_scaled,
-        which keeps a shared seed's values-only all-reduce."""
-        if self.ratio is None or C.kind != "unbiased" or not C.name.startswith("rand_k["):
+        """With ``ratio=``, what the method's refusal of an unbiased sparsifier means here: its
+        advice names a fixed k, and the contractive form takes the ratio too — rand_k_scaled
+        for rand_k, ``scaled(...)`` of the compressor as given otherwise (both keep a shared
+        seed's values-only all-reduce)."""
+        if self.ratio is None or C.kind != "unbiased":
             return ""
-        shared = "[shared_seed=true]" if "shared_seed=true" in C.name else ""
-        return f" (with ratio=: CompressionState('rand_k_scaled{shared}', ratio={self.ratio:g}))"
+        text = self.template.spec if isinstance(self.template, Compressor) else self.template
+        if C.name.startswith("rand_k["):
+            shared = "[shared_seed=true]" if "shared_seed=true" in C.name else ""
+            name = f"rand_k_scaled{shared}"
+        else:
+            name = f"scaled({text})"
+        return f" (with ratio=: CompressionState({name!r}, ratio={self.ratio:g}))"
 
     # -- the ranks' weights ----------------------------------------------------------------------
     def _check_weights(self, weights: Sequence[float] | torch.Tensor | None) -> torch.Tensor | None:
@@ -365,21 +371,10 @@ class Settings:
             raise ValueError(
                 "ratio needs the compressor by name (e.g. 'top_k' or 'rand_k[shared_seed=true]')"
             )
-        entry = COMPRESSORS.entry(str(text).split("[")[0].split("(")[0].strip())
-        if "k" not in {p.name for p in entry.keyword}:
-            raise ValueError(
-                f"ratio={self.ratio:g} needs a compressor with a k parameter (top_k, rand_k, "
-                f"rand_k_scaled), got {text!r}; drop ratio for this compressor"
-            )
-        fixed = dict(parse_spec(str(text)).params).get("k")
-        if fixed is not None:
-            raise ValueError(
-                f"{text!r} fixes k={fixed} and ratio={self.ratio:g} sets k per tensor "
-                "(k = ⌈ratio·d⌉): give one of them (drop ratio=, or k from the name)"
-            )
+        spec = ratio_spec(str(text), self.ratio)
         if k is None:
             return None
-        return COMPRESSORS.make(text, k=k)
+        return COMPRESSORS.make(with_k(spec, k))
 
     def compressor_for(
         self, numel: int, shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float32

@@ -53,8 +53,9 @@ class CompressionState:
         (EF21: its estimator g; DCGD, EF: the aggregate). Default: ``dcgd[biased=true]``
         (compressed gradients without error feedback, any compressor).
     ratio:
-        for compressors with a ``k`` parameter (top_k, rand_k, rand_k_scaled): keep
-        k = ⌈ratio · d⌉ of the d entries of every tensor (``compressor`` then needs no ``k``).
+        for compressors with a ``k`` parameter (top_k, rand_k, rand_k_scaled, strat_k), also
+        inside ``scaled(...)``: keep k = ⌈ratio · d⌉ of the d entries of every tensor
+        (``compressor`` then needs no ``k``).
     error_feedback:
         deprecated: ``"none"``, ``"ef"``, ``"ef21"``, ``"ef21_w"`` stand for
         ``method="dcgd[biased=true]"``, ``"ef"``, ``"ef21"``, ``"ef21_w"``.
