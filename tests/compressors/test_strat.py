@@ -5,6 +5,7 @@ the scaled form, and the chunked kernels against the torch path."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -225,6 +226,15 @@ def test_the_size_limit_error_names_the_valid_k() -> None:
         make_compressor("strat_k[k=3]").bits(d)  # blocks of more than 2³¹ entries
     with pytest.raises(ValueError, match="no k fits"):
         make_compressor("strat_k[k=1]").bits(1 << 48)
+
+
+def test_scaled_rand_k_errors_name_the_compressor_as_written() -> None:
+    """scaled(rand_k)'s errors said "RandKScaled" (the class of its exact form): the name is
+    now set by scaled() for every exact form."""
+    spec = "scaled(rand_k[k=2])"
+    c = make_compressor(spec)
+    with pytest.raises(ValueError, match=rf"^{re.escape(spec)} got a non-finite"):
+        c(torch.tensor([1.0, math.nan, 3.0]), Keys.derive(1))
 
 
 def test_scaled_strat_k_errors_name_the_compressor_as_written() -> None:

@@ -466,9 +466,7 @@ class StratK(Sparsifier):
     def scaled_form(self) -> Compressor:
         """C/(1 + ω) computed exactly: the same draws, each kept value scaled by
         |B_b|/⌈d/k⌉ rounded once (:class:`_StratKScaled`)."""
-        exact = _StratKScaled(self.k, self.shared_seed)
-        exact.spec = f"scaled({self.name})"  # its errors name what the user wrote
-        return exact
+        return _StratKScaled(self.k, self.shared_seed)
 
     # -- application ----------------------------------------------------------------------------
     def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,6 +73,8 @@ class Scaled(Compressor):
         self.inner = inner
         exact = getattr(inner, "scaled_form", None)
         self.exact: Compressor | None = exact() if callable(exact) else None
+        if self.exact is not None:  # its errors name what the user wrote, not a class
+            self.exact.spec = f"scaled({inner.name})"
         self.deterministic = inner.deterministic
         self.positively_homogeneous = inner.positively_homogeneous
         #: a shared-seed sparsifier stays one: every rank keeps the same k indices, so the
