@@ -24,6 +24,7 @@ from .quantize import (
     StandardDithering,
     Ternary,
 )
+from .ratio import ratio_spec, with_k
 from .sparse import Bernoulli, LazyBernoulli, RandK, RandKScaled, StratK
 from .transforms import Compose, Scaled
 
@@ -57,6 +58,9 @@ __all__ = [
     "make_compressor",
     "matrix_shape",
     "quantize",
+    "ratio",
+    "ratio_spec",
     "sparse",
     "transforms",
+    "with_k",
 ]
