@@ -122,7 +122,30 @@ def randk_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
     return (y + rot) % d
 
 
-class _RandKBase(Sparsifier):
+class _KeyedGather(Sparsifier):
+    """A random sparsifier whose kept values are read by one checking kernel pass,
+    :meth:`_gather` (rand-k's and strat-k's), also from a bfloat16 bucket's bit patterns."""
+
+    def _gather(
+        self, x: torch.Tensor, keys: Keys, src: torch.Tensor, view: type | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices, values) of ``x`` (float32/float64, or bfloat16 read as the patterns
+        ``src`` viewed as ``view``)."""
+        raise NotImplementedError
+
+    def _sparse_bf16(
+        self, x: torch.Tensor, keys: Keys | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The kernel path of :meth:`_select` on the bit patterns of a bfloat16 ``x``: the
+        check and the gather read 2 bytes an entry, widening the kept values to float32 exactly
+        before scaling them in float32 — the values of ``_select(x.float(), keys)``."""
+        if not _use_numba(x):
+            return None
+        assert keys is not None
+        return self._gather(x, keys, x.contiguous().view(torch.int16), np.uint16)
+
+
+class _RandKBase(_KeyedGather):
     collective = "allgather"
     positively_homogeneous = True
     sparse_message = True
@@ -183,17 +206,6 @@ class _RandKBase(Sparsifier):
             if not bool(torch.isfinite(vals).all()):
                 raise _overflow_error(self.name, x.dtype)
         return idx, vals
-
-    def _sparse_bf16(
-        self, x: torch.Tensor, keys: Keys | None
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The kernel path of :meth:`_select` on the bit patterns of a bfloat16 ``x``: the
-        check and the gather read 2 bytes an entry, widening the kept values to float32 exactly
-        before scaling them in float32 — the values of ``_select(x.float(), keys)``."""
-        if not _use_numba(x):
-            return None
-        assert keys is not None
-        return self._gather(x, keys, x.contiguous().view(torch.int16), np.uint16)
 
     def _gather(
         self, x: torch.Tensor, keys: Keys, src: torch.Tensor, view: type | None
@@ -359,7 +371,7 @@ def strat_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
 
 
 @COMPRESSORS.register("strat_k")
-class StratK(Sparsifier):
+class StratK(_KeyedGather):
     """Block-stratified random sparsification: the stratified variant of the unbiased random
     sparsifier rand-k ([K18] §2, Khirirat et al. 2018; methods.md §2). [0, d) is cut into k
     blocks B_b = [⌊b·d/k⌋, ⌊(b+1)·d/k⌋) of ⌊d/k⌋ or ⌈d/k⌉ entries; block b keeps one index j_b
@@ -480,17 +492,6 @@ class StratK(Sparsifier):
         if not bool(torch.isfinite(vals).all()):
             raise _overflow_error(self.name, x.dtype)
         return idx, vals
-
-    def _sparse_bf16(
-        self, x: torch.Tensor, keys: Keys | None
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The kernel path of :meth:`_select` on the bit patterns of a bfloat16 ``x`` (2 bytes
-        read an entry; the kept values widened to float32 exactly, then scaled in float32):
-        the values of ``_select(x.float(), keys)``."""
-        if not _use_numba(x):
-            return None
-        assert keys is not None
-        return self._gather(x, keys, x.contiguous().view(torch.int16), np.uint16)
 
     def _gather(
         self, x: torch.Tensor, keys: Keys, src: torch.Tensor, view: type | None
