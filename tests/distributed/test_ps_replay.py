@@ -208,6 +208,35 @@ def test_resuming_a_run_at_its_time_limit_asks_for_more_time(three: object, tmp_
     assert more.status == "time_limit" and more.updates > first.updates
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_a_resume_on_a_changed_data_file_is_refused(tmp_path: Path) -> None:
+    """The same spec on a LIBSVM file whose contents changed is another problem: the snapshot's
+    fingerprint holds the problem's data digest (``problem.data``), so that resume is refused in
+    one line; with the file as it was, it continues."""
+    data = tmp_path / "mine.svm"
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 5, generator=gen, dtype=torch.float64)
+    labels = ["+1" if v > 0 else "-1" for v in torch.randn(60, generator=gen).tolist()]
+    lines = [
+        f"{y} " + " ".join(f"{j + 1}:{v:.6f}" for j, v in enumerate(row))
+        for y, row in zip(labels, X.tolist(), strict=True)
+    ]
+    data.write_text("\n".join(lines) + "\n")
+    cfg = _config(
+        "dcgd", "rand_k[k=2]", problem=f"logistic_regression[dataset='{data}']", updates=12
+    )
+    out = tmp_path / "run"
+    assert run_ps(cfg, out=out).updates == 12
+    flipped = list(lines)
+    flipped[7] = ("-1" if lines[7].startswith("+1") else "+1") + lines[7][2:]
+    data.write_text("\n".join(flipped) + "\n")  # one label changed: same n, d, spec
+    with pytest.raises(ValueError, match=r"was made with problem\.data='[0-9a-f]{40}', this one"):
+        run_ps(cfg.replace(updates=24), out=out, resume=True)
+    data.write_text("\n".join(lines) + "\n")
+    assert run_ps(cfg.replace(updates=24), out=out, resume=True).updates == 24
+
+
 def test_resume_needs_a_snapshot(tmp_path: Path) -> None:
     cfg = _config("iag", "rand_k[k=12]", tau_max=2)
     with pytest.raises(ValueError, match="no parameter-server snapshot"):

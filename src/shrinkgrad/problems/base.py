@@ -47,7 +47,7 @@ from ..registry import Registry, Spec
 from ..rng import Keys
 from ..theory import L_AM, L_QM, L_var
 
-__all__ = ["PROBLEMS", "Problem", "digest_arrays", "make_problem"]
+__all__ = ["PROBLEMS", "Problem", "data_digest_of", "digest_arrays", "make_problem"]
 
 
 class Problem(abc.ABC):
@@ -285,6 +285,22 @@ class Problem(abc.ABC):
         the same one) and changes when any entry changes; :func:`digest_arrays` computes it.
         """
         return None
+
+
+def data_digest_of(problem: object) -> str | None:
+    """``problem.data_digest()`` (:meth:`Problem.data_digest`), or None for an object without
+    one (a problem-like class not derived from :class:`Problem`): what the simulator's and the
+    parameter server's checkpoint fingerprints record as ``problem.data``."""
+    method = getattr(problem, "data_digest", None)
+    if not callable(method):
+        return None
+    digest = method()
+    if digest is not None and not isinstance(digest, str):
+        raise TypeError(
+            f"{type(problem).__name__}.data_digest() must return a str or None, got "
+            f"{type(digest).__name__}"
+        )
+    return digest
 
 
 def digest_arrays(items: Iterable[tuple[str, Any]]) -> str:

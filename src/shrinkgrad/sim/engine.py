@@ -40,6 +40,7 @@ from ..methods.oracle import ProblemOracle
 from ..methods.stepsize import StepSize
 from ..network.clock import ModelClock
 from ..problems import Problem
+from ..problems.base import data_digest_of
 from .checkpoint import load_checkpoint, save_checkpoint
 from .options import DivergenceReference, RunOptions
 
@@ -525,25 +526,10 @@ def problem_identity(problem: Problem, info: Mapping[str, Any] | None = None) ->
         if len(spec) > _SPEC_MAX_CHARS:
             spec = "sha1:" + hashlib.sha1(spec.encode()).hexdigest()
         out["problem.spec"] = spec
-    digest = _data_digest(problem)
+    digest = data_digest_of(problem)
     if digest is not None:
         out["problem.data"] = digest
     return out
-
-
-def _data_digest(problem: Problem) -> str | None:
-    """``problem.data_digest()`` (:func:`problem_identity`); None for an object without one (a
-    problem-like class not derived from :class:`~shrinkgrad.problems.Problem`)."""
-    method = getattr(problem, "data_digest", None)
-    if not callable(method):
-        return None
-    digest = method()
-    if digest is not None and not isinstance(digest, str):
-        raise TypeError(
-            f"{type(problem).__name__}.data_digest() must return a str or None, got "
-            f"{type(digest).__name__}"
-        )
-    return digest
 
 
 def canonical_problem_spec(spec: Any) -> str | None:

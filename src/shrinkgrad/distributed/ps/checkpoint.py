@@ -188,9 +188,14 @@ class Checkpoint:
         os.replace(tmp, self.log_path)
 
 
-def fingerprint(config_dict: dict[str, Any]) -> dict[str, Any]:
-    """What a resumed run shares with its snapshot: the config but :data:`FINGERPRINT_FREE`."""
-    return {k: v for k, v in config_dict.items() if k not in FINGERPRINT_FREE}
+def fingerprint(config_dict: dict[str, Any], data: str | None = None) -> dict[str, Any]:
+    """What a resumed run shares with its snapshot: the config but :data:`FINGERPRINT_FREE`,
+    and ``data``, the problem's data digest (``problem.data``: the same spec on a LIBSVM file
+    whose contents changed, or a ``problem=`` object on other data, is another problem)."""
+    out = {k: v for k, v in config_dict.items() if k not in FINGERPRINT_FREE}
+    if data is not None:
+        out["problem.data"] = data
+    return out
 
 
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:

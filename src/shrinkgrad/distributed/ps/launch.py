@@ -112,14 +112,15 @@ def _warm_up(problem: Problem, plan: Plan) -> None:
 
 
 def resume_point(
-    config: PSConfig, out: str | os.PathLike[str] | None, resume: bool
+    config: PSConfig, out: str | os.PathLike[str] | None, resume: bool, data: str | None = None
 ) -> tuple[dict[str, Any] | None, str]:
     """(the snapshot to continue from, the line that says so) for a run into ``out``.
 
     ``resume=True`` loads ``out``'s snapshot (its settings must match ``config``'s, except
-    :data:`~.checkpoint.FINGERPRINT_FREE`), counts the updates the killed server made after it
-    (from the update log) and cuts the log back. Without ``resume``, an ``out`` that already
-    holds a run is refused, so that nothing is overwritten by mistake.
+    :data:`~.checkpoint.FINGERPRINT_FREE`, and its problem's data digest ``data``), counts the
+    updates the killed server made after it (from the update log) and cuts the log back.
+    Without ``resume``, an ``out`` that already holds a run is refused, so that nothing is
+    overwritten by mistake.
     """
     if out is None:
         if resume:
@@ -135,7 +136,7 @@ def resume_point(
             )
         return None, ""
     snap = ckpt.load()
-    current = fingerprint(dict(config.to_dict(), compressor=config.compressor_spec))
+    current = fingerprint(dict(config.to_dict(), compressor=config.compressor_spec), data)
     check_fingerprint(snap["fingerprint"], current, str(out))
     at = int(snap["server"].update)
     elapsed = float(snap.get("elapsed", 0.0))
@@ -318,7 +319,7 @@ def _run(
 ) -> PSResult:
     """:func:`run_ps` after its checks, with ``out`` (if any) held: start the processes, wait
     for the outcome."""
-    start = resume_point(config, out, resume)
+    start = resume_point(config, out, resume, plan.data)
     if start[1]:
         print(f"shrinkgrad ps: {start[1]}", file=sys.stderr, flush=True)
     world = config.workers + 1
@@ -445,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem, plan = prepare(config)
         if rank == 0:
             with Checkpoint(args.out).hold():
-                start = resume_point(config, args.out, args.resume)
+                start = resume_point(config, args.out, args.resume, plan.data)
                 every = PROGRESS_EVERY if sys.stderr.isatty() else None
                 result = _server_rank(config, problem, plan, every, interrupt, args.out, start)
                 paths = result.save(args.out)

@@ -52,6 +52,7 @@ from ...methods.asynchronous import (
 )
 from ...methods.base import Config, Method, ProblemLike, Traffic
 from ...methods.stepsize import parse_stepsize
+from ...problems.base import data_digest_of
 from ..runner import check_compressor_spans
 from .checkpoint import Checkpoint, fingerprint
 from .config import PSConfig
@@ -91,6 +92,9 @@ class Plan:
     inner: Method[Any, Any]
     cfg: Config
     tau_bound: int | None
+    #: the problem's data digest (:meth:`~shrinkgrad.problems.Problem.data_digest`), recorded
+    #: in the snapshot's fingerprint so that a resume on other data is refused
+    data: str | None = None
 
     @property
     def stepsize(self) -> float:
@@ -117,15 +121,16 @@ def plan_run(config: PSConfig, problem: ProblemLike) -> Plan:
         "wire_dtype": DTYPES[config.wire_dtype],
     }
     args = (problem, config.compressor_spec, config.stepsize, config.seed)
+    data = data_digest_of(problem)
     if config.mode == "sync":
         bound = method.bind(*args, **options)
-        return Plan(method, method, bound.cfg, 0)
+        return Plan(method, method, bound.cfg, 0, data)
     wrapper = Asynchronous(
         method, tau_max=config.tau_max, assume_tau=config.assume_tau, arrival=True
     )
     bound = wrapper.bind(*args, **options)
     tau = delay_bound(wrapper.inner, problem.n, config.tau_max, config.assume_tau)
-    return Plan(method, wrapper.inner, bound.cfg, tau)
+    return Plan(method, wrapper.inner, bound.cfg, tau, data)
 
 
 def _refuse(config: PSConfig, method: Method[Any, Any]) -> None:
@@ -614,7 +619,7 @@ class _Server:
         config = dict(self.config.to_dict(), compressor=self.config.compressor_spec)
         self.ckpt.save(
             {
-                "fingerprint": fingerprint(config),
+                "fingerprint": fingerprint(config, self.plan.data),
                 "server": self.srv,
                 "counters": list(self.counters),
                 "entry_version": list(self.entry_version),
