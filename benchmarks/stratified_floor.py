@@ -3,16 +3,18 @@
 Run: ``python benchmarks/stratified_floor.py [--d 10500000] [--ratio 0.01] [--cycles 8]``.
 
 Issue 14 asks for rand_k with a shared seed at ≤ 1.5× a cache-cold memcpy of the gradient per
-hook step; stop 33 measured that even a hand-fused hook stays at 1.35–1.55×, because the
-kernels alone (draw the k indices, sort them by chunk, check the bucket finite while gathering
-the kept values, store the direction) take ≈ 1.2–1.5×. This scratch benchmark measures the
-kernel of a design proposed in stop 34's note, **not in the library**: a block-stratified
+hook step; stop 33 measured that even a hand-fused hook stays at 1.35–1.55×, because the kernels
+alone (draw the k indices, sort them by chunk, check the bucket finite while gathering the kept
+values, store the direction) take ≈ 1.2–1.5×. This scratch benchmark measures the kernel of a
+design proposed in stop 34's note (a scratch copy, not the library's): a block- stratified
 sparsifier keeps one index drawn uniformly in each of k equal blocks of [0, d). Each j is kept
 with probability 1/|B_j| and scaled by |B_j|, so it is unbiased with ω = max|B| − 1 = ⌈d/k⌉ − 1
 (d/k − 1, rand_k's, when k divides d); its indices come sorted, so there is no draw of a
 permutation and no chunk sort, and the kept value of a block is read while the finiteness check
 streams over that block. It is another compressor than rand_k (its k-subsets are not uniformly
-random), so it would join the registry under its own name.
+random), so it would join the registry under its own name. Stop 36 built it: ``strat_k``
+(``benchmarks/compressors.py`` and ``benchmarks/ddp_hook.py --only stratk`` measure the
+library's kernel); this scratch kernel is kept as stop 34's measurement.
 
 Per cycle, each measured cold (a 64 MB buffer written first), 5 repetitions each, in turn:
 a memcpy of the d float32 values; the finiteness check alone (one read of x: the floor of any
