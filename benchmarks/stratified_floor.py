@@ -6,7 +6,7 @@ Issue 14 asks for rand_k with a shared seed at ≤ 1.5× a cache-cold memcpy of 
 hook step; stop 33 measured that even a hand-fused hook stays at 1.35–1.55×, because the kernels
 alone (draw the k indices, sort them by chunk, check the bucket finite while gathering the kept
 values, store the direction) take ≈ 1.2–1.5×. This scratch benchmark measures the kernel of a
-design proposed in stop 34's note (a scratch copy, not the library's): a block- stratified
+design proposed in stop 34's note (a scratch copy, not the library's): a block-stratified
 sparsifier keeps one index drawn uniformly in each of k equal blocks of [0, d). Each j is kept
 with probability 1/|B_j| and scaled by |B_j|, so it is unbiased with ω = max|B| − 1 = ⌈d/k⌉ − 1
 (d/k − 1, rand_k's, when k divides d); its indices come sorted, so there is no draw of a
