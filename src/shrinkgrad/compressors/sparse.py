@@ -122,6 +122,15 @@ def randk_indices_torch(keys: Keys, d: int, k: int) -> torch.Tensor:
     return (y + rot) % d
 
 
+def _raise_for(status: int, name: str, dtype: torch.dtype) -> None:
+    """The kernels' status as the compressor's error: a non-finite input, or a kept value
+    scaled beyond ``dtype``'s range (nothing for OK)."""
+    if status == K.NON_FINITE:
+        raise non_finite_error(name)
+    if status == K.OVERFLOW:
+        raise _overflow_error(name, dtype)
+
+
 class _KeyedGather(Sparsifier):
     """A random sparsifier whose kept values are read by one checking kernel pass,
     :meth:`_gather` (rand-k's and strat-k's), also from a bfloat16 bucket's bit patterns."""
@@ -225,10 +234,7 @@ class _RandKBase(_KeyedGather):
         out = np.empty(ik.shape, dtype=vdtype)
         sc = np.array([self._scale(d)], dtype=vdtype)
         status = K.run(K.sparse_gather, x2, x2, order, starts, sc, out)
-        if status == K.NON_FINITE:
-            raise non_finite_error(self.name)
-        if status == K.OVERFLOW:
-            raise _overflow_error(self.name, torch.float32 if view is not None else x.dtype)
+        _raise_for(status, self.name, torch.float32 if view is not None else x.dtype)
         return idx, torch.from_numpy(out).reshape(idx.shape)
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
@@ -245,10 +251,7 @@ class _RandKBase(_KeyedGather):
             starts = np.empty((ik.shape[0], -(-d // K.CHUNK) + 1), dtype=np.int64)
             K.bucket_by_chunk(ik, order, starts)
             status = K.run(K.sparse_rows, x2, x2, order, starts, sc, o2)
-            if status == K.NON_FINITE:
-                raise non_finite_error(self.name)
-            if status == K.OVERFLOW:
-                raise _overflow_error(self.name, x.dtype)
+            _raise_for(status, self.name, x.dtype)
             return _emit(res, out) if copy else res
         idx, vals = self._select(x, keys)
         res = torch.zeros_like(x) if out is None else out.zero_()
@@ -510,10 +513,7 @@ class StratK(_KeyedGather):
         idx = np.empty((x2.shape[0], k), dtype=np.int64)
         sc = self._scale(d, vdtype)
         status = K.run(SK.strat_gather, x2, x2, lo, hi, lo2, hi2, sc, idx, out)
-        if status == K.NON_FINITE:
-            raise non_finite_error(self.name)
-        if status == K.OVERFLOW:
-            raise _overflow_error(self.name, torch.float32 if view is not None else x.dtype)
+        _raise_for(status, self.name, torch.float32 if view is not None else x.dtype)
         shape = (*x.shape[:-1], k)
         return torch.from_numpy(idx).reshape(shape), torch.from_numpy(out).reshape(shape)
 
@@ -527,10 +527,7 @@ class StratK(_KeyedGather):
             x2 = _rows(x)
             sc = self._scale(d, o2.dtype)
             status = K.run(SK.strat_rows, x2, x2, k, lo, hi, lo2, hi2, sc, o2)
-            if status == K.NON_FINITE:
-                raise non_finite_error(self.name)
-            if status == K.OVERFLOW:
-                raise _overflow_error(self.name, x.dtype)
+            _raise_for(status, self.name, x.dtype)
             return _emit(res, out) if copy else res
         idx, vals = self._select(x, keys)
         res = torch.zeros_like(x) if out is None else out.zero_()
@@ -655,10 +652,7 @@ class Bernoulli(Compressor):
             lo, hi, lo2, hi2 = kernel_keys(keys)
             x2 = _rows(x)
             status = K.run(K.bernoulli_rows, x2, x2, self.p, sc, lo, hi, lo2, hi2, o2)
-            if status == K.NON_FINITE:
-                raise non_finite_error(self.name)
-            if status == K.OVERFLOW:
-                raise _overflow_error(self.name, x.dtype)
+            _raise_for(status, self.name, x.dtype)
             return _emit(res, out) if copy else res
         _require_finite(x, self.name)
         keep = draw_up(torch.full(x.shape, self.p, dtype=torch.float64, device=x.device), keys)
@@ -692,10 +686,7 @@ class Bernoulli(Compressor):
         none_v = np.empty(0, dtype=x2.dtype)
         args = (x2, self.p, sc, lo, hi, lo2, hi2, counts, starts)
         status = K.run(K.bernoulli_pairs, x2, *args, none_i, none_v, False)
-        if status == K.NON_FINITE:
-            raise non_finite_error(self.name)
-        if status == K.OVERFLOW:
-            raise _overflow_error(self.name, x.dtype)
+        _raise_for(status, self.name, x.dtype)
         starts[1:] = np.cumsum(counts)[:-1]
         idx_np = np.empty(int(counts.sum()), dtype=np.int64)
         vals_np = np.empty(idx_np.size, dtype=x2.dtype)
@@ -767,10 +758,7 @@ class LazyBernoulli(Compressor):
             x2 = _rows(x)
             f = fire.reshape(-1).numpy().astype(np.uint8)
             status = K.run(K.lazy_rows, x2, x2, f, sc, o2)
-            if status == K.NON_FINITE:
-                raise non_finite_error(self.name)
-            if status == K.OVERFLOW:
-                raise _overflow_error(self.name, x.dtype)
+            _raise_for(status, self.name, x.dtype)
             return _emit(res, out) if copy else res
         _require_finite(x, self.name)
         vals = x * torch.tensor(1.0 / self.p, dtype=x.dtype, device=x.device) + 0.0
