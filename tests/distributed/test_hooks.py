@@ -226,6 +226,17 @@ def test_ef21_hook_follows_the_simulators_trajectory(mode: str) -> None:
             bucket_cap_mb=0.002,
             granularity="bucket",
         ),
+        # the contractive strat_k (ratio= inside scaled()) under EF21 in bf16: its values
+        # all-gathered and summed in float32 (summation="auto"), per bucket, restarted
+        Job(
+            compressor="scaled(strat_k[shared_seed=true])",
+            ratio=0.1,
+            method="ef21",
+            steps=6,
+            dtype=torch.bfloat16,
+            bucket_cap_mb=0.002,
+            granularity="bucket",
+        ),
     ],
     ids=lambda j: f"{j.compressor}-{j.method}-{j.granularity}-{j.bucket_cap_mb}-{j.dtype}",
 )

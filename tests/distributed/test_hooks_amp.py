@@ -108,6 +108,7 @@ CONFIGS = [
     ),
     pytest.param(AmpJob("rand_k_scaled", ratio=0.2, error_feedback="ef"), id="rand_k_scaled-ef"),
     pytest.param(AmpJob("rand_k[shared_seed=true]", ratio=0.2), id="rand_k-shared"),
+    pytest.param(AmpJob("strat_k[shared_seed=true]", ratio=0.2), id="strat_k-shared"),
     pytest.param(AmpJob("qsgd[s=4]"), id="qsgd"),
     pytest.param(AmpJob("bernoulli[p=0.2]"), id="bernoulli-variable-size"),
     pytest.param(AmpJob("identity", error_feedback="ef21"), id="identity-ef21"),
