@@ -330,11 +330,18 @@ def delay_bound(
     method: Method[Any, Any], n: int, tau_max: int | None, assume_tau: int | None
 ) -> int | None:
     """The [K18] delay the theory step assumes: ``assume_tau``, the method's delay under the
-    staleness bound ``tau_max`` (``async_delay``), 0 for one client (never stale), else None."""
+    staleness bound ``tau_max`` (``async_delay``), 0 for one client (never stale), else None.
+
+    A method with server memory (``async_memory``: the IAG's table) uses every client's last
+    message in every update, and one entry is replaced per update, so its oldest entry is at
+    least n − 1 updates old whatever the staleness: under ``tau_max`` its delay is at least
+    n − 1 (the parameter server refuses tau_max < W − 1 for it; the simulator's round robin
+    used to take 2·tau_max < n − 1 and a step too large for its delays)."""
     if assume_tau is not None:
         return int(assume_tau)
     if tau_max is not None:
-        return method.async_delay(int(tau_max))
+        floor = n - 1 if method.async_memory else 0
+        return max(method.async_delay(int(tau_max)), floor)
     return 0 if n == 1 else None
 
 
