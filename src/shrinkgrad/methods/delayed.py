@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from .base import METHODS, Config, GradientOracle, Init, Message, Method, Runtime
-from .gd import NOT_CONVEX, DelayRule, Group, dcgd_theory
+from .gd import DCGD_RULE, DelayRule, Group, dcgd_theory
 from .stepsize import theory_function
 
 __all__ = [
@@ -53,10 +53,11 @@ def delayed_theory(cfg: Config, tau: int) -> tuple[float, str]:
         return g_dcgd, rule
     L = cfg.constants.smoothness()[0]
     g_delay = STRICT_FACTOR * float(theory_function("stepsize_delayed")(L, tau))
-    note = NOT_CONVEX if rule.endswith(NOT_CONVEX) else ""
+    # the DCGD rule's notes carry over: one shared draw (n = 1), f_i not (known to be) convex
+    notes = rule.removeprefix(DCGD_RULE)
     return (
         min(g_dcgd, g_delay),
-        f"min(stepsize_dcgd,{STRICT_FACTOR}*stepsize_delayed[tau={tau}]){note}",
+        f"min({DCGD_RULE},{STRICT_FACTOR}*stepsize_delayed[tau={tau}]){notes}",
     )
 
 

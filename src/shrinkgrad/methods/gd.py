@@ -44,6 +44,8 @@ class Group(NamedTuple):
 NOT_CONVEX = "(f_i not convex: outside its theorem)"
 #: ... and on one that does not say (``convex`` None: a neural network, bare Constants)
 NOT_KNOWN_CONVEX = "(f_i not known to be convex: outside its theorem unless they are)"
+#: the DCGD rule's name in ``stepsize_rule`` (its notes follow it)
+DCGD_RULE = "stepsize_dcgd"
 
 
 def dcgd_theory(cfg: Config) -> tuple[float, str]:
@@ -62,7 +64,7 @@ def dcgd_theory(cfg: Config) -> tuple[float, str]:
     L, L_i = c.smoothness()
     omega = 0.0 if cfg.omega is None else cfg.omega
     gamma = theory_function("stepsize_dcgd")(L, float(L_i.max()), omega, cfg.n_draws)
-    rule = "stepsize_dcgd" + (SHARED_DRAW if cfg.shared_draw else "")
+    rule = DCGD_RULE + (SHARED_DRAW if cfg.shared_draw else "")
     if c.convex is True:
         return float(gamma), rule
     if c.convex is False:
