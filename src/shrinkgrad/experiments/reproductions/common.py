@@ -121,7 +121,11 @@ def step_ratio_prediction(constants: Mapping[str, Any], compressor: str) -> floa
 
 
 def ratio(a: float, b: float) -> float:
-    """a / b with inf and zero handled (nan when undefined)."""
+    """a / b with inf and zero handled: inf when only ``b`` is reached (finite), 0 when only
+    ``a`` is (the improved method never reached ε: infinitely worse, which a "never worse"
+    claim must see, not skip), nan when undefined (neither, or a missing run)."""
+    if math.isfinite(a) and math.isinf(b):
+        return 0.0
     if not (math.isfinite(a) and math.isfinite(b)) or b == 0:
         return math.inf if math.isinf(a) and math.isfinite(b) else math.nan
     return a / b

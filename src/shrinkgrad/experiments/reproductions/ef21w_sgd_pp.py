@@ -40,7 +40,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
         if m.empty:
             out.append(Claim(f"{imp} beats {base}", "no runs of this pair", "—", None))
             continue
-        lows.append(float(m["ratio"].min()))
+        lows.append(float(m["ratio"].min(skipna=False)))
         hi = m.loc[_label(m["QM/AM"].idxmax())]
         lo = m.loc[_label(m["QM/AM"].idxmin())]
         out.append(
