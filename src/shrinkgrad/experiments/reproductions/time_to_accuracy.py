@@ -123,7 +123,11 @@ def measure(table: pd.DataFrame, params: Mapping[str, Any] | None = None) -> dic
         runs = [r for r in everything if r["problem"] == problem]
         tuned = tune(runs)
         best = [r for r in runs if r["step"] == tuned[r["arm"]][0]]
-        eps = max(final_value(r["run"], metric) for r in best)
+        # runs that diverged or made no progress (final value inf) set no tolerance: one of
+        # them made ε infinite, so every other run "reached" it at round 0
+        finals = [final_value(r["run"], metric) for r in best]
+        results = [v for v in finals if math.isfinite(v)]
+        eps = max(results) if results else math.nan
         seen: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
         for r in best:
             run = r["run"]
