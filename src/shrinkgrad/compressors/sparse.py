@@ -25,6 +25,7 @@ unusably slow on CPU), computable index by index on any device.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 import torch
@@ -142,6 +143,26 @@ class _KeyedGather(Sparsifier):
         ``src`` viewed as ``view``)."""
         raise NotImplementedError
 
+    def _select_torch(self, x: torch.Tensor, keys: Keys) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_select` off the kernels (torch ops, any device)."""
+        raise NotImplementedError
+
+    def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
+        assert keys is not None
+        if _use_numba(x):  # no dense output: one pass checks x and reads the kept values
+            return self._gather(x, keys, x, None)
+        _require_finite(x, self.name)
+        return self._select_torch(x, keys)
+
+    @staticmethod
+    def _source(src: torch.Tensor, view: type | None) -> tuple[np.ndarray, Any]:
+        """(rows of ``src`` as the kernels read them, the values' numpy dtype): bfloat16 bit
+        patterns (``view``) give float32 values."""
+        x2 = _rows(src)
+        if view is not None:
+            return x2.view(view), np.float32
+        return x2, x2.dtype.type
+
     def _sparse_bf16(
         self, x: torch.Tensor, keys: Keys | None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -202,12 +223,8 @@ class _RandKBase(_KeyedGather):
             return torch.from_numpy(idx).reshape(*keys.shape, k)
         return randk_indices_torch(pk, d, k)
 
-    def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
-        assert keys is not None
+    def _select_torch(self, x: torch.Tensor, keys: Keys) -> tuple[torch.Tensor, torch.Tensor]:
         d = x.shape[-1]
-        if _use_numba(x):  # no dense output: one pass checks x and reads the kept values
-            return self._gather(x, keys, x, None)
-        _require_finite(x, self.name)
         idx = self._idx(keys, d, False)
         vals = take(x, idx)
         if self._scaled:
@@ -224,10 +241,7 @@ class _RandKBase(_KeyedGather):
         d = x.shape[-1]
         idx = self._idx(keys, d, True)
         ik = idx.reshape(-1, self._k(d)).numpy()
-        x2 = _rows(src)
-        if view is not None:
-            x2 = x2.view(view)
-        vdtype = np.float32 if view is not None else x2.dtype
+        x2, vdtype = self._source(src, view)
         order = np.empty_like(ik)
         starts = np.empty((ik.shape[0], -(-d // K.CHUNK) + 1), dtype=np.int64)
         K.bucket_by_chunk(ik, order, starts, True)
@@ -484,12 +498,8 @@ class StratK(_KeyedGather):
         return _StratKScaled(self.k, self.shared_seed)
 
     # -- application ----------------------------------------------------------------------------
-    def _select(self, x: torch.Tensor, keys: Keys | None) -> tuple[torch.Tensor, torch.Tensor]:
-        assert keys is not None
+    def _select_torch(self, x: torch.Tensor, keys: Keys) -> tuple[torch.Tensor, torch.Tensor]:
         d = x.shape[-1]
-        if _use_numba(x):  # one pass: the check, the draws and the gather of the kept values
-            return self._gather(x, keys, x, None)
-        _require_finite(x, self.name)
         idx = self._idx(keys, d, False)
         vals = take(x, idx) * self._factors(d, x.dtype, x.device)
         if not bool(torch.isfinite(vals).all()):
@@ -504,10 +514,7 @@ class StratK(_KeyedGather):
         check, draw, gather)."""
         d = x.shape[-1]
         k = self._k(d)
-        x2 = _rows(src)
-        if view is not None:
-            x2 = x2.view(view)
-        vdtype = np.float32 if view is not None else x2.dtype
+        x2, vdtype = self._source(src, view)
         lo, hi, lo2, hi2 = self._kernel_keys(keys)
         out = np.empty((x2.shape[0], k), dtype=vdtype)
         idx = np.empty((x2.shape[0], k), dtype=np.int64)
