@@ -68,6 +68,30 @@ def test_ef21w_synthetic_never_worse_fails_when_ef21w_diverged():
     assert never_worse.passed is not True, never_worse.measured
 
 
+def test_ef21w_sgd_pp_never_worse_fails_when_a_later_pair_lacks_a_run():
+    """Two pairs: the first holds on every dataset, the second has no EF21-W-PP run on "b" (its
+    ratio there is nan). 'never worse' is not shown then, whatever the order of the pairs
+    (Python's min() of [1.6, nan] is 1.6, of [nan, 1.6] nan)."""
+    from shrinkgrad.experiments.reproductions import ef21w_sgd_pp
+
+    table = _ef21w_table("none")
+    pp = table.replace({"method": {"ef21": "ef21_pp", "ef21_w": "ef21_w_pp"}})
+    pp["run_id"] = "pp-" + pp["run_id"]
+    pp = pp[~((pp["method"] == "ef21_w_pp") & (pp["problem_label"] == "b"))]
+    both = pd.concat([table, pp], ignore_index=True)
+    for pairs in (
+        [["ef21", "ef21_w"], ["ef21_pp", "ef21_w_pp"]],
+        [["ef21_pp", "ef21_w_pp"], ["ef21", "ef21_w"]],
+    ):
+        params = {**ef21w_sgd_pp.DEFAULTS, "pairs": pairs}
+        out = ef21w_sgd_pp.claims(both, params)
+        never = next(c for c in out if c.claim == "the weighted variants are never worse")
+        assert never.passed is not True, (pairs, never.measured)
+    params = {**ef21w_sgd_pp.DEFAULTS, "pairs": [["ef21", "ef21_w"]]}
+    never = next(c for c in ef21w_sgd_pp.claims(table, params) if "never worse" in c.claim)
+    assert never.passed is True  # and with every run there, it holds
+
+
 def test_time_to_accuracy_eps_ignores_diverged_runs():
     """ε = the largest final metric over the tuned runs; a diverged run reaches nothing and sets
     no tolerance (docs/experiments.md 'No progress'), so ε must be finite: the largest final

@@ -63,7 +63,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
             )
         )
     if lows:
-        low = min(lows)
+        low = float(pd.Series(lows).min(skipna=False))  # (Python's min() may drop a nan)
         out.append(
             Claim(
                 "the weighted variants are never worse",
