@@ -222,10 +222,14 @@ def load(dataset: str | os.PathLike[str] | Dataset, *, n_features: int | None = 
             "dataset must be a bundled name (e.g. 'a9a'), a path to a LIBSVM file or a Dataset, "
             f"got {type(dataset).__name__}"
         )
-    if n_features is not None and (
-        isinstance(n_features, bool) or not isinstance(n_features, int) or n_features < 1
-    ):
-        raise ValueError(f"n_features must be a positive integer, got {n_features!r}")
+    if n_features is not None:
+        if (
+            isinstance(n_features, bool)
+            or not isinstance(n_features, (int, np.integer))
+            or n_features < 1
+        ):
+            raise ValueError(f"n_features must be a positive integer, got {n_features!r}")
+        n_features = int(n_features)  # numpy integers too (the cache key is a plain int)
     text = os.fspath(dataset)
     if n_features is not None:
         _check_dimension(n_features, text)
@@ -257,8 +261,18 @@ def load(dataset: str | os.PathLike[str] | Dataset, *, n_features: int | None = 
     if path.is_dir():
         raise DatasetError(f"dataset path {text!r} is a directory; give a LIBSVM file")
     resolved = path.resolve()
-    stat = resolved.stat()
-    return _load_file(str(resolved), n_features, path.name, str(resolved), stat.st_mtime_ns)
+    return _load_file(str(resolved), n_features, path.name, str(resolved), _file_key(resolved))
+
+
+def _file_key(path: Path) -> tuple[int, ...]:
+    """What identifies a file's contents for the cache: device, inode, size, mtime and ctime.
+
+    The mtime alone is not enough: it is coarse on some file systems (1–2 s) and is restored
+    by ``cp -p``, ``touch -r`` or an archive, so a rewritten file could be served from the
+    cache; the ctime cannot be set by the user and changes on every write.
+    """
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @lru_cache(maxsize=4)
@@ -281,7 +295,7 @@ def _load_image_dataset(name: str) -> Dataset:
 
 @lru_cache(maxsize=32)
 def _load_file(
-    path: str, n_features: int | None, name: str, source: str, mtime: int = 0
+    path: str, n_features: int | None, name: str, source: str, key: tuple[int, ...] = ()
 ) -> Dataset:
     from sklearn.datasets import load_svmlight_file
 
@@ -331,14 +345,15 @@ def _freeze(X: sp.csr_matrix) -> sp.csr_matrix:
 
 
 def _map_labels(y: np.ndarray, where: str, locate: Any) -> tuple[np.ndarray, tuple[float, float]]:
-    values = np.unique(y)
+    values, first = np.unique(y, return_index=True)
     if values.size == 1:
         raise DatasetError(
-            f"{where}: every sample (lines 1–{y.size}) has label {values[0]:g}: binary "
+            f"{where}: all {y.size} samples have label {values[0]:g}: binary "
             "classification needs two classes"
         )
     if values.size > 2:
-        third = float(values[2])
+        # the first sample whose label is a third distinct value: the first line of that label
+        third = float(y[np.sort(first)[2]])
         line = f", line {locate(third)}" if locate is not None else ""
         raise DatasetError(
             f"{where}{line}: more than two labels ({', '.join(f'{v:g}' for v in values[:5])}"
@@ -378,15 +393,18 @@ _MAX_INDEX = 2**31 - 2
 
 
 def _check_line(raw: bytes, n_features: int | None) -> str | None:
-    """Why a line is not valid svmlight (None when it is)."""
+    """Why a line is not valid svmlight (None when it is).
+
+    The line is cut at ``#`` and split into tokens on bytes, as sklearn's parser does: a
+    comment may hold any bytes, and ``str.split`` would also split at the bytes 0x1c–0x1f.
+    """
+    body = raw.split(b"#", 1)[0]
     try:
-        text = raw.decode("ascii")
+        tokens = [t.decode("ascii") for t in body.split()]
     except UnicodeDecodeError:
         return "contains non-ASCII bytes"
-    text = text.split("#", 1)[0].strip()
-    if not text:
+    if not tokens:
         return None
-    tokens = text.split()
     label = _number(tokens[0].encode())
     if label is None:
         return f"the label {tokens[0]!r} is not a number"
@@ -395,6 +413,11 @@ def _check_line(raw: bytes, n_features: int | None) -> str | None:
     prev = 0
     for k, tok in enumerate(tokens[1:], start=2):
         if ":" not in tok:
+            if b"\r" in body.rstrip(b"\r\n"):  # several samples on one line
+                return (
+                    f"token {k} {tok!r} is not of the form index:value; the line holds a "
+                    "carriage return (CR-only line ends: convert them to LF)"
+                )
             return f"token {k} {tok!r} is not of the form index:value"
         idx_s, val_s = tok.split(":", 1)
         if idx_s == "qid" and k == 2:
@@ -406,7 +429,7 @@ def _check_line(raw: bytes, n_features: int | None) -> str | None:
         if idx < 1:
             return (
                 f"token {k} {tok!r}: feature index {idx}; LIBSVM indices start at 1 "
-                "(0-based files are not LIBSVM format)"
+                "(a 0-based file: add 1 to every index)"
             )
         if idx <= prev:
             return f"token {k} {tok!r}: feature indices must be increasing (after {prev})"
