@@ -120,9 +120,17 @@ def gram_matrix(A: Matrix, weights: np.ndarray | None = None) -> np.ndarray:
 
 
 def _operator_lambda_max(A: Matrix, w: np.ndarray) -> float:
-    """λ_max(Aᵀ diag(w) A) by Lanczos on the smaller side's operator (no Gram matrix formed)."""
+    """λ_max(Aᵀ diag(w) A) by Lanczos on the smaller side's operator (no Gram matrix formed).
+
+    A zero block gives 0 (ARPACK refuses a zero start residual) and a side of at most 2 is
+    solved densely (ARPACK needs k < side): one-sample clients and all-zero rows included.
+    """
     from scipy.sparse.linalg import LinearOperator, eigsh
 
+    if min(A.shape) == 0 or not np.any(A.data if sp.issparse(A) else A):
+        return 0.0
+    if min(A.shape) <= 2:
+        return max(0.0, float(np.linalg.eigvalsh(_small_gram(A, w))[-1]))
     m, k = A.shape
     if m < k:  # A diag(w) Aᵀ has the same non-zero spectrum as diag(√w) A Aᵀ diag(√w)
         sw = np.sqrt(w)
