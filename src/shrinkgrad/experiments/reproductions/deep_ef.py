@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..claims import Claim, fmt, median, reach, runs_of
+from ..claims import Claim, fmt, median, no_result, reach, runs_of
 from . import REPRODUCTIONS, PlotSpec, Reproduction
 
 DEFAULTS: dict[str, Any] = {
@@ -62,7 +62,13 @@ def _canonical(name: str) -> str:
 
 
 def records(table: pd.DataFrame) -> list[Record]:
-    """One record per run: case, seed, method, whether compressed, step, final values."""
+    """One record per run: case, seed, method, whether compressed, step, final values.
+
+    A run that is not a result — it diverged or made no progress (:func:`no_result`: a
+    ``no_progress`` run's last loss, above its start, is no final loss), or its last loss is
+    not finite — has loss inf and accuracy NaN: it is never the tuned step, and a claim cannot
+    pass on its numbers.
+    """
     from ...registry import parse_spec
 
     out = []
@@ -71,8 +77,8 @@ def records(table: pd.DataFrame) -> list[Record]:
         last = run.iloc[-1]
         label = str(keys["problem_label"])
         params = dict(parse_spec(str(last["problem_spec"])).params)
-        diverged = str(last.get("status", "")) == "diverged"
         loss = float(last["loss"])
+        result = not no_result(run) and math.isfinite(loss)
         out.append(
             {
                 "case": label.split(",seed=")[0],
@@ -80,8 +86,8 @@ def records(table: pd.DataFrame) -> list[Record]:
                 "method": str(keys["method"]),
                 "compressed": str(keys["compressor"]) != "identity",
                 "step": float(last["stepsize"]),
-                "loss": math.inf if diverged or not math.isfinite(loss) else loss,
-                "acc": float(last["test_accuracy"]) if has_acc and not diverged else math.nan,
+                "loss": loss if result else math.inf,
+                "acc": float(last["test_accuracy"]) if has_acc and result else math.nan,
                 "bits": float(last["bits_up_paper"]),
                 "run": run,
             }
@@ -118,6 +124,26 @@ def paired(a: dict[int, Record], b: dict[int, Record], key: str) -> tuple[float,
 
 def _pm(mean: float, se: float, n: int) -> str:
     return f"Δ = {fmt(mean)} ± {fmt(se)} ({n} seeds)"
+
+
+def _every(oks: list[bool | None]) -> bool | None:
+    """The verdict of a claim "on every problem": False when a problem fails it, else None when
+    a problem could not be measured, else True."""
+    if any(o is False for o in oks):
+        return False
+    return None if any(o is None for o in oks) else True
+
+
+def _lost(new: dict[int, Record], old: dict[int, Record]) -> list[int]:
+    """The seeds on which ``new`` is no result (diverged, no progress) and ``old`` is one."""
+    return [
+        s
+        for s in sorted(set(new) & set(old))
+        if math.isinf(new[s]["loss"]) and math.isfinite(old[s]["loss"])
+    ]
+
+
+_NO_RESULT = "diverged or made no progress"
 
 
 def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
@@ -178,10 +204,13 @@ def _versus(
             for s in sorted(set(a) & set(b))
         }
         mean, se, n = paired(at, b, key)
+        lost = _lost(a, b)
         ok = mean <= z * se if better == "lower" else mean >= -z * se
-        oks.append(bool(ok) if math.isfinite(se) else None)
+        # EF21 no result where EF is one: it does not match EF (whatever the other seeds say)
+        oks.append(False if lost else bool(ok) if math.isfinite(se) else None)
         va, vb = median(v[key] for v in at.values()), median(b[s][key] for s in at)
-        parts.append(f"{case}: EF21 {fmt(va)} vs EF {fmt(vb)}, {_pm(mean, se, n)}")
+        note = f"; EF21 {_NO_RESULT} on {len(lost)}" if lost else ""
+        parts.append(f"{case}: EF21 {fmt(va)} vs EF {fmt(vb)}, {_pm(mean, se, n)}{note}")
     if not parts:
         why = "no test_accuracy column, or no runs of both" if key == "acc" else "no runs of both"
         return Claim(title, why, "—", None)
@@ -190,8 +219,7 @@ def _versus(
         if better == "lower"
         else f"EF21 − EF ≥ −{z:g}·SE on every problem"
     )
-    passed = None if any(o is None for o in oks) else all(oks)
-    return Claim(title, "; ".join(parts), crit, passed)
+    return Claim(title, "; ".join(parts), crit, _every(oks))
 
 
 def _beats(cases: list[str], get: Any, z: float) -> Claim:
@@ -202,12 +230,13 @@ def _beats(cases: list[str], get: Any, z: float) -> Claim:
         if not a or not b:
             continue
         mean, se, n = paired(a, b, "loss")
-        oks.append(bool(mean > z * se) if math.isfinite(se) else None)
-        parts.append(f"{case}: no feedback − EF21 {_pm(mean, se, n)}")
+        lost = _lost(b, a)  # EF21 no result where no feedback is one: it does not end lower
+        oks.append(False if lost else bool(mean > z * se) if math.isfinite(se) else None)
+        note = f" (EF21 {_NO_RESULT} on {len(lost)})" if lost else ""
+        parts.append(f"{case}: no feedback − EF21 {_pm(mean, se, n)}{note}")
     if not parts:
         return Claim(title, "no runs of both", "—", None)
-    passed = None if any(o is None for o in oks) else all(oks)
-    return Claim(title, "; ".join(parts), f"> {z:g}·SE on every problem", passed)
+    return Claim(title, "; ".join(parts), f"> {z:g}·SE on every problem", _every(oks))
 
 
 def _compression_pays(cases: list[str], get: Any) -> Claim:
@@ -217,9 +246,14 @@ def _compression_pays(cases: list[str], get: Any) -> Claim:
         gd, ef21 = get(case, "gd", compressed=False), get(case, "ef21")
         if not gd or not ef21:
             continue
-        ratios, bounds = [], []
+        ratios, bounds, lost = [], [], 0
         for s in sorted(set(gd) & set(ef21)):
             e = ef21[s]
+            if math.isinf(e["loss"]):  # EF21 no result: no loss to reach, compression lost
+                lost += 1
+                ratios.append(0.0)
+                bounds.append(0.0)
+                continue
             bits_gd = reach(gd[s]["run"], e["loss"], x="bits_up_paper", y="loss")
             ratios.append(bits_gd / e["bits"] if e["bits"] > 0 else math.nan)
             bounds.append(gd[s]["bits"] / e["bits"] if e["bits"] > 0 else math.nan)
@@ -231,7 +265,8 @@ def _compression_pays(cases: list[str], get: Any) -> Claim:
                 f"loss in its run, {len(ratios)} seeds)"
             )
         else:
-            parts.append(f"{case}: bits GD/EF21 = {fmt(r)} ({len(ratios)} seeds)")
+            note = f"; EF21 {_NO_RESULT} on {lost}" if lost else ""
+            parts.append(f"{case}: bits GD/EF21 = {fmt(r)} ({len(ratios)} seeds{note})")
     if not parts:
         return Claim(title, "no runs of both", "—", None)
     return Claim(title, "; ".join(parts), "median ratio > 1 on every problem", all(oks))
@@ -247,6 +282,13 @@ def _gap(cases: list[str], get: Any, z: float, fraction: float) -> Claim:
             continue
         gp, sep, n = paired(plain, sgd, "loss")
         gm, sem, _ = paired(mom, sgd, "loss")
+        if gp == math.inf:  # EF21-SGD no result where SGD is one (never the reverse): a gap
+            oks.append(gm < math.inf)  # closed when EF21-SGDM is a result on every seed
+            parts.append(
+                f"{case}: EF21-SGD {_NO_RESULT} where SGD did not ({n} seeds), "
+                f"EF21-SGDM − SGD {_pm(gm, sem, n)}"
+            )
+            continue
         if not (math.isfinite(sep) and gp > z * sep):
             parts.append(f"{case}: no significant gap to close (EF21-SGD − SGD {_pm(gp, sep, n)})")
             continue
