@@ -40,7 +40,7 @@ import pandas as pd
 
 from ...methods.stepsize import parse_stepsize
 from ...plotting.style import FIGURE_DPI
-from ..claims import Claim, fmt
+from ..claims import Claim, fmt, no_result
 from ..config import ExperimentConfig
 from ..results import CONFIG_COLUMNS, default_format, write_table
 from . import REPRODUCTIONS, Reproduction, claim_params
@@ -144,6 +144,8 @@ def execute(
                     )
                     res = run_ps(ps, problem=problem)
                     res.save(out / "runs" / run_id)
+                    if res.status == "interrupted":  # a first Ctrl-C: run_ps returns the run
+                        raise KeyboardInterrupt  # cut short; the sweep stops, no claims
                     means = res.mean_staleness()
                     fast = [float(v) for w, v in means.items() if w != slow]
                     t = res.table.copy()
@@ -189,6 +191,13 @@ def _runs(table: pd.DataFrame, bounded: bool) -> list[pd.DataFrame]:
     return [df.sort_values("round") for _, df in sel.groupby("run_id", sort=True)]
 
 
+def _rule(df: pd.DataFrame) -> bool | None:
+    """The run's ``rule_holds``: None when no theory covers its measured delay (None in the
+    table, NaN once it went through a CSV file, where ``bool(nan)`` would read True)."""
+    v = df["rule_holds"].iloc[0]
+    return None if v is None or pd.isna(v) else bool(v)
+
+
 def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     out: list[Claim] = []
     if table.empty:
@@ -223,20 +232,29 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     )
 
     def ratio_last(df: pd.DataFrame) -> float:
+        if no_result(df):  # its last (finite) row is no result: it did not converge
+            return math.inf
         g = df["grad_norm_sq"].to_numpy()
         return float(g[-1] / g[0]) if g[0] > 0 else math.nan
 
     def ratio_tail(df: pd.DataFrame) -> tuple[float, float]:
+        if no_result(df):  # diverged: it does not converge, whatever its rows before show
+            return math.inf, math.inf
         g = df["grad_norm_sq"].to_numpy()
         tail = g[len(g) // 2 :] / g[0] if g[0] > 0 else g[len(g) // 2 :] * math.nan
         return float(np.median(tail)), float(tail.min())
 
+    def shown(df: pd.DataFrame, text: str) -> str:
+        """``text``, or the status of a run that is no result (its numbers are not shown)."""
+        return str(df["status"].iloc[0]) if no_result(df) else text
+
     if bounded:
         conv = [ratio_last(df) for df in bounded]
+        shows = [shown(df, fmt(c)) for df, c in zip(bounded, conv, strict=True)]
         out.append(
             Claim(
                 "at the delay rule's step (bounded τ) asynchronous compressed IAG converges",
-                f"final ‖∇f‖²/‖∇f(x⁰)‖² = {', '.join(fmt(c) for c in conv)}",
+                f"final ‖∇f‖²/‖∇f(x⁰)‖² = {', '.join(shows)}",
                 f"≤ {params['converge_factor']:g}",
                 all(c <= params["converge_factor"] for c in conv),
                 {"ratios": conv},
@@ -247,31 +265,48 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
         stall = [t[0] for t in tails]
         delays = [int(df["delay_max"].iloc[0]) for df in free]
         gammas = [float(df["stepsize"].iloc[0] * df["L"].iloc[0]) for df in free]
+        shows = [
+            shown(df, f"{fmt(m)} ({fmt(lo)})") for df, (m, lo) in zip(free, tails, strict=True)
+        ]
         out.append(
             Claim(
                 "with a large step (e.g. γ = 1/L) and unbounded staleness it does not converge",
                 f"γL = {', '.join(fmt(g) for g in gammas)}; measured delay "
                 f"{', '.join(map(str, delays))}; median (min) over the 2nd half of "
-                f"‖∇f‖²/‖∇f(x⁰)‖² = {', '.join(f'{fmt(m)} ({fmt(lo)})' for m, lo in tails)}",
+                f"‖∇f‖²/‖∇f(x⁰)‖² = {', '.join(shows)}",
                 f"median ≥ {params['stall_factor']:g}",
                 all(s >= params["stall_factor"] for s in stall),
                 {"median_ratios": stall, "min_ratios": [t[1] for t in tails], "delays": delays},
             )
         )
     if bounded and free:
-        ok_b = all(bool(df["rule_holds"].iloc[0]) for df in bounded)
-        ok_f = all(not bool(df["rule_holds"].iloc[0]) for df in free)
-        bounds = [float(df["stepsize_bound_measured"].iloc[0] * df["L"].iloc[0]) for df in free]
-        out.append(
-            Claim(
-                "the delay rule at the measured delay separates the two",
-                f"rule holds in the converging runs: {ok_b}; violated in the stalling runs: "
-                f"{ok_f} (their bound γL < {', '.join(fmt(b) for b in bounds)})",
-                "both",
-                ok_b and ok_f,
-                {"bounds_gammaL": bounds},
+        rules_b, rules_f = [_rule(df) for df in bounded], [_rule(df) for df in free]
+        title = "the delay rule at the measured delay separates the two"
+        if None in rules_b or None in rules_f:
+            unknown = (rules_b + rules_f).count(None)
+            out.append(
+                Claim(
+                    title,
+                    f"no theory covers the measured delay of {unknown} of "
+                    f"{len(rules_b) + len(rules_f)} runs",
+                    "both",
+                    None,
+                )
             )
-        )
+        else:
+            ok_b = all(rules_b)
+            ok_f = not any(rules_f)
+            bounds = [float(df["stepsize_bound_measured"].iloc[0] * df["L"].iloc[0]) for df in free]
+            out.append(
+                Claim(
+                    title,
+                    f"rule holds in the converging runs: {ok_b}; violated in the stalling runs: "
+                    f"{ok_f} (their bound γL < {', '.join(fmt(b) for b in bounds)})",
+                    "both",
+                    ok_b and ok_f,
+                    {"bounds_gammaL": bounds},
+                )
+            )
     return out
 
 
