@@ -8,8 +8,11 @@ Measured per dataset (both methods at the same multipliers m of the EF21 theory 
 1. ε = the best (lowest) final ‖∇f‖² EF reaches at any multiplier; the fewest bits/n EF21 needs
    to reach ε (best multiplier) vs the fewest EF needs: ratio EF/EF21 ≥ 1 on every dataset;
 2. at equal multipliers, EF21's final ‖∇f‖² ≤ EF's in at least ``better_fraction`` of the
-   (dataset, multiplier) pairs;
-3. on every dataset EF21's lowest final ‖∇f‖² is reached at a multiplier > 1.
+   (dataset, multiplier) pairs (a pair in which neither run is a result is left out);
+3. on every dataset EF21's lowest final ‖∇f‖² (median over seeds; the smallest multiplier on a
+   tie) is reached at a multiplier > 1.
+
+A run that diverged, made no progress or ends with NaN has final ‖∇f‖² inf: it is never best.
 """
 
 from __future__ import annotations
@@ -42,17 +45,35 @@ def multiplier(stepsize_spec: str) -> float:
 
 
 def per_run(table: pd.DataFrame) -> list[dict[str, Any]]:
-    """One record per run: problem, method, multiplier, final ‖∇f‖² and the run's rows."""
-    return [
-        {
-            "problem": str(keys["problem_label"]),
-            "method": str(keys["method"]),
-            "m": multiplier(str(keys["stepsize_spec"])),
-            "final": final_value(run),  # inf when the run diverged
-            "run": run,
-        }
-        for keys, run in runs_of(table)
-    ]
+    """One record per run: problem, method, multiplier, final ‖∇f‖² and the run's rows.
+
+    The final value is inf for a run that is no result: it diverged or made no progress
+    (:func:`final_value`), or it ends with NaN (which min() would keep or drop depending on the
+    order of the runs).
+    """
+    out = []
+    for keys, run in runs_of(table):
+        final = final_value(run)
+        out.append(
+            {
+                "problem": str(keys["problem_label"]),
+                "method": str(keys["method"]),
+                "m": multiplier(str(keys["stepsize_spec"])),
+                "final": math.inf if math.isnan(final) else final,
+                "run": run,
+            }
+        )
+    return out
+
+
+def best_multiplier(runs: list[dict[str, Any]]) -> float:
+    """The multiplier whose median final ‖∇f‖² over the seeds is lowest (not one lucky seed);
+    the smallest of those on a tie (then larger multipliers do not help), whatever the order of
+    the runs; NaN when no multiplier has a finite median (its runs diverged or made no
+    progress: there is no best)."""
+    score = {m: median(r["final"] for r in runs if r["m"] == m) for m in {r["m"] for r in runs}}
+    best = min(score, key=lambda m: (score[m], m))
+    return best if math.isfinite(score[best]) else math.nan
 
 
 def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
@@ -69,13 +90,20 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
         eps = min(r["final"] for r in b)
         bits_new = min(reach(r["run"], eps) for r in a)
         bits_old = min(reach(r["run"], eps) for r in b)
-        ratios[label] = bits_old / bits_new if math.isfinite(bits_new) and bits_new > 0 else 0.0
+        if not math.isfinite(eps):  # every EF run is no result: no accuracy of EF to reach
+            ratios[label] = math.nan
+        else:
+            ok = math.isfinite(bits_new) and bits_new > 0
+            ratios[label] = bits_old / bits_new if ok else 0.0
         for ra in a:
             fb = [r["final"] for r in b if r["m"] == ra["m"]]
             if fb:
+                eb = median(fb)
+                if math.isinf(ra["final"]) and math.isinf(eb):
+                    continue  # neither is a result at this multiplier: no comparison
                 pairs += 1
-                better += int(ra["final"] <= median(fb))
-        best_m[label] = min(a, key=lambda r: r["final"])["m"]
+                better += int(ra["final"] <= eb)
+        best_m[label] = best_multiplier(a)
     out: list[Claim] = []
     if not ratios:
         return [Claim("EF21 beats EF", "no dataset has runs of both methods", "—", None)]
@@ -100,7 +128,10 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
             {"fraction": frac},
         )
     )
-    text = ", ".join(f"{k}: ×{v:g}" for k, v in best_m.items())
+    text = ", ".join(
+        f"{k}: ×{v:g}" if v == v else f"{k}: none (every run diverged or made no progress)"
+        for k, v in best_m.items()
+    )
     out.append(
         Claim(
             "larger step multipliers help EF21",
