@@ -169,8 +169,14 @@ def _config_order(d: Path) -> Callable[[Path], tuple[int, str]]:
 def load_results(out: str | os.PathLike[str]) -> pd.DataFrame:
     """The results table of a sweep directory (``results.parquet``/``.csv``).
 
-    When neither exists yet (a sweep interrupted before its first save), the table is rebuilt
-    from the finished runs under ``runs/``.
+    The table is the sweep's current one, as the sweep's next rewrite of ``results.*`` would
+    write it: when the directory's config (``config.toml``) has finished runs under ``runs/``
+    that the results file lacks (the sweep was killed between two of its periodic rewrites),
+    or there is no results file yet, the table is rebuilt from the config's finished runs
+    (:func:`~shrinkgrad.experiments.execute.collect_results`: config order, current labels;
+    runs of an earlier version of the config are not mixed in). When both ``results.parquet``
+    and ``results.csv`` exist (an earlier sweep wrote the other ``--format``), the newer is
+    read. Without a readable config, the finished runs under ``runs/`` rebuild a missing table.
     """
     d = Path(out)
     if not d.exists():
@@ -185,17 +191,24 @@ def load_results(out: str | os.PathLike[str]) -> pd.DataFrame:
                 "as runs.csv); give the results directory or its results.parquet/.csv"
             )
         return table
-    for ext in ("parquet", "csv"):
-        p = d / f"results.{ext}"
-        if p.exists():
-            try:
-                return read_table(p)
-            except CorruptFileError as e:  # the finished runs' own tables rebuild it
-                if not (d / "runs").is_dir():
-                    raise
-                raise e.with_fix(
-                    f"delete it: the table is then rebuilt from the finished runs in {d / 'runs'}"
-                ) from None
+    saved: pd.DataFrame | None = None
+    files = [p for p in (d / f"results.{ext}" for ext in ("parquet", "csv")) if p.exists()]
+    if files:
+        # both: the other is an earlier sweep's, written with another --format (parquet on a tie)
+        p = max(files, key=lambda f: f.stat().st_mtime_ns)
+        try:
+            saved = read_table(p)
+        except CorruptFileError as e:  # the finished runs' own tables rebuild it
+            if not (d / "runs").is_dir():
+                raise
+            raise e.with_fix(
+                f"delete it: the table is then rebuilt from the finished runs in {d / 'runs'}"
+            ) from None
+    current = _current_table(d, saved)
+    if current is not None:
+        return current
+    if saved is not None:
+        return saved
     runs = d / "runs"
     tables = []
     if runs.is_dir():
@@ -209,3 +222,34 @@ def load_results(out: str | os.PathLike[str]) -> pd.DataFrame:
             "run 'shrinkgrad run CONFIG --out DIR' first"
         )
     return concat_tables(tables)
+
+
+def _current_table(d: Path, saved: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The table of the finished runs of ``d``'s config, when ``saved`` (the results file, or
+    None) lacks some of them; None when it has them all, or without a readable config or any
+    finished run of it. A finished run that cannot be read raises :class:`CorruptFileError`
+    when there is no results file to fall back on."""
+    if not (d / "runs").is_dir():
+        return None
+    try:
+        from .config import load_config
+        from .grid import expand
+
+        config = load_config(d / "config.toml")
+        runs = expand(config)
+    except Exception:  # no (readable) config: nothing to tell the sweep's runs by
+        return None
+    finished = {r.run_id for r in runs if find_run_table(d / "runs" / r.run_id) is not None}
+    if not finished:
+        return None
+    if saved is not None and "run_id" in saved.columns and finished <= set(saved["run_id"]):
+        return None
+    from .execute import collect_results
+
+    try:
+        table, _ = collect_results(d, runs, config.name)
+    except CorruptFileError:
+        if saved is None:
+            raise
+        return None
+    return table
