@@ -320,7 +320,8 @@ def plot_results(
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    handles: dict[str, Any] = {}
+    # legend entries: (label, drawn as failed) → (a line, {panel: its note there})
+    entries: dict[tuple[str, bool], tuple[Any, dict[Any, str]]] = {}
     for ax, panel in zip(axes.flat, panels, strict=False):
         sub = agg[agg[panel_col] == panel] if panel_col else agg
         src = table[table[panel_col] == panel] if panel_col else table
@@ -342,8 +343,9 @@ def plot_results(
                 continue
             key = ((panel,) if panel_col else ()) + tuple(cid)
             label = curve_label(dict(zip(curve_keys, cid, strict=True)), rules.get(key))
-            line = _draw_curve(ax, c, styles[cid], label, log_y, floor)
-            handles.setdefault(str(line.get_label()), line)
+            line, note = _draw_curve(ax, c, styles[cid], label, log_y, floor)
+            failed = bool(c["all_diverged"].iloc[0])
+            entries.setdefault((label, failed), (line, {}))[1][panel] = note
         if log_y and limits is not None:
             ax.set_yscale("log")
         if limits is not None:
@@ -362,6 +364,10 @@ def plot_results(
         ax.grid(True, which="major", alpha=0.3)
         if panel is not None:
             ax.set_title(_panel_title(src, str(panel)), fontsize=8)
+    handles = {
+        _entry_label(label, notes, failed): line
+        for (label, failed), (line, notes) in entries.items()
+    }
     _legend(fig, axes.flat[0], handles, outside, legend_cols)
     caption = seeds_caption(agg, curve_keys + ([panel_col] if panel_col else []), quantiles)
     fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=10 if title else 7)
@@ -394,10 +400,12 @@ def seeds_caption(agg: pd.DataFrame, keys: list[str], quantiles: tuple[float, fl
 
 def _draw_curve(
     ax: Any, c: pd.DataFrame, style: dict[str, Any], label: str, log_y: bool, floor: float
-) -> Any:
+) -> tuple[Any, str]:
     """One curve: its median line and band; a curve of diverged seeds only is thin, grey,
     dotted and ends in a cross. On a log axis values ≤ 0 are drawn below the floor (they run
-    off the bottom of the panel instead of vanishing)."""
+    off the bottom of the panel instead of vanishing). Returns the line and its note (what
+    its label says beyond ``label``: the seeds left out, or why the curve failed; "" for
+    none), the line's label being ``label`` with :func:`_with_note`."""
     xs = c["x"].to_numpy()
 
     def ys(col: str) -> np.ndarray:
@@ -414,18 +422,39 @@ def _draw_curve(
             if not n_div
             else f"{n_div} diverged, {n_stall} no progress"
         )
-        (line,) = ax.plot(xs, ys("median"), color="0.55", lw=0.9, ls=":", label=f"{label} — {what}")
+        (line,) = ax.plot(
+            xs, ys("median"), color="0.55", lw=0.9, ls=":", label=_with_note(label, what, True)
+        )
         ax.plot(xs[-1:], ys("median")[-1:], color="0.35", marker="x", ms=6, ls="none")
-        return line
+        return line, what
     seeds = int(c["seeds"].max()) + n_div + n_stall
     parts = [f"{n_div}/{seeds} seeds diverged"] if n_div else []
     if n_stall:
         parts.append(f"{n_stall}/{seeds} {'seeds ' if not n_div else ''}made no progress")
-    extra = f" ({', '.join(parts)}, left out)" if parts else ""
-    (line,) = ax.plot(xs, ys("median"), lw=1.4, label=label + extra, **style)
+    note = f"{', '.join(parts)}, left out" if parts else ""
+    (line,) = ax.plot(xs, ys("median"), lw=1.4, label=_with_note(label, note, False), **style)
     if (c["lo"] != c["hi"]).any():
         ax.fill_between(xs, ys("lo"), ys("hi"), color=style["color"], alpha=0.2, lw=0)
-    return line
+    return line, note
+
+
+def _with_note(label: str, note: str, failed: bool) -> str:
+    """A curve's label with its note: ``label — diverged`` for a curve of failed seeds only,
+    ``label (1/3 seeds diverged, left out)`` for one with seeds left out, else ``label``."""
+    if failed:
+        return f"{label} — {note}"
+    return f"{label} ({note})" if note else label
+
+
+def _entry_label(label: str, notes: dict[Any, str], failed: bool) -> str:
+    """The legend entry of a curve drawn in one style in the panels of ``notes`` (panel →
+    its note there): the note once when every panel says the same, else each panel's note
+    after the panel's name, so that seeds left out (or a failure) in one panel are not
+    claimed for the others — and the curve is in the legend once."""
+    distinct = set(notes.values())
+    if len(distinct) == 1:
+        return _with_note(label, distinct.pop(), failed)
+    return _with_note(label, "; ".join(f"{p}: {n}" for p, n in notes.items() if n), failed)
 
 
 def _legend(fig: Any, ax: Any, handles: dict[str, Any], outside: bool, ncols: int) -> None:
