@@ -2,8 +2,8 @@
 
 Run: ``python benchmarks/ddp_hook.py [--only topk topk-sgdm topk-ef randk stratk qsgd] [--world 4]
 [--steps 5] [--dtype float32|bfloat16] [--no-half-paths] [--no-fused-mirror] [--profile]
-[--kernel-split] [--deep] [--flat N] [--granularity tensor|bucket] [--interleave-dtypes CYCLES]
-[--interleave-granularity CYCLES]``.
+[--kernel-split] [--per-call] [--deep] [--flat N] [--granularity tensor|bucket]
+[--interleave-dtypes CYCLES] [--interleave-granularity CYCLES]``.
 ``benchmarks/ab_ddp_hook.py`` runs it alternately against an older version of the library (A/B).
 
 The model is ``benchmarks/ddp.py``'s MLP (1024 → 2048 → 2048 → 2048 → 16, 10.5 M parameters,
@@ -27,8 +27,13 @@ optimizer step). ``--profile`` adds the top functions of a cProfile of the timed
 inflates the Python part about twice); ``--kernel-split`` instead times every compiled kernel
 called from Python during the timed steps and prints, under each configuration, the kernels'
 ms per step against the hook's mean and the largest ones: what is not kernels is the hook's,
-the method's and the compressors' Python and their small torch calls. glibc's
-allocator defaults are used (the hook keeps no per-step multi-megabyte allocations).
+the method's and the compressors' Python and their small torch calls. ``--per-call`` splits
+each configuration's hook time into a fixed cost per hook call and a cost per gradient entry
+(the least-squares line through the median time of every bucket size: DDP calls the hook once per
+bucket, and this model's two buckets, 8.4 M and 2.1 M entries, give two points, so it is a
+split rather than a fit): the per-entry part alone, in memcpy units, is what the hook would
+cost with no per-call work at all — a floor that only faster kernels can lower.
+glibc's allocator defaults are used (the hook keeps no per-step multi-megabyte allocations).
 
 The lighter hook's targets (issue 14) are against a **cache-cold memcpy of the gradient**,
 measured in the same run: one ``copy_`` of all the model's gradient entries (in the model's
@@ -284,15 +289,18 @@ HALF_PATHS = [True]
 FUSED_MIRROR = [True]
 
 
-def _timed(hook: Any, times: list[float]) -> Any:
+def _timed(hook: Any, times: list[float], sizes: list[int] | None = None) -> Any:
     """``hook`` wrapped to append the time from its call until its future is done to
-    ``times`` (one entry per bucket; ``_steps`` sums a step's)."""
+    ``times`` (one entry per bucket; ``_steps`` sums a step's) and, when given, the bucket's
+    number of entries to ``sizes``."""
 
     def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         t0 = CLOCK[0]()
         fut = hook(state, bucket)
         fut.wait()
         times.append(CLOCK[0]() - t0)
+        if sizes is not None:
+            sizes.append(bucket.buffer().numel())
         return fut
 
     return timed
@@ -361,8 +369,10 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
         if not FUSED_MIRROR[0] and hasattr(state.planner, "fused_mirror"):
             state.planner.fused_mirror = False
     times: list[float] = []
-    ddp.register_comm_hook(state, _timed(hook, times))
+    sizes: list[int] = []
+    ddp.register_comm_hook(state, _timed(hook, times, sizes))
     _steps(ddp, 3, times)
+    warm = len(times)
     prof = cProfile.Profile() if profile else None
     if prof is not None:
         prof.enable()
@@ -382,10 +392,37 @@ def measure(key: str, world: int, steps: int, profile: bool) -> dict[str, Any]:
         "min": min(per_step),
         "mean": statistics.mean(per_step),
     }
+    out["per_call"] = per_call(times[warm:], sizes[warm:], steps)
     plans = getattr(getattr(state, "planner", None), "plans", None)
     if plans and all(hasattr(p, "compressed") for p in plans):
         out["units"] = [u.numel for p in plans for u in p.compressed]  # what the hook compresses
     return out
+
+
+def per_call(times: list[float], sizes: list[int], steps: int) -> dict[str, float] | None:
+    """The hook's time split into a fixed cost per call and a cost per gradient entry: the
+    least-squares line t = fixed + per_entry · numel through the median time of every bucket
+    size (None with fewer than two sizes), and what each part costs per step. The per-entry
+    part is what a step would cost with no per-call work at all (Python, small torch calls,
+    bookkeeping): only faster kernels can lower it (``--per-call``)."""
+    by: dict[int, list[float]] = {}
+    for n, t in zip(sizes, times, strict=True):
+        by.setdefault(n, []).append(t)
+    if len(by) < 2:
+        return None
+    xs = list(by)
+    ys = [statistics.median(by[n]) for n in xs]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    fixed = my - slope * mx
+    return {
+        "fixed": fixed,
+        "per_entry": slope,
+        "fixed_per_step": fixed * len(times) / steps,
+        "entries_per_step": slope * sum(sizes) / steps,
+    }
 
 
 def _interleave(key: str, world: int, cycles: int, variants: dict[str, Any]) -> None:
@@ -464,6 +501,28 @@ def _print_split(r: dict[str, Any], steps: int) -> None:
     )
 
 
+#: ``--per-call``: print the fixed and per-entry parts of every configuration's hook time
+PER_CALL = [False]
+
+
+def _print_per_call(r: dict[str, Any], memcpy: float) -> None:
+    """``--per-call``: the configuration's hook time per step as its fixed per-call part plus
+    its per-entry part (:func:`per_call`), each also in memcpy units."""
+    pc = r.get("per_call")
+    if not PER_CALL[0]:
+        return
+    if pc is None:
+        print(f"{'':4s}per call: every bucket has the same size, no split (use --granularity)")
+        return
+    print(
+        f"{'':4s}per call {pc['fixed'] * 1e3:.2f} ms + {pc['per_entry'] * 1e9:.3f} ns per entry: "
+        f"per step {pc['fixed_per_step'] * 1e3:.2f} ms fixed "
+        f"({pc['fixed_per_step'] / memcpy:.2f}x memcpy) + {pc['entries_per_step'] * 1e3:.2f} ms "
+        f"per-entry ({pc['entries_per_step'] / memcpy:.2f}x memcpy: the hook with no per-call "
+        "work)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=[*CONFIGS, *TORCH], default=[*CONFIGS, *TORCH])
@@ -488,6 +547,12 @@ def main() -> None:
         action="store_true",
         help="also time the compiled kernels inside each hook (what is not kernels is Python "
         "and small torch calls)",
+    )
+    ap.add_argument(
+        "--per-call",
+        action="store_true",
+        help="also split each hook time into a fixed cost per call and a cost per gradient "
+        "entry (a line through the bucket sizes' medians)",
     )
     ap.add_argument(
         "--flat",
@@ -546,6 +611,7 @@ def main() -> None:
     LAYERS[0] = DEEP if args.deep else WIDTHS
     GRANULARITY[0] = args.granularity
     KERNEL_SPLIT[0] = {} if args.kernel_split else None
+    PER_CALL[0] = args.per_call
     HALF_PATHS[0] = not args.no_half_paths
     FUSED_MIRROR[0] = not args.no_fused_mirror
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -605,6 +671,7 @@ def main() -> None:
                     f"{r['median'] / step:7.2f} {r['median'] / copy['median']:9.2f} {'—':>15s}"
                 )
                 _print_split(r, args.steps)
+                _print_per_call(r, copy["median"])
                 continue
             name, ratio, method, momentum = CONFIGS[key]
             floor = sparse_floor(name, ratio, method, r.get("units"))
@@ -618,6 +685,7 @@ def main() -> None:
                 f"{r['median'] / step:7.2f} {r['median'] / copy['median']:9.2f} {floor_txt:>15s}"
             )
             _print_split(r, args.steps)
+            _print_per_call(r, copy["median"])
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(numbers, fh)
