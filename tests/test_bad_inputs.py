@@ -134,7 +134,7 @@ CASES: dict[str, Cli | Api] = {
     "libsvm: one class": Api(
         with_file("a.svm", "1 1:1\n1 2:1\n", problem("a.svm")),
         ValueError,
-        r"every sample .* has label 1: binary classification needs two classes",
+        r"all 2 samples have label 1: binary classification needs two classes",
     ),
     "libsvm: huge index": Api(
         with_file("a.svm", "1 99999999999:1\n-1 2:1\n", problem("a.svm")),
