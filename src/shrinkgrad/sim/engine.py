@@ -206,6 +206,10 @@ class Progress:
     message: str = ""
     #: the modelled wall-clock time so far (runs with a network; :mod:`shrinkgrad.network.clock`)
     time_model_s: float = 0.0
+    #: the round whose logged row decided ``status`` (the tolerance, a growth test or the
+    #: callback), −1 when no row did (no status yet, or a non-finite stop): a status decided at a
+    #: last round off the logging grid is decided again when the run is extended (:func:`_reopen`)
+    decided_at: int = -1
 
     @classmethod
     def start(
@@ -252,6 +256,7 @@ class Progress:
             self.status,
             self.message,
             self.time_model_s + model,
+            self.decided_at,
         )
 
     def table_rows(self) -> list[Row]:
@@ -273,6 +278,7 @@ class Progress:
             self.status,
             self.message,
             self.time_model_s,
+            self.decided_at,
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -784,32 +790,37 @@ def run_rounds(setup: RunSetup, runtime: Runtime) -> SimResult:
     if prog is None:
         prog = _start(setup, runtime)
         save(prog)
-    if prog.status is None and prog.state.round < rounds and prog.n_rows:
-        # extending a finished run: its last row was logged only because it was the last round
-        last = int(prog.table_rows()[-1][0])
-        if last == prog.state.round and last % opts.log_every != 0:
-            prev = int(prog.table_rows()[-2][0]) if prog.n_rows > 1 else -1
-            prog = dataclasses.replace(prog, n_rows=prog.n_rows - 1, last_logged=prev)
-    if prog.status is not None or prog.state.round >= rounds:
-        if prog.state.round > rounds:
-            raise ValueError(
-                f"the checkpoint {str(checkpoint)!r} is at round {prog.state.round} > rounds="
-                f"{rounds}; ask for at least {prog.state.round} rounds or use another path"
-            )
-        return result(prog)
+    prog = _reopen(prog, rounds, opts.log_every)
+    if prog.state.round > rounds:
+        raise ValueError(
+            f"the checkpoint {str(checkpoint)!r} is at round {prog.state.round} > rounds="
+            f"{rounds}; ask for at least {prog.state.round} rounds or use another path"
+        )
+    if prog.status is not None or prog.last_logged == prog.state.round == rounds:
+        return result(prog)  # a finished run: its result at once
     ref = _reference(setup, prog)
+
+    def ask_callback(p: Progress) -> Progress:
+        """``p`` stopped (status ``stopped``) when the callback asks so after its new row."""
+        r = p.state.round
+        if callback is None or p.status is not None or p.last_logged != r:
+            return p
+        if not callback(r, p.state):
+            return p
+        msg = f"stopped by the callback at round {r}"
+        return dataclasses.replace(p, status="stopped", message=msg, decided_at=r)
 
     # -- the loop -------------------------------------------------------------------------------
     bar = _progress_bar(opts.progress, rounds, prog.state.round, setup.meta)
     tick = max(1, rounds // 100)  # the bar also moves every 1% of the rounds
     try:
+        if prog.state.round == rounds:  # saved by a longer run at the round now the last one
+            prog = ask_callback(_last_row(setup, runtime, prog, ref))
         while prog.state.round < rounds and prog.status is None:
             prog = _advance(setup, runtime, prog, ref)
             r = prog.state.round
             if prog.last_logged == r and prog.status is None:
-                if callback is not None and callback(r, prog.state):
-                    msg = f"stopped by the callback at round {r}"
-                    prog = dataclasses.replace(prog, status="stopped", message=msg)
+                prog = ask_callback(prog)
                 if bar is not None:
                     bar(r, prog.table_rows()[-1][1])
             elif bar is not None and r % tick == 0:
@@ -900,8 +911,62 @@ def _start(setup: RunSetup, runtime: Runtime) -> Progress:
     tol = setup.options.tol
     if tol is not None and gns <= tol:
         msg = f"grad_norm_sq {gns:.3g} <= tol={tol:g} at round 0"
-        prog = dataclasses.replace(prog, status="converged", message=msg)
+        prog = dataclasses.replace(prog, status="converged", message=msg, decided_at=0)
     return prog
+
+
+def _reopen(prog: Progress, rounds: int, log_every: int) -> Progress:
+    """``prog`` without its last row when a longer run than the saved one is asked for and that
+    row was logged only because its round was the saved run's last (off the logging grid).
+
+    The row goes, and with it the status it decided (``decided_at``: the tolerance, a growth
+    test or the callback at that row; a completed run has none): a run made with the larger
+    ``rounds`` from the start logs no row there, so it may converge, diverge or stop at a later
+    round. A stop on non-finite values (``decided_at`` −1) is kept: it happens at the same round
+    in any longer run.
+    """
+    if prog.state.round >= rounds or not prog.n_rows:
+        return prog
+    rows = prog.table_rows()
+    last = int(rows[-1][0])
+    if last != prog.state.round or last % log_every == 0:
+        return prog
+    if prog.status is not None and prog.decided_at != last:
+        return prog
+    prev = int(rows[-2][0]) if prog.n_rows > 1 else -1
+    return dataclasses.replace(
+        prog, n_rows=prog.n_rows - 1, last_logged=prev, status=None, message="", decided_at=-1
+    )
+
+
+def _last_row(
+    setup: RunSetup, runtime: Runtime, prog: Progress, ref: DivergenceReference
+) -> Progress:
+    """``prog`` with the row of its round, logged as the run's last one, and its verdict.
+
+    For a checkpoint that a longer run saved (an interruption, ``checkpoint_every``) at exactly
+    the round now asked for: the uninterrupted run logs its last round. When that row is not
+    finite the run is ``diverged`` and its table ends at the last logged row (an uninterrupted
+    run would also log the round before when it was off the grid: that state is not saved).
+    """
+    r = prog.state.round
+    row = setup.row(runtime, prog)
+    if not _finite(row):
+        message = (
+            f"diverged at round {r}: non-finite values ({_describe(row, setup)}); the table "
+            f"ends at round {prog.last_logged}"
+        )
+        return dataclasses.replace(prog, status="diverged", message=message)
+    return _judged(setup, ref, prog.with_row(row), row)
+
+
+def _judged(setup: RunSetup, ref: DivergenceReference, prog: Progress, row: Row) -> Progress:
+    """``prog``, whose last row is ``row`` (finite), with the verdict of that row."""
+    r = prog.state.round
+    status, message = _verdict(setup, ref, r, row, prog.state.x)
+    if not status:
+        return prog
+    return dataclasses.replace(prog, status=status, message=message, decided_at=r)
 
 
 def _advance(
@@ -927,9 +992,7 @@ def _advance(
         out = _diverged_nonfinite(setup, runtime, prog, r)
         extra = f" ({_describe(row, setup)} at round {r})"
         return dataclasses.replace(out, message=out.message + extra)
-    nxt = nxt.with_row(row)
-    status, message = _verdict(setup, ref, r, row, new_state.x)
-    return dataclasses.replace(nxt, status=status, message=message) if status else nxt
+    return _judged(setup, ref, nxt.with_row(row), row)
 
 
 def _verdict(
@@ -998,7 +1061,7 @@ def _resume(
             "choose another checkpoint path (another --out)"
         )
     fields = {f.name for f in dataclasses.fields(Progress)}
-    optional = ("status", "message", "time_model_s")
+    optional = ("status", "message", "time_model_s", "decided_at")
     missing = sorted(k for k in fields if k not in data and k not in optional)
     if missing:
         raise ValueError(
