@@ -57,15 +57,37 @@ class MomentumClients(NamedTuple):
 
 
 class _Given:
-    """The oracle the inner method sees: the clients' momenta as their gradients."""
+    """The oracle the inner method sees: the clients' momenta as their gradients at ``x``, the
+    point where the momenta took their new gradients (the server's iterate of the round).
+
+    A request at another point (DCGD with delays asks for ∇f_i(x^{t−τ_i}) at stale iterates)
+    has no answer here: v_i holds gradients at ``x``, and returning it anyway would silently
+    run the inner method without its delays. It is refused, naming the method."""
 
     #: the inner method must not overwrite v (it is the client state)
     fresh = False
 
-    def __init__(self, v: torch.Tensor, ids: torch.Tensor) -> None:
-        self.v, self.ids = v, ids
+    def __init__(
+        self, v: torch.Tensor, ids: torch.Tensor, x: torch.Tensor, owner: Method[Any, Any]
+    ) -> None:
+        self.v, self.ids, self.x, self.owner = v, ids, x, owner
+
+    def _check_point(self, x: torch.Tensor) -> None:
+        if x is self.x:
+            return
+        same_shape = x.ndim in (1, 2) and x.shape[-1] == self.x.shape[-1]
+        if same_shape and torch.equal(x, self.x.expand_as(x)):  # every client's: the iterate
+            return
+        raise ValueError(
+            f"{self.owner.name}: client momentum updates v_i with ∇f_i at the server's iterate and "
+            "hands the inner method v_i as its gradient there, but the inner method asks for "
+            "gradients at other (stale) points, which the momenta do not hold; wrap a method "
+            "whose client step reads ∇f_i at the current iterate (ef21, ef21_w, ef, dcgd, "
+            "diana, gd)"
+        )
 
     def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        self._check_point(x)
         if ids is self.ids or torch.equal(ids, self.ids):
             return self.v
         index = torch.full((int(self.ids.max()) + 1,), -1, dtype=torch.int64, device=ids.device)
@@ -111,8 +133,9 @@ class ClientMomentum(Method[Any, MomentumClients]):
     Parameters
     ----------
     inner:
-        a method whose client step reads exact gradients (``oracle.grads``): ef21, ef21_w, ef,
-        dcgd, gd.
+        a method whose client step reads exact gradients (``oracle.grads``) at the server's
+        iterate: ef21, ef21_w, ef, dcgd, diana, gd. One that asks for gradients at other points
+        (``delayed_dcgd`` with τ > 0: stale iterates) is refused in its first such round.
     beta:
         the momentum β ∈ [0, 1) (η = 1 − β of [FTR23]).
     batch:
@@ -216,7 +239,8 @@ class ClientMomentum(Method[Any, MomentumClients]):
         ids = clients.ids
         grads = self._gradients(cfg, server.x, ids, oracle, r)
         v = momentum_update(clients.v, grads, self.beta, inplace=cfg.inplace)
-        inner, msg = self.inner.client_step(cfg, server, clients.inner, _Given(v, ids), r)
+        given = _Given(v, ids, server.x, self)
+        inner, msg = self.inner.client_step(cfg, server, clients.inner, given, r)
         return MomentumClients(ids, v, inner), msg
 
     def server_post(self, cfg: Config, server: Any, aggregate: torch.Tensor | None, r: int) -> Any:
