@@ -56,8 +56,11 @@ DDP hook runs it)
     is refused at the step; (iii) the first Q is one keyed draw shared by every client (a fixed
     key, like torch's ``random_seed``), so the compressor is deterministic; (iv) the message of
     every client is the two factors, r(m + n) values, whatever d (a shared P cannot be
-    replaced by the dense result). The stages :meth:`PowerSGD.factor_p`,
-    :meth:`PowerSGD.orthonormalize`, :meth:`PowerSGD.factor_q`, :meth:`PowerSGD.factor_outputs` are
+    replaced by the dense result): P_i then Q_iᵀ, rounded to a 16-bit input's dtype; P̂ never
+    travels (every client forms it from ΣP_i), so it is not rounded, and ``C(x)`` of 16-bit
+    rows is ``step``'s first result (before, C(x) rounded P̂ instead of P_i and Q_i). The
+    stages :meth:`PowerSGD.factor_p`, :meth:`PowerSGD.orthonormalize`,
+    :meth:`PowerSGD.factor_q`, :meth:`PowerSGD.factor_outputs` are
     the one implementation: the batched step composes them with sums over the rows, the hook
     with its two all-reduces.
 """
@@ -282,12 +285,16 @@ class LowRank(Compressor):
         whose singular values or norms overflow, e.g. float32 entries near 3.4e38)."""
         a, b = self._factors(x, keys, dtype)
         if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
-            raise ValueError(
-                f"{self.name}: a factor of the matrix view overflows {dtype} (its singular "
-                f"values or norms exceed {torch.finfo(dtype).max:.3g}); rescale the input or "
-                "compress float64 tensors"
-            )
+            raise self._overflow(dtype)
         return a, b
+
+    def _overflow(self, dtype: torch.dtype) -> ValueError:
+        """The error of a finite input whose factors leave ``dtype``'s range."""
+        return ValueError(
+            f"{self.name}: a factor of the matrix view overflows {dtype} (its singular "
+            f"values or norms exceed {torch.finfo(dtype).max:.3g}); rescale the input or "
+            "compress float64 tensors"
+        )
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
         _require_finite(x, self.name)
@@ -666,9 +673,7 @@ class PowerSGD(LowRank):
         self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.shared:  # the first collective step of all the rows, from the shared Q0
-            rows = x.reshape(-1, x.shape[-1]).to(dtype)
-            p_hat = self.orthonormal_basis(self.factor_p(rows, self._shared_q0(rows)).sum(0))
-            q = self.factor_q(rows, p_hat)
+            _, p_hat, q = self._shared_first(x)
             B = q.shape[0]
             return p_hat.expand(B, *p_hat.shape).to(dtype), q.transpose(-1, -2).to(dtype)
         assert keys is not None
@@ -680,3 +685,59 @@ class PowerSGD(LowRank):
     def _shared_q0(self, rows: torch.Tensor) -> torch.Tensor:
         """The shared first Q (n, r) for rows (B, d)."""
         return self.init_state(rows[:1], None)[0]
+
+    def _shared_first(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first collective step of the rows of ``x`` (..., d) from the shared Q0, by the
+        stages :meth:`step` composes (Vogels et al. 2019, Alg. 1): ``(P, P̂, Q_i)`` with
+        P = Σ_i P_i (m, r), P̂ = orthonormalize(P) and the rows' Q_i (B, n, r), in the
+        arithmetic dtype. A 16-bit ``x`` rounds P_i and Q_i to its dtype (they travel), not P̂
+        (every client forms it from P; it never travels)."""
+        rows = x.reshape(-1, x.shape[-1])
+        p_sum = self.factor_p(rows, self._shared_q0(rows)).sum(0)
+        p_hat = self.orthonormal_basis(p_sum)
+        return p_sum, p_hat, self.factor_q(rows, p_hat)
+
+    def _apply_half(self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype) -> torch.Tensor:
+        """Per-client: :meth:`LowRank._apply_half` (both factors rounded). Shared: the first
+        step as :meth:`step` runs it on the 16-bit rows (``x``: their exact float32 copy):
+        P_i and Q_i rounded to ``dtype``, P̂ Q_iᵀ in float32 (the caller rounds it once)."""
+        if not self.shared:
+            return super()._apply_half(x, keys, dtype)
+        _require_finite(x, self.name)
+        if x.numel() == 0:
+            return x.clone()
+        a, b = self._finite_factors(x.to(dtype), keys, torch.float32)
+        return self._vectors(self._product(a, b), x.shape)
+
+    def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
+        """Per-client: the factors P̂ and Qᵀ (or the values of C(x)). Shared: what a client of
+        the collective sends, P (m × r; one vector: its own P_1 = M Q0) then Q_1ᵀ (r × n),
+        r(m + n) values; the receiver forms P̂ = orthonormalize(P) itself."""
+        if not self.shared:
+            super()._encode_fields(w, x, keys)
+            return
+        _require_finite(x, self.name)
+        vd = w.value_dtype
+        p_sum, p_hat, q = self._shared_first(x if vd is None else x.to(vd))
+        if not all(bool(torch.isfinite(t).all()) for t in (p_sum, p_hat, q)):
+            raise self._overflow(x.dtype)
+        w.add_values(p_sum.reshape(-1))
+        w.add_values(q.transpose(-1, -2).reshape(-1))
+
+    def _decode_fields(
+        self,
+        r: BitReader,
+        d: int,
+        dtype: torch.dtype,
+        keys: Keys | None,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Per-client: :meth:`LowRank._decode_fields`. Shared: P̂ = orthonormalize(P) of the
+        received P, then P̂ Qᵀ, the same stages as the sender's C(x) (bit for bit)."""
+        if not self.shared:
+            return super()._decode_fields(r, d, dtype, keys, out)
+        m, n = self.matrix_shape(d)
+        p_sum = r.read_values(m * self.r, dtype).reshape(m, self.r)
+        b = r.read_values(self.r * n, dtype).reshape(1, self.r, n)
+        p_hat = self.orthonormal_basis(p_sum).to(dtype)
+        return self._vectors(self._product(p_hat[None], b), torch.Size([d]))
