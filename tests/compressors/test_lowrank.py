@@ -394,6 +394,10 @@ def test_theory_needs_an_explicit_alpha_and_other_methods_refuse_state(problem) 
         ValueError, match=r"keeps state between rounds .* which ef21_plus|which dcgd"
     ):
         make_method("dcgd").bind(problem, "power_sgd[rank=1]", 0.1)
+    # ef21_plus is an EF21 but draws cfg.compress without the state: refused at bind, in one
+    # line (it inherited EF21's carries_compressor_state and failed at round 1 with a TypeError)
+    with pytest.raises(ValueError, match=r"keeps state between rounds .* which ef21_plus"):
+        simulate(problem, "ef21_plus", "power_sgd[rank=1,alpha=0.5]", stepsize=0.1, rounds=2)
     cfg = make_method("ef21").bind(problem, "power_sgd[rank=1]", 0.1).cfg
     with pytest.raises(TypeError, match="compress_with_state"):
         cfg.compress(torch.zeros(2, problem.d, dtype=torch.float64), torch.arange(2), 1)

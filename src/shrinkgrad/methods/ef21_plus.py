@@ -54,6 +54,10 @@ class EF21Plus(EF21):
     client step (initialisation, x^{t+1} = x^t − γg^t, g ← g + aggregate) is EF21's.
     """
 
+    #: no: its client step draws ``cfg.compress`` twice (on G − g_i and on G), without the
+    #: compressor state EF21 carries (PowerSGD's Q), so a stateful compressor is refused at bind
+    carries_compressor_state = False
+
     def __init__(self, init: Init = "full", rule: PlusRule = "original") -> None:
         if rule not in ("original", "reloaded"):
             raise ValueError(f"ef21_plus: rule must be original or reloaded, got {rule!r}")
