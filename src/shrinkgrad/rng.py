@@ -11,15 +11,25 @@ round)``; the global generators of torch/numpy are never used. Consequences that
 Construction
 ------------
 A *row key* is 64 bits, stored as two 32-bit words ``(lo, hi)``. It is derived from the words
-``seed_lo, seed_hi, stream, client, round_lo, round_hi`` by two independent chains of
+``seed_lo, seed_hi, stream, client, round_lo, round_hi`` by two chains of
 ``h ← mix32(h ⊕ w)`` (different initial values), where ``mix32`` is the bijective
 "lowbias32" integer hash (C. Wellons, *hash-prospector*). ``stream`` is the CRC-32 of a purpose
 string ("compressor", "participation", "minibatch", ...), so different purposes never share bits.
 
-The ``j``-th 32-bit word of a row is ``bits32(lo, hi, j) = mix32((mix32(j ⊕ lo) + hi) mod 2³²)``.
-For a fixed key this is a bijection of ``j`` (a counter-based generator in the spirit of Philox,
-Salmon et al. 2011), so any coordinate's random word can be computed independently, vectorised over
-rows and columns, on CPU (numpy / numba) or any torch device, with bit-identical results.
+The ``j``-th 32-bit word of a row is ``bits32(lo, hi, j) = mix32((mix32(j ⊕ lo) + hi) mod 2³²)``,
+the counter ``j`` taken modulo 2³² on every path. For a fixed key this is a bijection of
+``j mod 2³²`` (a counter-based generator in the spirit of Philox, Salmon et al. 2011), so any
+coordinate's random word can be computed independently, vectorised over rows and columns, on CPU
+(numpy / numba) or any torch device, with bit-identical results.
+
+The two chains are one chain from two starting points: ``hi`` of a key is ``lo`` of the key
+whose ``seed_lo`` is XORed with ``_INIT_LO ⊕ _INIT_HI``, and, under one (seed, stream), ``hi`` of
+client c is ``lo`` of client c ⊕ D for a pseudo-random D = D(seed, stream), so those two clients
+hold swapped keys (lo, hi) and (hi, lo) in every round. Swapped keys are distinct and draw
+unrelated words (``lo`` and ``hi`` enter ``bits32`` differently). Each chain step is a bijection
+of its word, so with everything else fixed, distinct clients (or distinct rounds below 2³², or
+distinct seeds below 2³²) never share a key; two keys differing in several coordinates coincide
+only as two random 64-bit values do.
 
 Three implementations of ``mix32`` exist (numpy ``uint32``, torch ``int64`` with exact 32-bit
 multiplication, numba scalar) and a test checks that they agree bit for bit.
@@ -52,6 +62,8 @@ _C1 = 0x7FEB352D
 _C2 = 0x846CA68B
 _INIT_LO = 0x243F6A88  # digits of pi, any fixed distinct constants do
 _INIT_HI = 0x85A308D3
+#: significand bits (with the implicit bit) of the dtypes :meth:`Keys.uniform` draws below float64
+_SIGNIFICAND_BITS = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,15 +229,19 @@ class Keys:
     ) -> torch.Tensor:
         """Uniform draws in the open interval (0, 1), shape ``(*self.shape, d)``.
 
-        float64 uses all 32 bits: u = (w + ½)/2³²; float32 uses the top 24 bits,
-        u = (⌊w/2⁸⌋ + ½)/2²⁴, so that every value is exactly representable and never 0 or 1.
+        float64 uses all 32 bits: u = (w + ½)/2³². A dtype with a p-bit significand (float32:
+        24, float16: 11, bfloat16: 8) uses the top p − 1 bits, u = (⌊w/2^(33−p)⌋ + ½)/2^(p−1):
+        every value (2m + 1)/2^p has p significant bits and is a normal number, so it is exactly
+        representable and never 0 or 1 (with p bits, (m + ½)/2^p would round to 1 for the top m).
         """
         w = self.bits32(d, offset=offset)
         if dtype == torch.float64:
             return (w.to(torch.float64) + 0.5) * 2.0**-32
-        if dtype in (torch.float32, torch.float16, torch.bfloat16):
-            return ((w >> 8).to(torch.float32) + 0.5).mul_(2.0**-24).to(dtype)
-        raise TypeError(f"uniform draws need a floating dtype, got {dtype}")
+        p = _SIGNIFICAND_BITS.get(dtype)
+        if p is None:
+            raise TypeError(f"uniform draws need a floating dtype, got {dtype}")
+        m = (w >> (33 - p)).to(torch.float32)  # < 2^(p−1): m + ½ is exact in float32
+        return (m + 0.5).mul_(2.0 ** (1 - p)).to(dtype)
 
 
 class ScalarKey(Keys):
@@ -284,8 +300,13 @@ class ScalarKey(Keys):
 
 
 def bits32_torch(lo: torch.Tensor, hi: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-    """``mix32((mix32(j ⊕ lo) + hi) mod 2³²)`` with broadcasting (int64 tensors)."""
-    return mix32_torch((mix32_torch(j ^ lo) + hi) & MASK32)
+    """``mix32((mix32(j ⊕ lo) + hi) mod 2³²)`` with broadcasting (int64 tensors).
+
+    The counter is taken modulo 2³² as the numpy (``uint32``) and numba (masked) twins take it:
+    :func:`mix32_torch` needs its input in [0, 2³²), and a counter ≥ 2³² (the tie words
+    ``2j``, ``2j + 1`` of :func:`~shrinkgrad.compressors._random.draw_up` for d > 2³¹) would
+    otherwise shift its high bits into the word and differ from the CPU kernels' draw."""
+    return mix32_torch((mix32_torch((j & MASK32) ^ lo) + hi) & MASK32)
 
 
 def bits32_numpy(lo: np.ndarray, hi: np.ndarray, j: np.ndarray) -> np.ndarray:
