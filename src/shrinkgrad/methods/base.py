@@ -432,7 +432,8 @@ class Config:
 
         The ``"compressor"`` keys of a shared draw (:attr:`shared_draw`) are those of one
         stream, ``"compressor/shared"``, the same for every client."""
-        ids_np = ids.detach().cpu().numpy()
+        # int64: the cache key is the ids' bytes, which for int32 ids [1, 0] are int64's [1]
+        ids_np = ids.detach().cpu().numpy().astype(np.int64, copy=False)
         if stream == "compressor" and self.shared_draw:
             ids_np, stream = np.zeros_like(ids_np), "compressor/shared"
         tag = (stream, ids_np.tobytes())
