@@ -6,9 +6,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from ..claims import NOT_A_RESULT, median, reach, runs_of
+from ..claims import median, no_result, reach, runs_of
 
 __all__ = [
     "bits_to_reach",
@@ -43,14 +44,17 @@ def common_tolerance(table: pd.DataFrame) -> dict[str, float]:
     Every run reaches this tolerance, so "bits to reach ε" is finite for all of them, and the
     method that ends highest sets it (an honest common target: no method is measured at an
     accuracy it never attains). Runs that diverged or made no progress set no target (they
-    reach nothing).
+    reach nothing); a problem on which every run is such has none: NaN, so its ratios are NaN
+    and a claim over them fails, instead of the problem dropping out of the measurement. A run
+    whose last ‖∇f‖² is NaN makes the target NaN (its last value, not its last finite one: no
+    run reaches a NaN target).
     """
     out: dict[str, float] = {}
-    if "status" in table.columns:
-        table = table[~table["status"].isin(NOT_A_RESULT)]
     for label, df in table.groupby("problem_label", sort=False):
-        finals = df.sort_values("round").groupby("run_id")["grad_norm_sq"].last()
-        out[str(label)] = float(finals.max())
+        finals = [
+            float(run["grad_norm_sq"].iloc[-1]) for _, run in runs_of(df) if not no_result(run)
+        ]
+        out[str(label)] = float(np.max(finals)) if finals else math.nan  # np.max keeps a NaN
     return out
 
 
@@ -82,7 +86,8 @@ def ef21w_ratios(table: pd.DataFrame, base: str, imp: str, comp: str) -> pd.Data
 
     ε is the largest final ‖∇f‖² of any run of the two methods (:func:`common_tolerance`), so
     every run reaches it; bits are on the papers' axis (``bits_up_paper``), median over seeds.
-    Problems without runs of the pair have no ε and no row.
+    Problems without runs of the pair have no ε and no row; a problem on which every run of the
+    pair diverged or made no progress has a row with ε and ratio NaN (a missing measurement).
     """
     consts = problem_constants(table)
     sub = table[table["method"].isin([base, imp]) & (table["compressor"] == comp)]

@@ -38,6 +38,11 @@ DEFAULTS: dict[str, Any] = {
 
 def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     m = ef21w_ratios(table, params["baseline"], params["improved"], params["compressor"])
+    if m.empty:  # no run of the pair with this compressor (it has no L_var column to sort)
+        what = (
+            f"no runs of {params['baseline']} and {params['improved']} with {params['compressor']}"
+        )
+        return [Claim("the advantage of EF21-W shrinks as L_var falls", what, "—", None)]
     m = m.sort_values("L_var", ascending=False).reset_index(drop=True)
     series = {f"{r['L_var']:.3g}": round(r["ratio"], 4) for _, r in m.iterrows()}
     text = ", ".join(f"{k}: {v:.3g}" for k, v in series.items())
