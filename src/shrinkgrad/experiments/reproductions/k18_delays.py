@@ -10,7 +10,8 @@ Measured from the table (medians over seeds), ε = ``eps_rel`` × ‖∇f(x⁰)�
 2. the rounds to ε at the theory step grow with τ (Spearman ρ(τ, rounds) ≥ ``rank_min``, and
    τ_max needs at least ``slowdown_min`` × the rounds of τ = 0);
 3. at 1/L, τ = 0 reaches ε, while every run with τ ≥ ``tau_unstable`` (and IAG) fails: it
-   diverges (the simulator's divergence stop) or ends above its starting ‖∇f‖².
+   diverges (the simulator's divergence stop), makes no progress (its loss ends above its
+   start) or ends above its starting ‖∇f‖² (or at NaN).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pandas as pd
 
 from ...plotting.style import FIGURE_DPI
 from ...registry import parse_spec
-from ..claims import Claim, fmt, median, rank_correlation, reach, runs_of
+from ..claims import Claim, fmt, median, no_result, rank_correlation, reach, runs_of
 from . import REPRODUCTIONS, PlotSpec, Reproduction
 
 DEFAULTS: dict[str, Any] = {
@@ -48,7 +49,13 @@ def tau_of(method: str, n_clients: int) -> int | None:
 
 
 def measure(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
-    """Per method and step size: τ, rounds to ε, whether it reached ε, failed (seed medians)."""
+    """Per method and step size: τ, rounds to ε, whether it reached ε, failed (seed medians).
+
+    A run fails when it diverged, made no progress (its loss ended above its start), or its last
+    ‖∇f‖² is above its first or not finite; a run whose last ‖∇f‖² is not finite is no result
+    and reaches nothing, whatever its earlier rows show. Rows are sorted by step size, IAG, τ
+    and method (a tie in τ, e.g. two delay models, is broken by the name, not the table order).
+    """
     acc: dict[tuple[str, str], dict[str, Any]] = {}
     for keys, run in runs_of(table):
         first, last = run.iloc[0], run.iloc[-1]
@@ -66,8 +73,11 @@ def measure(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
                 "stepsize": float(first["stepsize"]),
             },
         )
-        e["rounds"].append(reach(run, float(params["eps_rel"]) * g0, x="round"))
-        e["failed"].append(str(last["status"]) == "diverged" or float(last["grad_norm_sq"]) > g0)
+        g_last = float(last["grad_norm_sq"])
+        lost = not math.isfinite(g_last)  # ended with NaN: no result, like a diverged run
+        rounds = math.inf if lost else reach(run, float(params["eps_rel"]) * g0, x="round")
+        e["rounds"].append(rounds)
+        e["failed"].append(no_result(run) or lost or g_last > g0)
         e["growth"].append(float(last["grad_norm_sq"]) / g0 if g0 > 0 else math.nan)
     rows = [
         {
@@ -84,7 +94,9 @@ def measure(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
         for (m, s), e in acc.items()
     ]
     df = pd.DataFrame(rows)
-    return df.sort_values(["stepsize_spec", "iag", "tau"]) if not df.empty else df
+    if df.empty:
+        return df
+    return df.sort_values(["stepsize_spec", "iag", "tau", "method"], kind="mergesort")
 
 
 def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
@@ -109,7 +121,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
             },
         )
     )
-    dd = rule[~rule["iag"]].sort_values("tau")
+    dd = rule[~rule["iag"]].sort_values(["tau", "method"], kind="mergesort")
     if len(dd) >= 2:
         rho = rank_correlation(dd["tau"].tolist(), dd["rounds"].tolist())
         r0 = float(dd["rounds"].iloc[0])
@@ -143,7 +155,8 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
                 f"at 1/L delays cause instability (τ ≥ {params['tau_unstable']} and IAG fail, "
                 "τ = 0 converges)",
                 desc,
-                "τ = 0 reaches ε; every large-τ run diverges or ends above ‖∇f(x⁰)‖²",
+                "τ = 0 reaches ε; every large-τ run diverges, makes no progress or ends above "
+                "‖∇f(x⁰)‖²",
                 passed,
                 {
                     "final_over_initial": dict(
@@ -151,6 +164,10 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
                     )
                 },
             )
+        )
+    else:  # the arm is missing: say so (n/a) rather than leave the claim out
+        out.append(
+            Claim("at 1/L delays cause instability", f"no runs at {params['naive']}", "—", None)
         )
     return out
 
