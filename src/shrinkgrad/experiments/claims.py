@@ -167,7 +167,11 @@ def final_value(run: pd.DataFrame, y: str = "grad_norm_sq") -> float:
 
 
 def tail_mean(run: pd.DataFrame, y: str = "grad_norm_sq", fraction: float = 0.25) -> float:
-    """The mean of ``y`` over the last ``fraction`` of the logged rows (an error floor)."""
+    """The mean of ``y`` over the last ``fraction`` of the logged rows (an error floor); inf for
+    a run that diverged or made no progress, as :func:`final_value` (the rows of a diverged run
+    stop at its last finite one, before the blow-up: they are no floor)."""
+    if no_result(run):
+        return math.inf
     vals = run.sort_values("round")[y].to_numpy(dtype=np.float64)
     k = max(1, math.ceil(fraction * vals.size))
     return float(np.mean(vals[-k:]))

@@ -40,7 +40,7 @@ import pandas as pd
 
 from ...plotting.style import FIGURE_DPI
 from ...registry import parse_spec
-from ..claims import Claim, fmt, median, rank_correlation, reach, runs_of, tail_mean
+from ..claims import Claim, fmt, median, no_result, rank_correlation, reach, runs_of, tail_mean
 from . import REPRODUCTIONS, PlotSpec, Reproduction
 
 DEFAULTS: dict[str, Any] = {
@@ -107,7 +107,12 @@ def tradeoff(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def floors(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
-    """Per problem and (compressor, γ) of the fixed-step runs: γω and the floor (seed median)."""
+    """Per problem and (compressor, γ) of the fixed-step runs: γω and the floor (seed median).
+
+    A run that diverged or made no progress has no floor (inf) and no contraction ratio (NaN);
+    the largest ("contraction") and smallest ("stall") ratio over the seeds keep a NaN, whatever
+    the order of the runs (Python's max()/min() keep or drop it by position).
+    """
     from ...compressors import make_compressor
 
     fixed = table[table["stepsize_spec"].str.contains("/L", regex=False)]
@@ -140,8 +145,8 @@ def floors(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
             "floor": median(e["floor"]),
             "final": median(e["final"]),
             "g0": median(e["g0"]),
-            "contraction": max(e["c"]),
-            "stall": min(e["c"]),
+            "contraction": float(np.max(e["c"])),
+            "stall": float(np.min(e["c"])),
         }
         for (p, c, s), e in acc.items()
     ]
@@ -150,7 +155,11 @@ def floors(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
 
 def _contraction(run: pd.DataFrame) -> float:
     """Mean ‖∇f‖² over the last 10 % of the rounds ÷ its mean over 45–55 % (0 when the run met
-    its stopping tolerance): ≪ 1 while the error still contracts, ≈ 1 on a floor."""
+    its stopping tolerance): ≪ 1 while the error still contracts, ≈ 1 on a floor. NaN for a run
+    that diverged or made no progress: it neither contracts nor stalls on a floor (the rows of a
+    diverged run stop before its blow-up, and their growth read as a stall)."""
+    if no_result(run):
+        return math.nan
     if str(run["status"].iloc[-1]) == "converged":
         return 0.0
     r = run["round"].to_numpy(dtype=np.float64)
@@ -178,7 +187,10 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
             rhos[name] = rank_correlation(g["level"].tolist(), g["rounds"].tolist())
             bits = g["bits"].to_numpy()
             j = int(np.argmin(bits)) if np.isfinite(bits).any() else -1
-            optima[name] = (g["compressor"].iloc[j] if j >= 0 else "none", 0 < j < len(g) - 1)
+            # without identity (the uncompressed end) the last level present is no end point:
+            # whether the minimum is interior is unknown
+            inner = (0 < j < len(g) - 1) if bool(np.isinf(g["level"]).any()) else None
+            optima[name] = (g["compressor"].iloc[j] if j >= 0 else "none", inner)
         out.append(
             Claim(
                 "more compression → fewer bits per round",
@@ -199,15 +211,23 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
         )
         judged = {k: v for k, v in optima.items() if k.split("/")[1] in params["optimum_families"]}
         others = {k: v for k, v in optima.items() if k not in judged}
+        inner_all = [inner for _, inner in judged.values()]
+        interior: bool | None = (
+            None if not judged or (None in inner_all and False not in inner_all) else all(inner_all)
+        )
         bits_to_eps = {
             f"{p}/{f}": dict(zip(g["compressor"], g["bits"], strict=True)) for (p, f), g in groups
         }
         out.append(
             Claim(
                 "the total bits to ε have an interior optimum over the quantization level",
-                ", ".join(f"{k}: min at {c}" for k, (c, _) in judged.items()) or "no such family",
+                ", ".join(
+                    f"{k}: min at {c}" + (" (no identity run)" if inner is None else "")
+                    for k, (c, inner) in judged.items()
+                )
+                or "no such family",
                 "the minimum is neither the most compressed level nor identity",
-                all(inner for _, inner in judged.values()) if judged else None,
+                interior,
                 {"bits_to_eps": {k: bits_to_eps[k] for k in judged}},
             )
         )
@@ -225,16 +245,31 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     noisy = f[f["problem"] == params["floor_problem"]] if not f.empty else f
     zero = f[f["problem"] == params["zero_problem"]] if not f.empty else f
     if len(noisy) >= 2:
-        x = np.log(noisy["gamma_omega"].to_numpy())
-        y = np.log(noisy["floor"].to_numpy())
-        slope = float(np.polyfit(x, y, 1)[0]) if np.ptp(x) > 0 else math.nan
+        go = noisy["gamma_omega"].to_numpy(dtype=np.float64)
+        fl = noisy["floor"].to_numpy(dtype=np.float64)
+        # a floor that is no result (inf: the median run diverged or made no progress), NaN or
+        # not positive has no logarithm: the slope is not measured (it fails), not fitted
+        # through the rows a diverged run logged before its blow-up
+        ok = np.isfinite(fl) & (fl > 0) & np.isfinite(go) & (go > 0)
+        x = np.log(go, where=ok, out=np.zeros_like(go))
+        y = np.log(fl, where=ok, out=np.zeros_like(fl))
+        slope = float(np.polyfit(x, y, 1)[0]) if ok.all() and np.ptp(x) > 0 else math.nan
+        bad = noisy[~ok]
+        missing = (
+            "; no floor (no result or not positive) at "
+            + ", ".join(
+                f"{c} {s}" for c, s in zip(bad["compressor"], bad["stepsize_spec"], strict=True)
+            )
+            if len(bad)
+            else ""
+        )
         lo, hi = params["slope_range"]
         out.append(
             Claim(
                 "DCGD's error floor grows in proportion to γω when ∇f_i(x*) ≠ 0",
                 f"log-log slope of the floor vs γω = {fmt(slope)} over {len(noisy)} (γ, ω) pairs "
                 f"(γω from {fmt(float(noisy['gamma_omega'].min()))} to "
-                f"{fmt(float(noisy['gamma_omega'].max()))})",
+                f"{fmt(float(noisy['gamma_omega'].max()))}){missing}",
                 f"slope in [{lo:g}, {hi:g}]",
                 bool(lo <= slope <= hi),
                 {
@@ -248,20 +283,34 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
             Claim("the error floor grows with γω", "fewer than 2 fixed-step runs", "—", None)
         )
     if len(noisy) and len(zero):
-        contract = float(zero["contraction"].max())
-        stall = float(noisy["stall"].min())
-        zero_text = (
-            "every zero-residual run reached the stopping tolerance"
-            if contract == 0
-            else f"zero residuals ≤ {fmt(contract)} (still contracting)"
-        )
+        # a NaN ratio (a run that is no result, or too few rows) fails the claim: not skipped
+        contract = float(zero["contraction"].max(skipna=False))
+        stall = float(noisy["stall"].min(skipna=False))
+        why = "nan: a run diverged, made no progress or logged too few rows"
+        if math.isnan(contract):
+            zero_text = f"zero residuals: {why}"
+        elif contract == 0:
+            zero_text = "every zero-residual run reached the stopping tolerance"
+        else:
+            zero_text = f"zero residuals ≤ {fmt(contract)} (still contracting)"
+        noisy_text = f"noisy: {why}" if math.isnan(stall) else f"noisy ≥ {fmt(stall)} (stalled)"
         out.append(
             Claim(
                 "the floor disappears when every ∇f_i(x*) = 0",
-                f"late/mid-run mean ‖∇f‖²: {zero_text}; noisy ≥ {fmt(stall)} (stalled)",
+                f"late/mid-run mean ‖∇f‖²: {zero_text}; {noisy_text}",
                 f"≤ {params['contract_max']:g} and ≥ {params['stall_min']:g}",
                 bool(contract <= params["contract_max"] and stall >= params["stall_min"]),
                 {"zero_residual_contraction": contract, "noisy_stall": stall},
+            )
+        )
+    else:  # an arm is missing: say so (n/a) rather than leave the claim out
+        out.append(
+            Claim(
+                "the floor disappears when every ∇f_i(x*) = 0",
+                f"needs fixed-step runs on both {params['floor_problem']} and "
+                f"{params['zero_problem']}",
+                "—",
+                None,
             )
         )
     return out
