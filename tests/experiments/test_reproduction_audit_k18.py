@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from run_tables import run_table
 
 from shrinkgrad.experiments.claims import tail_mean
 from shrinkgrad.experiments.execute import NO_PROGRESS
@@ -39,24 +40,7 @@ NEVER = "EF21-W is never worse than EF21"
 def _ef(
     run_id: str, problem: str, method: str, g: list[float], bits: list[float], status: str, **c: Any
 ) -> pd.DataFrame:
-    n = len(g)
-    return pd.DataFrame(
-        {
-            "run_id": run_id,
-            "problem_label": problem,
-            "problem_spec": problem,
-            "method": method,
-            "compressor": "top_k[k=1]",
-            "stepsize_spec": "theory",
-            "seed_index": 0,
-            "round": np.arange(n),
-            "grad_norm_sq": np.asarray(g, dtype=float),
-            "loss": np.linspace(1.0, 0.5, n),
-            "bits_up_paper": np.asarray(bits, dtype=float),
-            "status": status,
-            **c,
-        }
-    )
+    return run_table(run_id, problem, method, g, bits, status=status, **c)
 
 
 def _synthetic(diverged: tuple[str, ...] = (), nan_final: tuple[str, ...] = ()) -> pd.DataFrame:

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pandas as pd
+from run_tables import run_table
 
 from shrinkgrad.experiments import expand, loads_config
 from shrinkgrad.experiments.config import derive_seed
@@ -17,26 +18,7 @@ from shrinkgrad.plotting import aggregate
 CONSTS = {"n_clients": 5, "d": 10, "L": 1.0, "L_max": 3.0}
 
 
-def _run(run_id, problem, method, g, bits, *, status="completed", **extra):
-    n = len(g)
-    return pd.DataFrame(
-        {
-            "run_id": run_id,
-            "problem_label": problem,
-            "problem_spec": problem,
-            "method": method,
-            "compressor": "top_k[k=1]",
-            "stepsize_spec": "theory",
-            "seed_index": 0,
-            "round": np.arange(n),
-            "grad_norm_sq": np.asarray(g, dtype=float),
-            "loss": np.linspace(1.0, 0.5, n),
-            "bits_up_paper": np.asarray(bits, dtype=float),
-            "bits_up": np.asarray(bits, dtype=float),
-            "status": status,
-            **extra,
-        }
-    )
+_run = run_table  # one run's rows (tests/experiments/run_tables.py)
 
 
 def _ef21w_table(diverged_problem: str) -> pd.DataFrame:
