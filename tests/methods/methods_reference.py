@@ -9,6 +9,9 @@ the problem's batched oracles.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from shrinkgrad.compressors import Compressor
@@ -197,3 +200,67 @@ def ef21_plus_loop(
             assert float((g[i] - G).norm()) <= float((b - G).norm())
         xs.append(x)
     return xs, switched
+
+
+# --------------------------------------------------------------------------------------------
+# shared by the reference tests: keyed uniforms and a nonconvex logistic problem
+# --------------------------------------------------------------------------------------------
+#: λ of the nonconvex regularizer in the reference logistic problems
+LAM = 0.1
+
+
+def uniform(seed: int, r: int, i: int, stream: str, count: int = 1) -> torch.Tensor:
+    """The keyed float64 uniforms of client ``i`` at round ``r`` in ``stream`` (the library's
+    documented convention: ``Keys.derive(seed, round=r, client=i, stream=stream)``)."""
+    return Keys.derive(seed, round=r, client=i, stream=stream).uniform(count, torch.float64)
+
+
+class NonconvexLogistic:
+    """Clients' rows ``A[i]`` and labels ``y[i]`` (set by a subclass), the logistic loss with the
+    nonconvex regularizer λ Σ x_k²/(1 + x_k²) (methods.md §1); a minibatch is the b samples with
+    the smallest keyed uniforms (sample j's key: counter j), drawn without replacement."""
+
+    A: list[torch.Tensor]
+    y: list[torch.Tensor]
+
+    @staticmethod
+    def _grad(A: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        loss = A.T @ (-y * torch.sigmoid(-y * (A @ x))) / A.shape[0]
+        return loss + LAM * 2.0 * x / (1.0 + x * x) ** 2
+
+    def grad(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self._grad(self.A[i], self.y[i], x)
+
+    def minibatch(self, i: int, x: torch.Tensor, r: int, b: int, seed: int) -> torch.Tensor:
+        u = uniform(seed, r, i, "minibatch", self.A[i].shape[0])
+        rows = torch.argsort(u, stable=True)[:b]
+        return self._grad(self.A[i][rows], self.y[i][rows], x)
+
+
+class A1A(NonconvexLogistic):
+    """a1a's raw rows in contiguous chunks (the last client takes the remainder), the logistic
+    loss with the nonconvex regularizer λ Σ x_k²/(1 + x_k²) (methods.md §1, l. 34-36)."""
+
+    def __init__(self, n: int) -> None:
+        from shrinkgrad.problems import load
+
+        ds = load("a1a")
+        X, y = np.asarray(ds.X.toarray()), np.asarray(ds.y, dtype=np.float64)
+        N = X.shape[0]
+        sizes = [N // n] * (n - 1) + [N - (N // n) * (n - 1)]
+        off = np.concatenate([[0], np.cumsum(sizes)])
+        self.n, self.d, self.sizes = n, X.shape[1], sizes
+        self.A = [torch.tensor(X[off[i] : off[i + 1]]) for i in range(n)]
+        self.y = [torch.tensor(y[off[i] : off[i + 1]]) for i in range(n)]
+        H = [(a.T @ a).numpy() / (4.0 * a.shape[0]) for a in self.A]
+        L_i = [np.linalg.eigvalsh(h)[-1] + 2 * LAM for h in H]
+        self.L_i = torch.tensor(L_i, dtype=torch.float64)
+        self.L = float(np.linalg.eigvalsh(sum(H) / n)[-1]) + 2 * LAM
+
+    def sigma2_i(self, b: Sequence[int]) -> list[float]:
+        """σ_i² = (m − b)/(b(m − 1)) · (1/m) Σ_j ‖a_j‖² (|φ'| ≤ 1, sampling without replacement)."""
+        out = []
+        for i, a in enumerate(self.A):
+            m = a.shape[0]
+            out.append((m - b[i]) / (b[i] * (m - 1)) * float((a * a).sum()) / m)
+        return out

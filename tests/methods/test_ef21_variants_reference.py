@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 from methods_fixtures import LeastSquares
+from methods_reference import A1A, LAM, uniform
 
 from shrinkgrad.compressors import make_compressor
 from shrinkgrad.methods import make_method
@@ -45,10 +46,6 @@ def xi(alpha: float) -> float:
     """ξ(α) = √(β/θ), θ = 1 − √(1 − α), β = (1 − α)/θ (methods.md §4, l. 117)."""
     th = 1.0 - math.sqrt(1.0 - alpha)
     return math.sqrt((1.0 - alpha) / th / th)
-
-
-def uniform(seed: int, r: int, i: int, stream: str, count: int = 1) -> torch.Tensor:
-    return Keys.derive(seed, round=r, client=i, stream=stream).uniform(count, F64)
 
 
 def top_k(v: torch.Tensor, k: int) -> torch.Tensor:
@@ -286,48 +283,6 @@ def test_pp_with_p_one_is_ef21() -> None:
 # --------------------------------------------------------------------------------------------
 # 2. EF21-SGD on a1a: minibatches without replacement, keyed by (seed, "minibatch", i, r)
 # --------------------------------------------------------------------------------------------
-LAM = 0.1
-
-
-class A1A:
-    """a1a's raw rows in contiguous chunks (the last client takes the remainder), the logistic
-    loss with the nonconvex regularizer λ Σ x_k²/(1 + x_k²) (methods.md §1, l. 34-36)."""
-
-    def __init__(self, n: int) -> None:
-        from shrinkgrad.problems import load
-
-        ds = load("a1a")
-        X, y = np.asarray(ds.X.toarray()), np.asarray(ds.y, dtype=np.float64)
-        N = X.shape[0]
-        sizes = [N // n] * (n - 1) + [N - (N // n) * (n - 1)]
-        off = np.concatenate([[0], np.cumsum(sizes)])
-        self.n, self.d, self.sizes = n, X.shape[1], sizes
-        self.A = [torch.tensor(X[off[i] : off[i + 1]]) for i in range(n)]
-        self.y = [torch.tensor(y[off[i] : off[i + 1]]) for i in range(n)]
-        H = [(a.T @ a).numpy() / (4.0 * a.shape[0]) for a in self.A]
-        self.L_i = torch.tensor([np.linalg.eigvalsh(h)[-1] + 2 * LAM for h in H], dtype=F64)
-        self.L = float(np.linalg.eigvalsh(sum(H) / n)[-1]) + 2 * LAM
-
-    @staticmethod
-    def _grad(A: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        loss = A.T @ (-y * torch.sigmoid(-y * (A @ x))) / A.shape[0]
-        return loss + LAM * 2.0 * x / (1.0 + x * x) ** 2
-
-    def grad(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return self._grad(self.A[i], self.y[i], x)
-
-    def minibatch(self, i: int, x: torch.Tensor, r: int, b: int, seed: int) -> torch.Tensor:
-        u = uniform(seed, r, i, "minibatch", self.sizes[i])  # sample j's key: counter j
-        rows = torch.argsort(u, stable=True)[:b]
-        return self._grad(self.A[i][rows], self.y[i][rows], x)
-
-    def sigma2_i(self, b: Sequence[int]) -> list[float]:
-        """σ_i² = (m − b)/(b(m − 1)) · (1/m) Σ_j ‖a_j‖² (|φ'| ≤ 1, sampling without replacement)."""
-        out = []
-        for i, a in enumerate(self.A):
-            m = a.shape[0]
-            out.append((m - b[i]) / (b[i] * (m - 1)) * float((a * a).sum()) / m)
-        return out
 
 
 @pytest.fixture(scope="module")

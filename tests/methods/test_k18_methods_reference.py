@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 from methods_fixtures import LeastSquares, UnbiasedRandK
+from methods_reference import A1A, LAM
 
 from shrinkgrad.compressors import make_compressor
 from shrinkgrad.rng import Keys
@@ -361,31 +362,14 @@ def test_bits_per_client(lsq: LeastSquares) -> None:
 # --------------------------------------------------------------------------------------------
 # 4. a1a (logistic loss, nonconvex regularizer; methods.md §1 l. 34-36), QSGD
 # --------------------------------------------------------------------------------------------
-LAM = 0.1
-
-
 @pytest.fixture(scope="module")
 def a1a():
-    from shrinkgrad.problems import load, logistic_regression
+    from shrinkgrad.problems import logistic_regression
 
-    ds = load("a1a")
-    X, y = np.asarray(ds.X.toarray()), np.asarray(ds.y, dtype=np.float64)
-    n, N = 4, X.shape[0]
-    sizes = [N // n] * (n - 1) + [N - (N // n) * (n - 1)]
-    off = np.concatenate([[0], np.cumsum(sizes)])
-    A = [torch.tensor(X[off[i] : off[i + 1]]) for i in range(n)]
-    Y = [torch.tensor(y[off[i] : off[i + 1]]) for i in range(n)]
-    problem = logistic_regression("a1a", n_clients=n, lam=LAM)
-    assert problem.client_sizes.tolist() == sizes
-    H = [(a.T @ a).numpy() / (4.0 * a.shape[0]) for a in A]
-    L_i = [float(np.linalg.eigvalsh(h)[-1]) + 2 * LAM for h in H]
-    L = float(np.linalg.eigvalsh(sum(H) / n)[-1]) + 2 * LAM
-
-    def g(i: int, x: torch.Tensor) -> torch.Tensor:
-        loss = A[i].T @ (-Y[i] * torch.sigmoid(-Y[i] * (A[i] @ x))) / A[i].shape[0]
-        return loss + LAM * 2.0 * x / (1.0 + x * x) ** 2
-
-    return problem, g, L, L_i
+    raw = A1A(4)  # contiguous chunks, the last client takes the remainder
+    problem = logistic_regression("a1a", n_clients=raw.n, lam=LAM)
+    assert problem.client_sizes.tolist() == raw.sizes
+    return problem, raw.grad, raw.L, raw.L_i.tolist()
 
 
 @pytest.mark.filterwarnings("ignore:the DCGD theory step:UserWarning")

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 import torch
 from methods_fixtures import LeastSquares
+from methods_reference import LAM, NonconvexLogistic, uniform
 
 from shrinkgrad.compressors import make_compressor
 from shrinkgrad.distributed import CompressionState, compression_hook, preload, spawn
@@ -42,16 +43,11 @@ from shrinkgrad.rng import Keys
 from shrinkgrad.sim import simulate
 
 F64 = torch.float64
-LAM = 0.1
 Grad = Callable[[int, torch.Tensor, int], torch.Tensor]
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-13)
-
-
-def uniform(seed: int, r: int, i: int, stream: str, count: int) -> torch.Tensor:
-    return Keys.derive(seed, round=r, client=i, stream=stream).uniform(count, F64)
 
 
 def top_k(v: torch.Tensor, k: int) -> torch.Tensor:
@@ -110,7 +106,7 @@ class Lsq:
         return A.T @ (A @ x - y) / b
 
 
-class Libsvm:
+class Libsvm(NonconvexLogistic):
     """A LIBSVM dataset in contiguous chunks, the logistic loss with the nonconvex regularizer
     λ Σ x_k²/(1 + x_k²) (methods.md §1); minibatches: the b samples with the smallest keyed
     uniforms (sample j's key: counter j), without replacement."""
@@ -123,18 +119,6 @@ class Libsvm:
         self.A = [torch.tensor(X[p]) for p in parts]
         self.y = [torch.tensor(y[p]) for p in parts]
         self.n, self.d = n, X.shape[1]
-
-    @staticmethod
-    def _grad(A: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        loss = A.T @ (-y * torch.sigmoid(-y * (A @ x))) / A.shape[0]
-        return loss + LAM * 2.0 * x / (1.0 + x * x) ** 2
-
-    def grad(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return self._grad(self.A[i], self.y[i], x)
-
-    def minibatch(self, i: int, x: torch.Tensor, r: int, b: int, seed: int) -> torch.Tensor:
-        rows = torch.argsort(uniform(seed, r, i, "minibatch", self.A[i].shape[0]), stable=True)[:b]
-        return self._grad(self.A[i][rows], self.y[i][rows], x)
 
 
 # --------------------------------------------------------------------------------------------
