@@ -231,14 +231,14 @@ def _current_table(d: Path, saved: pd.DataFrame | None) -> pd.DataFrame | None:
     when there is no results file to fall back on."""
     if not (d / "runs").is_dir():
         return None
-    try:
-        from .config import load_config
-        from .grid import expand
+    from .config import load_config
+    from .grid import expand
 
+    try:
         config = load_config(d / "config.toml")
         runs = expand(config)
-    except Exception:  # no (readable) config: nothing to tell the sweep's runs by
-        return None
+    except (ValueError, OSError):  # no readable config (ConfigError), or its data moved away
+        return None  # (DatasetError): nothing to tell the sweep's runs by
     finished = {r.run_id for r in runs if find_run_table(d / "runs" / r.run_id) is not None}
     if not finished:
         return None
