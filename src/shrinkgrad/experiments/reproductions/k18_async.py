@@ -24,6 +24,12 @@ table for them. Claims ([K18]: stale gradients need a step that shrinks with the
    ‖∇f‖² over the second half of the run stays above ``stall_factor`` × its initial value;
 5. the delay rule predicts both: γ satisfies it at the measured delay in the converging arm and
    violates it in the stalling one.
+
+Only runs that are results make a claim pass (:func:`run_kind`): a parameter-server run that
+``completed`` all its updates with every worker. A ``diverged`` one did not converge (claims 3
+and 4 read it so) and measures nothing else; one cut short (``time_limit``, ``workers_lost``,
+``interrupted``) or that lost a worker on the way measures nothing: its claims are n/a (FAIL
+when another run fails them). A missing arm leaves its claims n/a.
 """
 
 from __future__ import annotations
@@ -33,17 +39,22 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from ...methods.asynchronous import EVENT_LOST
 from ...methods.stepsize import parse_stepsize
 from ...plotting.style import FIGURE_DPI
 from ..claims import Claim, fmt, no_result
 from ..config import ExperimentConfig
 from ..results import CONFIG_COLUMNS, default_format, write_table
 from . import REPRODUCTIONS, Reproduction, claim_params
+
+if TYPE_CHECKING:
+    from ...distributed.ps import PSConfig, PSResult
+    from ...problems import Problem
 
 DEFAULTS: dict[str, Any] = {
     # the parameter server
@@ -66,6 +77,7 @@ EXTRA_COLUMNS = (
     "stepsize_bound_measured",
     "slow_mean_staleness",
     "fast_mean_staleness_max",
+    "workers_lost",
 )
 
 
@@ -92,6 +104,32 @@ def _ps_stepsize(text: str, L: float) -> tuple[float | str, bool]:
         f"k18-async: cannot run the step size {text!r} on the parameter server; use "
         "'theory', 'theory*m', 'c/L' or a number"
     )
+
+
+def _rows(res: PSResult, ps: PSConfig, problem: Problem) -> pd.DataFrame:
+    """The run's table (``PSResult.table``), or, for a run that logged no row (it stopped
+    before its first snapshot: every worker lost, a time limit or Ctrl-C during the initial
+    messages), one row at update 0 with NaN metrics, so that the run stays in the results
+    table with its status instead of vanishing (the claims measured on the other runs would
+    not see that it is missing)."""
+    t = res.table.copy()
+    if len(t):
+        return t
+    info = problem.info()
+    row = {
+        "round": 0,
+        "method": ps.run_method,
+        "compressor": res.config.get("compressor"),
+        "stepsize": res.stepsize,
+        "stepsize_rule": res.stepsize_rule,
+        "seed": ps.seed,
+        "dataset": str(info.get("dataset", problem.dataset)),
+        "problem": str(info.get("problem", problem.name)),
+        "n_clients": problem.n,
+        "d": problem.d,
+        "tau_max": ps.tau_max,
+    }
+    return pd.DataFrame([row], columns=t.columns)
 
 
 def execute(
@@ -148,7 +186,7 @@ def execute(
                         raise KeyboardInterrupt  # cut short; the sweep stops, no claims
                     means = res.mean_staleness()
                     fast = [float(v) for w, v in means.items() if w != slow]
-                    t = res.table.copy()
+                    t = _rows(res, ps, problem)
                     extra: dict[str, Any] = {
                         "run_id": run_id,
                         "experiment": config.name,
@@ -170,6 +208,11 @@ def execute(
                         "stepsize_bound_measured": res.stepsize_bound_measured,
                         "slow_mean_staleness": float(means.get(slow, math.nan)),
                         "fast_mean_staleness_max": max(fast) if fast else math.nan,
+                        # workers lost on the way (a run can complete without them: then no
+                        # result, see run_kind)
+                        "workers_lost": int(
+                            res.events.loc[res.events["event"] == EVENT_LOST, "worker"].nunique()
+                        ),
                     }
                     for k, v in extra.items():
                         t[k] = v
@@ -191,6 +234,52 @@ def _runs(table: pd.DataFrame, bounded: bool) -> list[pd.DataFrame]:
     return [df.sort_values("round") for _, df in sel.groupby("run_id", sort=True)]
 
 
+#: a run that ran all its updates with every worker: its numbers are a result
+RESULT = "result"
+#: a run stopped by its own numbers (``diverged``; ``no_progress``: claims.NOT_A_RESULT): no
+#: result, but a run that did not converge
+STOPPED = "stopped"
+#: a run that is no measurement at all: cut short from outside (``time_limit``, ``workers_lost``,
+#: ``interrupted``, any status but ``completed``), or ``completed`` after losing a worker (the
+#: server then steps along the live workers' average, whose stationary points are not f's:
+#: docs/parameter_server.md, "A lost worker")
+CUT = "cut"
+
+
+def run_kind(df: pd.DataFrame) -> str:
+    """:data:`RESULT`, :data:`STOPPED` or :data:`CUT` for one run's rows, from its ``status``
+    (``PSResult.status``: ``completed``, ``time_limit``, ``diverged``, ``workers_lost``,
+    ``interrupted``) and ``workers_lost`` columns (a table without them: a result)."""
+    if no_result(df):
+        return STOPPED
+    if "status" in df.columns and not bool((df["status"] == "completed").all()):
+        return CUT
+    if "workers_lost" in df.columns and bool((df["workers_lost"].fillna(0) > 0).any()):
+        return CUT
+    return RESULT
+
+
+def _why(df: pd.DataFrame) -> str:
+    """Why a run is no result, in a claim table: its status (and the workers it lost)."""
+    status = str(df["status"].iloc[0]) if "status" in df.columns else "completed"
+    lost = int(df["workers_lost"].fillna(0).max()) if "workers_lost" in df.columns else 0
+    return f"{status}, {lost} worker(s) lost" if lost and status == "completed" else status
+
+
+def _every(oks: list[bool | None]) -> bool | None:
+    """A claim over every run: False when a run fails it, else None when a run measured
+    nothing (no result), else True."""
+    if any(o is False for o in oks):
+        return False
+    return None if any(o is None for o in oks) else True
+
+
+def _note(runs: list[pd.DataFrame], kinds: tuple[str, ...] = (STOPPED, CUT)) -> str:
+    """'; no result: …' for the runs of ``kinds`` (nothing when there are none)."""
+    why = [f"{df['run_id'].iloc[0]} ({_why(df)})" for df in runs if run_kind(df) in kinds]
+    return f"; no result: {', '.join(why)}" if why else ""
+
+
 def _rule(df: pd.DataFrame) -> bool | None:
     """The run's ``rule_holds``: None when no theory covers its measured delay (None in the
     table, NaN once it went through a CSV file, where ``bool(nan)`` would read True)."""
@@ -199,67 +288,108 @@ def _rule(df: pd.DataFrame) -> bool | None:
 
 
 def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
+    """The five claims of the module docstring, over every run of the table.
+
+    Each run is a :func:`run_kind`: a :data:`RESULT` is measured; a run that is not one never
+    makes a claim pass. A :data:`STOPPED` (diverged) run did not converge: it fails claim 3 and
+    supports claim 4 (the rows it keeps stop before the blow-up, so they are never read as its
+    final ‖∇f‖²); it measures nothing else. A :data:`CUT` run measures nothing: a claim that
+    needs it is n/a unless another run fails it. A staleness bound exceeded in any run fails
+    claim 1 whatever the run's status. An arm without runs leaves its claims n/a (not out), and
+    claim 2 is n/a when no single worker is the slowest (``speeds`` with a tied maximum: which
+    of them the table calls "slowest" would be the index order's choice).
+    """
     out: list[Claim] = []
     if table.empty:
         return [Claim("k18-async runs", "no runs finished", "—", None)]
     tau_max = int(params["tau_max"])
     bounded, free = _runs(table, True), _runs(table, False)
+    kinds_b, kinds_f = [run_kind(df) for df in bounded], [run_kind(df) for df in free]
+    title = "bounded staleness: no applied message older than tau_max, IAG delay ≤ 2·tau_max"
     if bounded:
-        smax = max(int(df["staleness_max"].iloc[0]) for df in bounded)
-        dmax = max(int(df["delay_max"].iloc[0]) for df in bounded)
+        smaxs = [int(df["staleness_max"].iloc[0]) for df in bounded]
+        dmaxs = [int(df["delay_max"].iloc[0]) for df in bounded]
+        smax, dmax = max(smaxs), max(dmaxs)
+        # an exceeded bound is a fact in any run; one kept is a measurement of a result only
+        oks_1: list[bool | None] = [
+            False if s > tau_max or d > 2 * tau_max else (True if k == RESULT else None)
+            for s, d, k in zip(smaxs, dmaxs, kinds_b, strict=True)
+        ]
         out.append(
             Claim(
-                "bounded staleness: no applied message older than tau_max, IAG delay ≤ 2·tau_max",
-                f"max staleness {smax}, max delay {dmax} (tau_max = {tau_max})",
+                title,
+                f"max staleness {smax}, max delay {dmax} (tau_max = {tau_max})" + _note(bounded),
                 f"≤ {tau_max} and ≤ {2 * tau_max}",
-                smax <= tau_max and dmax <= 2 * tau_max,
+                _every(oks_1),
                 {"staleness_max": smax, "delay_max": dmax},
             )
         )
+    else:
+        out.append(Claim(title, "no runs with bounded staleness (step 'theory')", "—", None))
+
+    def shown(df: pd.DataFrame, text: str) -> str:
+        """``text``, or why the run is no result (its numbers are not shown)."""
+        return text if run_kind(df) == RESULT else _why(df)
+
     runs = bounded + free
-    gaps = [
-        float(df["slow_mean_staleness"].iloc[0] - df["fast_mean_staleness_max"].iloc[0])
-        for df in runs
-    ]
-    out.append(
-        Claim(
-            "slow workers are staler (mean staleness of the slowest worker vs the others)",
-            f"slowest minus stalest other: {', '.join(fmt(g) for g in gaps)}",
-            "> 0 in every run",
-            all(g > 0 for g in gaps),
-            {"gaps": gaps},
+    kinds = kinds_b + kinds_f
+    title = "slow workers are staler (mean staleness of the slowest worker vs the others)"
+    speeds = [float(s) for s in params["speeds"]]
+    if speeds.count(max(speeds)) > 1:
+        out.append(
+            Claim(title, f"no single slowest worker: speeds {list(params['speeds'])}", "—", None)
         )
-    )
+    else:
+        gaps = [
+            float(df["slow_mean_staleness"].iloc[0] - df["fast_mean_staleness_max"].iloc[0])
+            for df in runs
+        ]
+        out.append(
+            Claim(
+                title,
+                "slowest minus stalest other: "
+                + ", ".join(shown(df, fmt(g)) for df, g in zip(runs, gaps, strict=True)),
+                "> 0 in every run",
+                _every([g > 0 if k == RESULT else None for g, k in zip(gaps, kinds, strict=True)]),
+                {"gaps": gaps},
+            )
+        )
 
     def ratio_last(df: pd.DataFrame) -> float:
-        if no_result(df):  # its last (finite) row is no result: it did not converge
-            return math.inf
+        kind = run_kind(df)  # a diverged run's last (finite) row is not its final ‖∇f‖²
+        if kind != RESULT:
+            return math.inf if kind == STOPPED else math.nan
         g = df["grad_norm_sq"].to_numpy()
         return float(g[-1] / g[0]) if g[0] > 0 else math.nan
 
     def ratio_tail(df: pd.DataFrame) -> tuple[float, float]:
-        if no_result(df):  # diverged: it does not converge, whatever its rows before show
-            return math.inf, math.inf
+        kind = run_kind(df)  # diverged: it does not converge, whatever its rows show
+        if kind != RESULT:
+            return (math.inf, math.inf) if kind == STOPPED else (math.nan, math.nan)
         g = df["grad_norm_sq"].to_numpy()
         tail = g[len(g) // 2 :] / g[0] if g[0] > 0 else g[len(g) // 2 :] * math.nan
         return float(np.median(tail)), float(tail.min())
 
-    def shown(df: pd.DataFrame, text: str) -> str:
-        """``text``, or the status of a run that is no result (its numbers are not shown)."""
-        return str(df["status"].iloc[0]) if no_result(df) else text
-
+    title = "at the delay rule's step (bounded τ) asynchronous compressed IAG converges"
     if bounded:
         conv = [ratio_last(df) for df in bounded]
         shows = [shown(df, fmt(c)) for df, c in zip(bounded, conv, strict=True)]
+        oks_3 = [
+            None if k == CUT else bool(c <= params["converge_factor"])
+            for c, k in zip(conv, kinds_b, strict=True)
+        ]
         out.append(
             Claim(
-                "at the delay rule's step (bounded τ) asynchronous compressed IAG converges",
+                title,
                 f"final ‖∇f‖²/‖∇f(x⁰)‖² = {', '.join(shows)}",
                 f"≤ {params['converge_factor']:g}",
-                all(c <= params["converge_factor"] for c in conv),
+                _every(oks_3),
                 {"ratios": conv},
             )
         )
+    else:
+        out.append(Claim(title, "no runs with bounded staleness (step 'theory')", "—", None))
+    title = "with a large step (e.g. γ = 1/L) and unbounded staleness it does not converge"
     if free:
         tails = [ratio_tail(df) for df in free]
         stall = [t[0] for t in tails]
@@ -268,45 +398,60 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
         shows = [
             shown(df, f"{fmt(m)} ({fmt(lo)})") for df, (m, lo) in zip(free, tails, strict=True)
         ]
+        oks_4 = [
+            None if k == CUT else bool(s >= params["stall_factor"])
+            for s, k in zip(stall, kinds_f, strict=True)
+        ]
         out.append(
             Claim(
-                "with a large step (e.g. γ = 1/L) and unbounded staleness it does not converge",
+                title,
                 f"γL = {', '.join(fmt(g) for g in gammas)}; measured delay "
                 f"{', '.join(map(str, delays))}; median (min) over the 2nd half of "
                 f"‖∇f‖²/‖∇f(x⁰)‖² = {', '.join(shows)}",
                 f"median ≥ {params['stall_factor']:g}",
-                all(s >= params["stall_factor"] for s in stall),
+                _every(oks_4),
                 {"median_ratios": stall, "min_ratios": [t[1] for t in tails], "delays": delays},
             )
         )
-    if bounded and free:
-        rules_b, rules_f = [_rule(df) for df in bounded], [_rule(df) for df in free]
-        title = "the delay rule at the measured delay separates the two"
-        if None in rules_b or None in rules_f:
-            unknown = (rules_b + rules_f).count(None)
-            out.append(
-                Claim(
-                    title,
-                    f"no theory covers the measured delay of {unknown} of "
-                    f"{len(rules_b) + len(rules_f)} runs",
-                    "both",
-                    None,
-                )
+    else:
+        out.append(
+            Claim(title, "no runs with unbounded staleness (a step not 'theory')", "—", None)
+        )
+    title = "the delay rule at the measured delay separates the two"
+    if not (bounded and free):
+        out.append(Claim(title, "needs runs of both arms (bounded and unbounded)", "both", None))
+        return out
+    rules_b, rules_f = [_rule(df) for df in bounded], [_rule(df) for df in free]
+    if None in rules_b or None in rules_f:
+        unknown = (rules_b + rules_f).count(None)
+        out.append(
+            Claim(
+                title,
+                f"no theory covers the measured delay of {unknown} of "
+                f"{len(rules_b) + len(rules_f)} runs",
+                "both",
+                None,
             )
-        else:
-            ok_b = all(rules_b)
-            ok_f = not any(rules_f)
-            bounds = [float(df["stepsize_bound_measured"].iloc[0] * df["L"].iloc[0]) for df in free]
-            out.append(
-                Claim(
-                    title,
-                    f"rule holds in the converging runs: {ok_b}; violated in the stalling runs: "
-                    f"{ok_f} (their bound γL < {', '.join(fmt(b) for b in bounds)})",
-                    "both",
-                    ok_b and ok_f,
-                    {"bounds_gammaL": bounds},
-                )
-            )
+        )
+        return out
+    # the rule holds in the converging runs (results only: a run that diverged or was cut is no
+    # converging run) and is violated in the stalling ones (a diverged run stalls too; a cut
+    # one's delay is that of part of a run)
+    oks_b = [r if k == RESULT else None for r, k in zip(rules_b, kinds_b, strict=True)]
+    oks_f = [None if k == CUT else not r for r, k in zip(rules_f, kinds_f, strict=True)]
+    bounds = [float(df["stepsize_bound_measured"].iloc[0] * df["L"].iloc[0]) for df in free]
+    out.append(
+        Claim(
+            title,
+            f"rule holds in the converging runs: {all(rules_b)}; violated in the stalling runs: "
+            f"{not any(rules_f)} (their bound γL < {', '.join(fmt(b) for b in bounds)})"
+            + _note(bounded)
+            + _note(free, (CUT,)),
+            "both",
+            _every(oks_b + oks_f),
+            {"bounds_gammaL": bounds},
+        )
+    )
     return out
 
 
