@@ -32,7 +32,15 @@ import numpy as np
 import pandas as pd
 
 from .axes import X_AXES, Y_AXES, axis_of
-from .style import FIGURE_DPI, curve_styles, readable_log_ticks, save_figure, y_limits
+from .style import (
+    FIGURE_DPI,
+    curve_styles,
+    number_text,
+    readable_log_ticks,
+    save_figure,
+    stepsize_text,
+    y_limits,
+)
 
 __all__ = ["CURVE_KEYS", "X_AXES", "Y_AXES", "aggregate", "curve_label", "plot_results"]
 
@@ -205,10 +213,11 @@ def _interp(grid: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
 
 def curve_label(row: pd.Series | dict[str, Any], rule: str | None = None) -> str:
-    """The legend entry of a curve: canonical specs, and the step-size rule when given."""
+    """The legend entry of a curve: canonical specs, and the step-size rule when given; a step
+    size given as a number in the compact form of :func:`.style.number_text` (``γ=1e+06``)."""
     parts = [str(row[k]) for k in (DEFAULT_FACET, "method", "compressor") if k in row]
     if "stepsize_spec" in row:
-        parts.append(f"γ={row['stepsize_spec']}")
+        parts.append(f"γ={stepsize_text(row['stepsize_spec'])}")
     if NETWORK in row:
         parts.append(str(row[NETWORK]))
     text = " · ".join(parts)
@@ -226,7 +235,7 @@ def _rules(
         rule = str(df["stepsize_rule"].iloc[0])
         gamma = df["stepsize"].iloc[0] if "stepsize" in df.columns else math.nan
         out[group if isinstance(group, tuple) else (group,)] = (
-            f"{rule}, γ={gamma:.3g}" if with_value and np.isfinite(gamma) else rule
+            f"{rule}, γ={number_text(gamma, 3)}" if with_value and np.isfinite(gamma) else rule
         )
     return out
 
@@ -299,14 +308,28 @@ def plot_results(
     # one legend: with one panel each curve's γ value too; with several, γ differs by panel
     keys = ([panel_col] if panel_col else []) + curve_keys
     rules = _rules(table, keys, with_value=len(panels) == 1)
+
+    def panel_rules(cid: tuple[Any, ...], where: Sequence[Any]) -> dict[Any, str]:
+        """panel → the curve's rule there, for the panels ``where`` that have one."""
+        out = {}
+        for p in where:
+            rule = rules.get(((p,) if panel_col else ()) + tuple(cid))
+            if rule is not None:
+                out[p] = rule
+        return out
+
     cols = min(ncols, len(panels))
     rows = math.ceil(len(panels) / cols)
     width = max(4.6 * cols, 6.4)
     longest = max(
         (
-            len(curve_label(dict(zip(curve_keys, c, strict=True)), r))
+            len(
+                curve_label(
+                    dict(zip(curve_keys, c, strict=True)),
+                    _merged_rule(panel_rules(c, panels)) or None,
+                )
+            )
             for c in curve_ids
-            for r in (rules.values() or [None])
         ),
         default=0,
     )
@@ -320,8 +343,10 @@ def plot_results(
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    # legend entries: (label, drawn as failed) → (a line, {panel: its note there})
-    entries: dict[tuple[str, bool], tuple[Any, dict[Any, str]]] = {}
+    # legend entries: (curve, drawn as failed) → (a line, {panel: its note there}); a curve
+    # whose rule reads differently per panel (a note on one problem, "estimated L") is still
+    # one entry, its rule said per panel (_merged_rule)
+    entries: dict[tuple[tuple[Any, ...], bool], tuple[Any, dict[Any, str]]] = {}
     for ax, panel in zip(axes.flat, panels, strict=False):
         sub = agg[agg[panel_col] == panel] if panel_col else agg
         src = table[table[panel_col] == panel] if panel_col else table
@@ -345,7 +370,7 @@ def plot_results(
             label = curve_label(dict(zip(curve_keys, cid, strict=True)), rules.get(key))
             line, note = _draw_curve(ax, c, styles[cid], label, log_y, floor)
             failed = bool(c["all_diverged"].iloc[0])
-            entries.setdefault((label, failed), (line, {}))[1][panel] = note
+            entries.setdefault((tuple(cid), failed), (line, {}))[1][panel] = note
         if log_y and limits is not None:
             ax.set_yscale("log")
         if limits is not None:
@@ -365,8 +390,15 @@ def plot_results(
         if panel is not None:
             ax.set_title(_panel_title(src, str(panel)), fontsize=8)
     handles = {
-        _entry_label(label, notes, failed): line
-        for (label, failed), (line, notes) in entries.items()
+        _entry_label(
+            curve_label(
+                dict(zip(curve_keys, cid, strict=True)),
+                _merged_rule(panel_rules(cid, list(notes))) or None,
+            ),
+            notes,
+            failed,
+        ): line
+        for (cid, failed), (line, notes) in entries.items()
     }
     _legend(fig, axes.flat[0], handles, outside, legend_cols)
     caption = seeds_caption(agg, curve_keys + ([panel_col] if panel_col else []), quantiles)
@@ -436,6 +468,19 @@ def _draw_curve(
     if (c["lo"] != c["hi"]).any():
         ax.fill_between(xs, ys("lo"), ys("hi"), color=style["color"], alpha=0.2, lw=0)
     return line, note
+
+
+def _merged_rule(rules: dict[Any, str]) -> str:
+    """The step-size rule of a curve drawn in the panels of ``rules`` (panel → its rule there),
+    for its one legend entry: the rule once when every panel says the same, else each rule
+    after the panels it holds in (``a, c: stepsize_dcgd; b: stepsize_dcgd(f_i not convex: …)``),
+    so that no panel's rule is claimed for another; "" for none."""
+    by_rule: dict[str, list[str]] = {}
+    for panel, rule in rules.items():
+        by_rule.setdefault(rule, []).append(str(panel))
+    if len(by_rule) <= 1:
+        return next(iter(by_rule), "")
+    return "; ".join(f"{', '.join(ps)}: {rule}" for rule, ps in by_rule.items())
 
 
 def _with_note(label: str, note: str, failed: bool) -> str:

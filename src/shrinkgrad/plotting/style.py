@@ -8,6 +8,8 @@
   bottom instead of squashing every other curve into the top of the panel);
 * :func:`readable_log_ticks` — labelled ticks on log axes that span less than a decade or two
   (matplotlib labels only powers of ten, so such an axis would show one label or none);
+* :func:`number_text` and :func:`stepsize_text` — numbers in labels, legends and ticks in one
+  compact form (``1e+06``, ``1e-07``, ``0.5``, ``123456``), never Python's ``1000000.0``;
 * :data:`FIGURE_DPI` and :func:`save_figure` — PNG at 200 dpi next to the vector PDF.
 """
 
@@ -24,8 +26,10 @@ __all__ = [
     "FIGURE_DPI",
     "LINESTYLES",
     "curve_styles",
+    "number_text",
     "readable_log_ticks",
     "save_figure",
+    "stepsize_text",
     "y_limits",
 ]
 
@@ -35,6 +39,42 @@ FIGURE_DPI = 200
 LINESTYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 #: past the palette's colours, curves get a marker as well
 MARKERS: tuple[str | None, ...] = (None, "o", "s", "^", "v", "D", "x")
+
+
+def number_text(value: float, digits: int | None = None) -> str:
+    """``value`` in the compact ``%g`` form of every label and legend of a figure.
+
+    With ``digits``: that many significant digits (``1.23e+05`` for 123456 at 3). Without: the
+    fewest significant digits that give ``value`` back exactly, so a number that names a curve
+    (a step size given as a number) is never rounded into another: ``1e+06`` for 1000000.0,
+    ``1e-07``, ``0.5``, ``123456``, ``0.1``. ``inf`` and ``nan`` are spelled out.
+    """
+    v = float(value)
+    if not math.isfinite(v):
+        return str(v)
+    if digits is not None:
+        return f"{v:.{digits}g}"
+    for p in range(1, 18):  # 17 significant digits give back any float64
+        text = f"{v:.{p}g}"
+        if float(text) == v:
+            return text
+    return repr(v)  # pragma: no cover - 17 digits always round-trip
+
+
+def stepsize_text(spec: Any) -> str:
+    """A step-size spec (``stepsize_spec``) for a label: a plain number in the form of
+    :func:`number_text` (a config's ``stepsize = 1e6`` is recorded as ``"1000000.0"``, shown as
+    ``1e+06``), any other spec (``theory*2``, ``0.1/L_max``) as it is."""
+    if isinstance(spec, bool):
+        return str(spec)
+    if isinstance(spec, (int, float, np.integer, np.floating)):
+        return number_text(float(spec))
+    text = str(spec).strip()
+    try:
+        v = float(text)
+    except ValueError:
+        return str(spec)
+    return number_text(v) if math.isfinite(v) else str(spec)
 
 
 def curve_styles(curves: Sequence[tuple[Any, ...]], methods: Sequence[Any]) -> list[dict[str, Any]]:
@@ -97,7 +137,7 @@ def readable_log_ticks(axis: Any, bottom: float, top: float) -> None:
         return
     subs = [float(k) for k in range(1, 10)] if decades < 1 else [1.0, 2.0, 5.0]
     axis.set_major_locator(LogLocator(base=10.0, subs=subs))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: number_text(v, 3)))
     axis.set_minor_formatter(NullFormatter())
 
 
