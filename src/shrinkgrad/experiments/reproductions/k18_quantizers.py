@@ -9,14 +9,17 @@ Measured from the table (medians over seeds), for each problem of ``eps_rel`` an
 family of ``families`` (``qsgd[s=…]`` ordered by s, ``rand_k[k=…]`` by k, each ending with
 ``identity``, the uncompressed limit), at the theory step:
 
-1. bits per round increase strictly with the level (less compression);
+1. bits per round increase strictly with the level (less compression); a run that completed no
+   round has no bits per round (NaN, not 0): a level without any makes the claim n/a;
 2. rounds to ‖∇f‖² ≤ ε (ε = eps_rel × ‖∇f(x⁰)‖²) fall with the level: Spearman ρ ≤ ``rank_max``;
 3. for the quantization levels of ``optimum_families`` (QSGD's s: each level costs
    ⌈log₂(s+1)⌉ + 1 bits per coordinate while ω falls like 1/s), the total bits to ε are
    smallest at an interior level (neither the most compressed nor identity). For rand-k the
    table reports where the optimum lies without a verdict: at the DCGD theory step the total
    bits are ≈ k(32 + ⌈log₂ d⌉)(L + 2(d/k − 1)L_max/n)/μ, linear in k, so an end point is
-   expected there;
+   expected there. Ties in the total bits are decided by the level, not by the table's row
+   order (:func:`optimum`): the smallest level attaining the minimum names it, and it is
+   interior only when no end point attains it;
 
 and at fixed steps γ = c/L_max with rand-k (ω = d/k − 1):
 
@@ -30,8 +33,9 @@ and at fixed steps γ = c/L_max with rand-k (ω = d/k − 1):
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +81,8 @@ def tradeoff(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
         if label not in params["eps_rel"]:
             continue
         eps = float(params["eps_rel"][label]) * float(run["grad_norm_sq"].iloc[0])
-        last = run.iloc[-1]
-        per_round = (float(last["bits_up"]) - float(run["bits_up"].iloc[0])) / max(
-            int(last["round"]), 1
-        )
         r = rows.setdefault((label, str(keys["compressor"])), {"bpr": [], "rounds": [], "bits": []})
-        r["bpr"].append(per_round)
+        r["bpr"].append(bits_per_round(run))
         r["rounds"].append(reach(run, eps, x="round"))
         r["bits"].append(reach(run, eps, x="bits_up"))
     out = []
@@ -97,13 +97,75 @@ def tradeoff(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
                     "family": family,
                     "compressor": comp,
                     "level": lev,
-                    "bits_per_round": median(r["bpr"]),
+                    # over the seeds that completed a round; NaN (no result) when none did
+                    "bits_per_round": median(v for v in r["bpr"] if not math.isnan(v)),
                     "rounds": median(r["rounds"]),
                     "bits": median(r["bits"]),
                 }
             )
     df = pd.DataFrame(out)
-    return df.sort_values(["problem", "family", "level"]) if not df.empty else df
+    return by_level(df, ["problem", "family"]) if not df.empty else df
+
+
+#: total bits to ε closer than this (relative) are a tie: they differ by rounding only
+TIE_RTOL = 1e-9
+
+
+def by_level(df: pd.DataFrame, first: list[str] | None = None) -> pd.DataFrame:
+    """``df`` sorted by ``first``, the level and the compressor's name, a stable sort: the
+    order (and every tie decided by it) is the same whatever the order of the table's rows."""
+    return df.sort_values([*(first or []), "level", "compressor"], kind="stable")
+
+
+def bits_per_round(run: pd.DataFrame) -> float:
+    """Uplink bits per round of ``run`` (sorted by round): the bits sent over its rounds ÷ their
+    number. NaN (no result) for a run that completed no round (its round-0 row only): it sent
+    nothing, which says nothing about its compressor — not 0 bits per round."""
+    rounds = float(run["round"].iloc[-1]) - float(run["round"].iloc[0])
+    if not rounds > 0:
+        return math.nan
+    return (float(run["bits_up"].iloc[-1]) - float(run["bits_up"].iloc[0])) / rounds
+
+
+def increasing(levels: Sequence[float], values: Sequence[float]) -> bool | None:
+    """Whether ``values`` increase strictly with ``levels``: every value at a level is below
+    every value at any higher level (compressors that share a level are not compared with each
+    other, so their order does not matter). False when the known values already break it,
+    None (no result) when they do not but a value is NaN, True otherwise."""
+    known: dict[float, list[float]] = {}
+    missing = False
+    for lev, v in zip(levels, values, strict=True):
+        if math.isnan(v):
+            missing = True
+        else:
+            known.setdefault(float(lev), []).append(float(v))
+    steps = [known[k] for k in sorted(known)]
+    ok = all(max(lo) < min(hi) for lo, hi in itertools.pairwise(steps))
+    return False if not ok else None if missing else True
+
+
+def optimum(g: pd.DataFrame) -> tuple[list[str], bool | None]:
+    """The compressors of ``g`` (one problem and family, sorted by :func:`by_level`) with the
+    fewest total bits to ε, smallest level first, and whether the optimum is interior.
+
+    A tie (totals equal within :data:`TIE_RTOL`, i.e. up to rounding: the crossing of ε is
+    interpolated) is decided by the level, never by the order of the rows: the optimum is
+    named by the smallest level that attains it (the most compressed; then the compressor's
+    name), and it is interior only when no end point — the most compressed level or identity —
+    attains it. None (unknown) without an identity run: the last level present is no end point.
+    No compressor when no level reached ε.
+    """
+    bits = g["bits"].to_numpy(dtype=np.float64)
+    finite = np.isfinite(bits)
+    if not finite.any():
+        return [], None if not bool(np.isinf(g["level"]).any()) else False
+    best = float(bits[finite].min())
+    at = finite & np.isclose(bits, best, rtol=TIE_RTOL, atol=0.0)
+    levels = g["level"].to_numpy(dtype=np.float64)
+    if not bool(np.isinf(levels).any()):
+        return list(g["compressor"][at]), None
+    ends = (levels == levels.min()) | np.isinf(levels)
+    return list(g["compressor"][at]), not bool((at & ends).any())
 
 
 def floors(table: pd.DataFrame, params: Mapping[str, Any]) -> pd.DataFrame:
@@ -178,25 +240,29 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     if not groups:
         out.append(Claim("the compression trade-off", "no theory-step runs", "—", None))
     else:
-        mono, rhos, optima, per_round = {}, {}, {}, {}
+        rhos: dict[str, float] = {}
+        optima: dict[str, tuple[str, bool | None]] = {}
+        per_round: dict[str, dict[str, float]] = {}
+        mono: dict[str, bool | None] = {}
         for (prob, fam), g in groups:
-            g = g.sort_values("level")
+            g = by_level(g)
             name = f"{prob}/{fam}"
-            mono[name] = bool(np.all(np.diff(g["bits_per_round"].to_numpy()) > 0))
-            per_round[name] = dict(zip(g["compressor"], g["bits_per_round"], strict=True))
+            bpr = g["bits_per_round"].to_numpy(dtype=np.float64)
+            mono[name] = increasing(g["level"].tolist(), bpr.tolist())
+            per_round[name] = dict(zip(g["compressor"], bpr.tolist(), strict=True))
             rhos[name] = rank_correlation(g["level"].tolist(), g["rounds"].tolist())
-            bits = g["bits"].to_numpy()
-            j = int(np.argmin(bits)) if np.isfinite(bits).any() else -1
-            # without identity (the uncompressed end) the last level present is no end point:
-            # whether the minimum is interior is unknown
-            inner = (0 < j < len(g) - 1) if bool(np.isinf(g["level"]).any()) else None
-            optima[name] = (g["compressor"].iloc[j] if j >= 0 else "none", inner)
+            at, inner = optimum(g)
+            shown = at[0] if at else "none"
+            if len(at) > 1:
+                shown += f" (tied with {', '.join(at[1:])})"
+            optima[name] = (shown, inner)
+        verdicts = list(mono.values())
         out.append(
             Claim(
                 "more compression → fewer bits per round",
-                ", ".join(f"{k}: {'monotone' if v else 'not monotone'}" for k, v in mono.items()),
+                ", ".join(f"{k}: {_monotone_text(v, per_round[k])}" for k, v in mono.items()),
                 "bits/round strictly increasing with the level in every family",
-                all(mono.values()),
+                False if False in verdicts else None if None in verdicts else True,
                 {"bits_per_round": per_round},
             )
         )
@@ -316,6 +382,14 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     return out
 
 
+def _monotone_text(verdict: bool | None, per_round: Mapping[str, float]) -> str:
+    """How a family's bits/round read: a level whose every run completed no round (NaN) is
+    named as having no result."""
+    unknown = ", ".join(c for c, v in per_round.items() if math.isnan(v))
+    text = "monotone" if verdict else "not monotone" if verdict is False else "n/a"
+    return f"{text} (no round completed: {unknown})" if unknown else text
+
+
 def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> list[Path]:
     """Total bits to ε against the level, one panel per family; the floor against γω."""
     from matplotlib.figure import Figure
@@ -327,11 +401,14 @@ def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> 
     axes = fig.subplots(1, len(families) + 1, squeeze=False)[0]
     for ax, fam in zip(axes, families, strict=False):
         sub = t[t["family"] == fam]
-        names: list[str] = []
+        # one x position per level of any problem: a problem without a level's runs leaves a
+        # gap instead of shifting its points under another level's name
+        order = list(dict.fromkeys(by_level(sub)["compressor"]))
         for prob, g in sub.groupby("problem", sort=False):
-            g = g.sort_values("level")
-            names = [c.replace("identity", "id") for c in g["compressor"]]
-            ax.plot(range(len(g)), g["bits"] / g["bits"].min(), "o-", label=str(prob))
+            g = by_level(g)
+            xs = [order.index(c) for c in g["compressor"]]
+            ax.plot(xs, g["bits"] / g["bits"].min(), "o-", label=str(prob))
+        names = [c.replace("identity", "id") for c in order]
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=6)
         ax.set_yscale("log")
         ax.set_ylabel("total bits to ε ÷ the best level", fontsize=8)
@@ -347,7 +424,10 @@ def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> 
             ax.loglog(g["gamma_omega"], y, "o", label=label)
     ax.set_xlabel("γω", fontsize=8)
     ax.set_ylabel("floor of ‖∇f‖² ÷ ‖∇f(x⁰)‖²", fontsize=8)
-    ax.legend(fontsize=6)
+    if f.empty:
+        ax.text(0.5, 0.5, "no fixed-step runs", transform=ax.transAxes, ha="center", fontsize=7)
+    else:
+        ax.legend(fontsize=6)
     ax.set_title("[K18] DCGD error floor vs γω", fontsize=9)
     from matplotlib.ticker import NullFormatter
 
