@@ -194,7 +194,11 @@ class Compressor(abc.ABC):
 
     def paper_bits(self, d: int, dtype: torch.dtype = torch.float32) -> float:
         """The papers' convention: 32 bits per transmitted float (16 when the values travel in
-        a 16-bit ``dtype``), indices free, the bits of signs and levels counted."""
+        a 16-bit ``dtype``), indices free, the bits of signs and levels counted (methods.md
+        §2). A random-size message (Bernoulli) counts its *expected* number of floats (p·d),
+        the same every round; the authors' code counts the floats actually sent (FL_PyTorch's
+        lazy compressor: d or 0), so a run's ``bits_up_paper`` is that count's expectation
+        (docs/compressors.md, the paper-bits paragraph); :meth:`message_bits` is exact."""
         raise NotImplementedError
 
     def message_bits(self, compressed: torch.Tensor) -> torch.Tensor:

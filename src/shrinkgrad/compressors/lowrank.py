@@ -185,6 +185,13 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _check_factors(c: LowRank, dtype: torch.dtype, *factors: torch.Tensor) -> None:
+    """``c._overflow(dtype)`` unless every factor is finite (the input was checked finite, so
+    an inf or NaN here is an overflow of ``dtype``'s range in the factors)."""
+    if not all(bool(torch.isfinite(f).all()) for f in factors):
+        raise c._overflow(dtype)
+
+
 class LowRank(Compressor):
     """Shared machinery: the matrix view, the rank check, bits and the factor wire format."""
 
@@ -278,22 +285,46 @@ class LowRank(Compressor):
         every path (the receiver included), so that decode(encode(x)) equals C(x) bit for bit."""
         return _each(torch.mm, a, b)  # type: ignore[no-any-return]
 
+    #: the factors a message carries, as the overflow error names them
+    _factor_names = "U_rΣ_r and V_rᵀ"
+
     def _finite_factors(
         self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`_factors`, or a ValueError when one leaves ``dtype``'s range (a finite input
         whose singular values or norms overflow, e.g. float32 entries near 3.4e38)."""
         a, b = self._factors(x, keys, dtype)
-        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
-            raise self._overflow(dtype)
+        _check_factors(self, dtype, a, b)
         return a, b
 
+    def _half_factors(
+        self, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float32 factors ``a``, ``b`` rounded to the 16-bit ``dtype`` they travel in
+        (returned as float32), or the factor-overflow ValueError (:meth:`_overflow`) when one
+        leaves that dtype's range: a float16 factor overflows for matrices whose singular
+        values exceed 65504 although every entry (and C(x)) is finite."""
+        a, b = a.to(dtype), b.to(dtype)
+        _check_factors(self, dtype, a, b)
+        return a.float(), b.float()
+
     def _overflow(self, dtype: torch.dtype) -> ValueError:
-        """The error of a finite input whose factors leave ``dtype``'s range."""
+        """The error of a finite input whose factors leave ``dtype``'s range (the dtype the
+        factors are computed or sent in). The factors scale with the singular values of the
+        matrix view (up to ‖M‖, √(mn) times its largest entry), not with its entries, so they
+        can overflow where the input and C(x) do not (Vogels et al. 2019 send them in the
+        gradients' dtype)."""
+        if dtype == torch.float16:
+            fix = (
+                "compress bfloat16 tensors (float32's range) or float32 ones, or rescale the "
+                "input (e.g. a smaller loss scale)"
+            )
+        else:
+            fix = "rescale the input or compress float64 tensors"
         return ValueError(
-            f"{self.name}: a factor of the matrix view overflows {dtype} (its singular "
-            f"values or norms exceed {torch.finfo(dtype).max:.3g}); rescale the input or "
-            "compress float64 tensors"
+            f"{self.name}: a low-rank factor ({self._factor_names}) of the matrix view "
+            f"overflows {dtype}'s range (±{torch.finfo(dtype).max:.6g}) although the input is "
+            f"finite: the factors grow with the matrix's singular values, not its entries; {fix}"
         )
 
     def _apply(self, x: torch.Tensor, keys: Keys | None, out: torch.Tensor | None) -> torch.Tensor:
@@ -311,8 +342,7 @@ class LowRank(Compressor):
         if x.numel() == 0:
             return x.clone()
         a, b = self._finite_factors(x, keys, torch.float32)
-        a = a.to(dtype).float()
-        b = b.to(dtype).float()
+        a, b = self._half_factors(a, b, dtype)
         return self._vectors(self._product(a, b), x.shape)
 
     def _encode_fields(self, w: BitWriter, x: torch.Tensor, keys: Keys | None) -> None:
@@ -324,6 +354,8 @@ class LowRank(Compressor):
             )
             return
         a, b = self._finite_factors(x, keys, x.dtype)
+        if w.value_dtype is not None:  # (add_values would name the values, not the factors)
+            self._half_factors(a, b, w.value_dtype)
         w.add_values(a.reshape(-1))
         w.add_values(b.reshape(-1))
 
@@ -406,6 +438,7 @@ class PowerSGD(LowRank):
         "each all-reduced"
     )
     _family = "power_sgd"
+    _factor_names = "P = MQ, Q = MᵀP̂"
 
     def __init__(
         self,
@@ -510,9 +543,10 @@ class PowerSGD(LowRank):
             return self._shared_step(x, state)
         M, _, n = self._matrices(x, _compute_dtype(x.dtype))
         p_hat, q = self._power_step(M, state.reshape(-1, n, self.r))
+        _check_factors(self, M.dtype, p_hat, q)  # never an inf/NaN C(x) or next Q
         a, b = p_hat, q.transpose(-1, -2)
         if value_dtype is not None:
-            a, b = a.to(value_dtype).float(), b.to(value_dtype).float()
+            a, b = self._half_factors(a, b, value_dtype)
         y = self._vectors(self._product(a, b), x.shape)
         if value_dtype is not None:
             y = self._to_half(y, value_dtype)
@@ -648,9 +682,7 @@ class PowerSGD(LowRank):
                 "whose clients skip rounds, partial participation, lets them drift apart); use "
                 f"power_sgd[rank={self.r}] (per-client) with such a method"
             )
-        p_sum = self.factor_p(rows, qs[0]).sum(0)
-        p_hat = self.orthonormal_basis(p_sum)
-        q_rows = self.factor_q(rows, p_hat)
+        _, p_hat, q_rows = self._shared_factors(rows, qs[0])
         y = self.factor_outputs(p_hat, q_rows, d, x.dtype).reshape(x.shape)
         if x.dtype in HALF_DTYPES:
             y = self._to_half(y.float(), x.dtype)
@@ -693,9 +725,25 @@ class PowerSGD(LowRank):
         arithmetic dtype. A 16-bit ``x`` rounds P_i and Q_i to its dtype (they travel), not P̂
         (every client forms it from P; it never travels)."""
         rows = x.reshape(-1, x.shape[-1])
-        p_sum = self.factor_p(rows, self._shared_q0(rows)).sum(0)
+        return self._shared_factors(rows, self._shared_q0(rows))
+
+    def _shared_factors(
+        self, rows: torch.Tensor, q: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(P, P̂, Q_i)`` of one collective step of ``rows`` (B, d) from the shared ``q``
+        (n, r): P = Σ_i P_i, P̂ = orthonormalize(P), Q_i = M_iᵀ P̂; the factor-overflow
+        ValueError (:meth:`_overflow`, naming the dtype the factors travel in) when a P_i, P
+        or Q_i is not finite, instead of an inf/NaN output and next Q. The dtype named is
+        float16 for float16 rows (whose factors travel in float16), else the arithmetic's
+        (bfloat16 has float32's range)."""
+        dtype = torch.float16 if rows.dtype == torch.float16 else _compute_dtype(rows.dtype)
+        p_rows = self.factor_p(rows, q)
+        p_sum = p_rows.sum(0)
+        _check_factors(self, dtype, p_rows, p_sum)
         p_hat = self.orthonormal_basis(p_sum)
-        return p_sum, p_hat, self.factor_q(rows, p_hat)
+        q_rows = self.factor_q(rows, p_hat)
+        _check_factors(self, dtype, q_rows)
+        return p_sum, p_hat, q_rows
 
     def _apply_half(self, x: torch.Tensor, keys: Keys | None, dtype: torch.dtype) -> torch.Tensor:
         """Per-client: :meth:`LowRank._apply_half` (both factors rounded). Shared: the first
@@ -718,9 +766,7 @@ class PowerSGD(LowRank):
             return
         _require_finite(x, self.name)
         vd = w.value_dtype
-        p_sum, p_hat, q = self._shared_first(x if vd is None else x.to(vd))
-        if not all(bool(torch.isfinite(t).all()) for t in (p_sum, p_hat, q)):
-            raise self._overflow(x.dtype)
+        p_sum, _, q = self._shared_first(x if vd is None else x.to(vd))
         w.add_values(p_sum.reshape(-1))
         w.add_values(q.transpose(-1, -2).reshape(-1))
 

@@ -320,7 +320,10 @@ class QSGD(StandardDithering):
     paper's constant drops the 1/4). Message: the norm (32 bits) and, per coordinate, a sign
     bit and a level of ⌈log₂(s+1)⌉ bits.
 
-    The scale sent is ‖x‖ rounded up to the dtype; levels use scale/s computed in the dtype.
+    The scale sent is ‖x‖ rounded up to the dtype; levels use σ = scale/s computed in the
+    dtype, which can round below scale/s, so r_j = |x_j|/σ can exceed s (float32, x = e₁,
+    s = 61): the level is then clamped to s and the coordinate sent as s·σ, within
+    (2u + d·2⁻⁵³)|x_j| of |x_j| (u the unit round-off; docs/compressors.md, qsgd).
     """
 
     constant_formula = "ω = min(d/s², √d/s)"
@@ -634,10 +637,13 @@ class ScaledSign(Compressor):
     C(x) = (‖x‖₁/d) · sign(x), the sign taken from the sign bit (so +0 maps to +‖x‖₁/d).
 
     Deterministic and contractive: ‖C(x) − x‖² = ‖x‖² − ‖x‖₁²/d, i.e.
-    α(x) = ‖x‖₁²/(d‖x‖²) ≥ 1/d, the constant reported (tight for a single spike). The scale is
-    computed in float64 and rounded to the dtype, which can exceed the bound by at most
-    d·(rounding of the scale)² ≤ u²‖x‖² (u the unit round-off). Message: the scale (32 bits)
-    and one sign bit per coordinate.
+    α(x) = ‖x‖₁²/(d‖x‖²) ≥ 1/d, the constant reported (tight for a single spike). The scale
+    m = ‖x‖₁/d is computed in float64 (relative error ≤ d·2⁻⁵³) and rounded to the dtype, m̃;
+    exactly ‖C(x) − x‖² = ‖x‖² − ‖x‖₁²/d + d(m̃ − m)², which exceeds the bound by at most
+    (u + d·2⁻⁵³)²‖x‖₁²/d ≤ (u + d·2⁻⁵³)²‖x‖² to first order (u the unit round-off; in float64
+    up to (d + 1)²u²‖x‖²) while m is a normal number; a subnormal m is rounded with an absolute
+    error (x = (2⁻¹⁴⁹, 0) in float32 gives C(x) = 0). Message: the scale (32 bits) and one sign
+    bit per coordinate.
     """
 
     kind = "contractive"
