@@ -119,8 +119,6 @@ COMPONENT_PACKAGES = (
 NOT_REGISTERED = {
     "shrinkgrad.problems.splits.ExplicitSplit": "built from per-client index arrays through the "
     "Python API (split=[...]); no name can express it",
-    "shrinkgrad.methods.ef21_sgdm.ClientMomentum": "the DDP hook's momentum= in front of a method "
-    "other than ef21 (named: ef21_sgdm); open question: register it as a wrapper by name",
     "shrinkgrad.compressors.lowrank.LowRank": "the shared base (matrix view, rank check, bits, "
     "factor wire format) of rank_k and power_sgd, which are named",
 }
@@ -185,12 +183,15 @@ def _registries() -> list[Registry[Any]]:
 
 
 def _registered_classes(registry: Registry[Any]) -> set[type]:
-    """The classes a registry builds: class factories, and the return types of function ones."""
+    """The classes a registry builds: class factories, and the return types of function ones,
+    for its names and its suffixes (``base+momentum[...]``)."""
     import typing
 
     out: set[type] = set()
-    for name in registry.names():
-        factory = registry.entry(name).factory
+    entries = [registry.entry(n) for n in registry.names()]
+    entries += [registry.suffix_entry(s) for s in registry.suffixes()]
+    for entry in entries:
+        name, factory = entry.name, entry.factory
         if isinstance(factory, type):
             out.add(factory)
             continue

@@ -10,10 +10,12 @@ the same thing everywhere::
     top_k[k=1]
     scaled(rand_k[k=5])           # a transform taking one component
     compose(top_k[k=10], qsgd[s=4])
+    ef21+momentum[beta=0.9]       # a suffix: client momentum in front of ef21
 
 Grammar (whitespace is ignored between tokens)::
 
-    spec   := NAME [ "[" [ param ("," param)* ] "]" ] [ "(" [ spec ("," spec)* ] ")" ]
+    spec   := term ( "+" NAME [ "[" [ param ("," param)* ] "]" ] )*
+    term   := NAME [ "[" [ param ("," param)* ] "]" ] [ "(" [ spec ("," spec)* ] ")" ]
     param  := NAME "=" value
     value  := number | "true" | "false" | "inf" | quoted or bare string | path | quantity
             | spec | "[" [ value ("," value)* ] "]"
@@ -23,6 +25,12 @@ A *path* is a bare string holding a ``/`` (or ``\\``): ``dataset=/data/x.svm``,
 as a string for the component to read: ``up=10mbit``, ``latency=20ms``; ``[a, b, c]`` is a list
 (a tuple in Python). A value with spaces or any of ``, [ ] ( ) =`` is quoted:
 ``dataset='/my data/x.svm'``.
+
+A *suffix* ``base+name[params]`` is a component registered with :meth:`Registry.register_suffix`
+applied to the component ``base`` (its one component argument, written in front of it):
+``dcgd[biased=true]+momentum[beta=0.5]`` is the method ``dcgd[biased=true]`` with client
+momentum β = 0.5 in front. A suffix is not a name of its own (``Registry.names`` does not list
+it): it only exists applied to something.
 
 Keyword arguments are the same parameters: ``registry.make("logistic_regression",
 dataset="w1a", n_clients=10)`` equals ``registry.make("logistic_regression[dataset=w1a,
@@ -67,6 +75,8 @@ class Spec:
     name: str
     params: tuple[tuple[str, Any], ...] = ()
     args: tuple[Spec, ...] = ()
+    #: for a suffix ``base+name[params]``: the spec it is applied to (None: a plain ``name``)
+    base: Spec | None = None
 
     def __str__(self) -> str:
         out = self.name
@@ -74,7 +84,7 @@ class Spec:
             out += "[" + ",".join(f"{k}={_format_value(v)}" for k, v in self.params) + "]"
         if self.args:
             out += "(" + ",".join(str(a) for a in self.args) + ")"
-        return out
+        return out if self.base is None else f"{self.base}+{out}"
 
 
 def _format_value(v: Any) -> str:
@@ -123,7 +133,7 @@ _TOKEN = re.compile(
       | (?P<qty>{_QUANTITY}(?![A-Za-z0-9_.+\-]))
       | (?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?(?![A-Za-z_]))
       | (?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)
-      | (?P<punct>[\[\]\(\),=])
+      | (?P<punct>[\[\]\(\),=+])
     )""",
     re.VERBOSE,
 )
@@ -196,9 +206,33 @@ class _Parser:
         return out
 
     def spec(self) -> Spec:
+        """``term ("+" NAME [params])*``: a term, then the suffixes applied to it in turn."""
+        out = self.term()
+        while self.at("+"):
+            self.take("+")
+            _, name, pos = self.take(kind="name")
+            params = self.params()
+            if self.at("("):
+                raise SpecError(
+                    f"cannot parse {self.text!r}: the suffix +{name} at position {pos} takes no "
+                    "component in parentheses (it applies to the spec in front of the +)"
+                )
+            out = Spec(name, params, (), base=out)
+        return out
+
+    def term(self) -> Spec:
         _, name, _ = self.take(kind="name")
-        params: list[tuple[str, Any]] = []
+        params = self.params()
         args: list[Spec] = []
+        if self.at("("):
+            self.take("(")
+            args = self.items(")", self.spec, lambda _: "")
+        return Spec(name, params, tuple(args))
+
+    def params(self) -> tuple[tuple[str, Any], ...]:
+        """``[key=value, ...]`` if one follows (none: empty)."""
+        if not self.at("["):
+            return ()
         seen: set[str] = set()
 
         def param() -> tuple[str, Any]:
@@ -209,13 +243,9 @@ class _Parser:
             self.take("=")
             return key, self.value()
 
-        if self.at("["):
-            self.take("[")
-            params = self.items("]", param, lambda ps: f"the value of {ps[-1][0]!r}" if ps else "")
-        if self.at("("):
-            self.take("(")
-            args = self.items(")", self.spec, lambda _: "")
-        return Spec(name, tuple(params), tuple(args))
+        self.take("[")
+        params = self.items("]", param, lambda ps: f"the value of {ps[-1][0]!r}" if ps else "")
+        return tuple(params)
 
     def _close(self, bracket: str, after: str) -> None:
         """Take the closing ``bracket``; a stray token after a value hints at quoting."""
@@ -255,7 +285,7 @@ class _Parser:
         if kind == "name":
             low = text.lower()
             nxt = self.tokens[self.i + 1] if self.i + 1 < len(self.tokens) else None
-            if nxt is not None and nxt[1] in "[(":
+            if nxt is not None and nxt[1] in ("[", "(", "+"):
                 return self.spec()
             self.i += 1
             if low in ("true", "false"):
@@ -309,6 +339,8 @@ class Registry(Generic[T]):
         self.family = family
         self.base = base
         self._entries: dict[str, Entry[T]] = {}
+        #: suffixes ``base+name[params]``, keyed ``+name``
+        self._suffixes: dict[str, Entry[T]] = {}
 
     # -- registration -----------------------------------------------------------------------
     def register(
@@ -319,27 +351,34 @@ class Registry(Generic[T]):
         def deco(factory: Callable[..., T]) -> Callable[..., T]:
             if name in self._entries:
                 raise ValueError(f"{self.family} {name!r} is registered twice")
-            target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
-            sig = inspect.signature(factory)
-            try:
-                hints = typing.get_type_hints(target, include_extras=True)
-            except Exception:  # pragma: no cover - unresolvable annotations fall back to none
-                hints = {}
-            params = [p for p in sig.parameters.values() if p.name != "self"]
-            positional = tuple(
-                p
-                for p in params
-                if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)
-                or (
-                    p.kind == p.POSITIONAL_OR_KEYWORD
-                    and p.default is p.empty
-                    and _is_component(hints.get(p.name))
-                )
-            )
-            keyword = tuple(p for p in params if p not in positional and p.kind != p.VAR_KEYWORD)
-            doc = summary or (inspect.getdoc(factory) or "").strip().splitlines()[0:1]
-            text = doc if isinstance(doc, str) else (doc[0] if doc else "")
-            self._entries[name] = Entry(name, factory, text, keyword, positional, hints)
+            self._entries[name] = _entry(name, factory, summary)
+            return factory
+
+        return deco
+
+    def register_suffix(
+        self, name: str, *, summary: str | None = None
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator registering ``factory(component, **params)`` as the suffix ``+name``: the
+        spec ``base+name[params]`` builds ``factory(make(base), **params)`` (module docstring).
+        Its first parameter takes the component; the others are its ``[key=value]`` entries."""
+
+        def deco(factory: Callable[..., T]) -> Callable[..., T]:
+            key = f"+{name}"
+            if key in self._suffixes:
+                raise ValueError(f"{self.family} suffix {key!r} is registered twice")
+            entry = _entry(key, factory, summary)
+            params = [p for p in inspect.signature(factory).parameters.values() if p.name != "self"]
+            first = params[0] if params else None
+            if first is None or first.kind not in (
+                first.POSITIONAL_ONLY,
+                first.POSITIONAL_OR_KEYWORD,
+            ):
+                raise TypeError(f"the factory of suffix {key!r} must take the component first")
+            if any(p.name != first.name for p in entry.positional):
+                raise TypeError(f"suffix {key!r} takes one component (the spec in front of it)")
+            rest = tuple(p for p in entry.keyword if p.name != first.name)
+            self._suffixes[key] = dataclasses.replace(entry, keyword=rest, positional=(first,))
             return factory
 
         return deco
@@ -353,6 +392,21 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+    def suffixes(self) -> list[str]:
+        """The registered suffixes, as written after a spec (``+momentum``)."""
+        return sorted(self._suffixes)
+
+    def suffix_entry(self, name: str) -> Entry[T]:
+        """The suffix ``+name``'s entry (``name`` with or without the ``+``)."""
+        key = name if name.startswith("+") else f"+{name}"
+        try:
+            return self._suffixes[key]
+        except KeyError:
+            raise SpecError(
+                f"unknown {self.family} suffix {key!r}; known: "
+                f"{', '.join(self.suffixes()) or '(none)'}" + _did_you_mean(key, self.suffixes())
+            ) from None
 
     def entry(self, name: str) -> Entry[T]:
         try:
@@ -385,9 +439,40 @@ class Registry(Generic[T]):
                 f"got {type(spec).__name__}"
             )
         parsed = parse_spec(spec)
+        if parsed.base is not None:
+            return self._make_suffix(parsed, overrides)
         entry = self.entry(parsed.name)
-        given = dict(parsed.params)
-        given.update(overrides)
+        kwargs = self._keywords(entry, {**dict(parsed.params), **overrides})
+        args = [self._make_arg(entry, p, a) for p, a in self._match_args(entry, parsed)]
+        obj = entry.factory(*args, **kwargs)
+        canon = Spec(
+            entry.name,
+            tuple((p.name, kwargs[p.name]) for p in entry.keyword if p.name in kwargs),
+            tuple(parse_spec(getattr(a, "spec", str(a))) for a in args),
+        )
+        _set_spec(obj, canon)
+        return obj
+
+    def _make_suffix(self, parsed: Spec, overrides: dict[str, Any]) -> T:
+        """``base+name[params]``: the suffix's factory on ``make(base)``; keyword arguments are
+        the suffix's parameters (the outermost one's, as for any spec)."""
+        assert parsed.base is not None
+        entry = self.suffix_entry(parsed.name)
+        kwargs = self._keywords(entry, {**dict(parsed.params), **overrides})
+        inner = self.make(parsed.base)
+        obj = entry.factory(inner, **kwargs)
+        canon = Spec(
+            parsed.name,
+            tuple((p.name, kwargs[p.name]) for p in entry.keyword if p.name in kwargs),
+            (),
+            base=parse_spec(getattr(inner, "spec", "") or str(parsed.base)),
+        )
+        _set_spec(obj, canon)
+        return obj
+
+    def _keywords(self, entry: Entry[T], given: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of ``entry``'s factory from the ``[key=value]`` entries,
+        checked against its signature and coerced to its annotations."""
         kwargs: dict[str, Any] = {}
         allowed = {p.name for p in entry.keyword}
         for key, raw in given.items():
@@ -407,17 +492,7 @@ class Registry(Generic[T]):
                     f"'{entry.name}[{p.name}=...]'; parameters: "
                     + ", ".join(_describe_param(q, entry.hints) for q in entry.keyword)
                 )
-        args = [self._make_arg(entry, p, a) for p, a in self._match_args(entry, parsed)]
-        obj = entry.factory(*args, **kwargs)
-        canon = Spec(
-            entry.name,
-            tuple((p.name, kwargs[p.name]) for p in entry.keyword if p.name in kwargs),
-            tuple(parse_spec(getattr(a, "spec", str(a))) for a in args),
-        )
-        # objects that refuse attributes keep no canonical name
-        with contextlib.suppress(AttributeError, TypeError):
-            object.__setattr__(obj, "spec", str(canon))
-        return obj
+        return kwargs
 
     # -- helpers ----------------------------------------------------------------------------
     def _example(self) -> str:
@@ -448,6 +523,38 @@ class Registry(Generic[T]):
     def _coerce(self, entry: Entry[T], key: str, raw: Any) -> Any:
         hint = entry.hints.get(key)
         return coerce_value(raw, hint, f"{self.family} {entry.name!r} parameter {key!r}", self)
+
+
+def _entry(name: str, factory: Callable[..., T], summary: str | None) -> Entry[T]:
+    """The entry of ``factory`` (a class or a function): its typed signature, split into
+    component arguments and ``[key=value]`` parameters, and its one-line summary."""
+    target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
+    sig = inspect.signature(factory)
+    try:
+        hints = typing.get_type_hints(target, include_extras=True)
+    except Exception:  # pragma: no cover - unresolvable annotations fall back to none
+        hints = {}
+    params = [p for p in sig.parameters.values() if p.name != "self"]
+    positional = tuple(
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)
+        or (
+            p.kind == p.POSITIONAL_OR_KEYWORD
+            and p.default is p.empty
+            and _is_component(hints.get(p.name))
+        )
+    )
+    keyword = tuple(p for p in params if p not in positional and p.kind != p.VAR_KEYWORD)
+    doc = summary or (inspect.getdoc(factory) or "").strip().splitlines()[0:1]
+    text = doc if isinstance(doc, str) else (doc[0] if doc else "")
+    return Entry(name, factory, text, keyword, positional, hints)
+
+
+def _set_spec(obj: Any, canon: Spec) -> None:
+    """Record ``canon`` as ``obj.spec``; objects that refuse attributes keep no canonical name."""
+    with contextlib.suppress(AttributeError, TypeError):
+        object.__setattr__(obj, "spec", str(canon))
 
 
 def _unwrap(hint: Any) -> Any:

@@ -327,6 +327,9 @@ def test_cli_lists_every_method() -> None:
     rows = {line.split("│")[1].strip(): line for line in out.output.splitlines() if "│" in line}
     assert "simulator, runner, hook" in rows["diana"]
     assert "simulator, runner" in rows["ef21_plus"] and "hook" not in rows["ef21_plus"]
+    # every suffix is listed, applied to a method (its own parameters with their defaults)
+    assert METHODS.suffixes() == ["+momentum"]
+    assert "beta=0.9" in rows["<method>+momentum"]
 
 
 def test_package_root_exports() -> None:

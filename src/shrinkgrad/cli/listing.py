@@ -139,6 +139,11 @@ def _methods(console: Console) -> None:
             cells = [name, params, method.requires, method.theory_formula(), runtimes]
             cells.append(entry.summary)
         table.add_row(*(escape(c) for c in cells))
+    for suffix in METHODS.suffixes():  # applied to a method: "ef21+momentum[beta=0.9]"
+        entry = METHODS.suffix_entry(suffix)
+        params = ", ".join(f"{p.name}={p.default!r}" for p in entry.keyword)
+        cells = [f"<method>{suffix}", params, "the method's", "none", "the method's", entry.summary]
+        table.add_row(*(escape(c) for c in cells))
     console.print(table)
 
 

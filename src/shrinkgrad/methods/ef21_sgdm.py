@@ -17,12 +17,23 @@ learning rate lr/(1 − β) then gives SGD(lr, momentum=β) for an exact compres
 method is EF21 exactly.
 
 The same wrapper puts client momentum in front of DCGD, EF or EF21-W (the DDP hook's
-``momentum=β`` with those methods); those combinations have no theory step size.
+``momentum=β`` with those methods); those combinations have no theory step size. By name it is
+the suffix ``+momentum``: ``dcgd[biased=true]+momentum[beta=0.5]``, ``ef+momentum[beta=0.9,b=8]``
+(:meth:`~shrinkgrad.registry.Registry.register_suffix`), the name the wrapper prints.
+
+A client updates v_i only in a round where it computes a gradient: v_i takes ∇̂f_i(x^{t+1}) when
+the inner method asks for client i's gradient, and a client the inner method does not ask (a
+non-participant of EF21-PP, [BW] Alg. 4: "non-participants compute and send nothing"; a client
+that is not IAG's active one) keeps v_i, as it keeps the inner method's state. With minibatches
+the estimator is the one the inner method asks for (``ef21_sgd[b=4]+momentum[beta=0.9]`` is
+``ef21_sgdm[beta=0.9,b=4]``) or the momentum's own ``b`` with an exact-gradient method, not both.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -57,8 +68,16 @@ class MomentumClients(NamedTuple):
 
 
 class _Given:
-    """The oracle the inner method sees: the clients' momenta as their gradients at ``x``, the
-    point where the momenta took their new gradients (the server's iterate of the round).
+    """The oracle the inner method sees in round ``r``: the clients' momenta as their gradients
+    at ``x``, the server's iterate of the round.
+
+    A client's momentum moves when the inner method asks for its gradient, and only then:
+    v_i ← β v_i + (1 − β) ∇̂f_i(x) ([FTR23] Alg. 1) with ∇̂f_i the oracle's answer to the inner
+    method's own request (``grads``: exact, or the momentum's minibatch of size ``b``;
+    ``stoch_grads``: the inner method's minibatch, its sizes and keys). A client it does not ask
+    (a non-participant of a partial-participation round) computes nothing and keeps v_i; a
+    client asked twice in one round gets the v_i of its first request. ``v`` is the momenta
+    after the round, for the client state.
 
     A request at another point (DCGD with delays asks for ∇f_i(x^{t−τ_i}) at stale iterates)
     has no answer here: v_i holds gradients at ``x``, and returning it anyway would silently
@@ -68,9 +87,21 @@ class _Given:
     fresh = False
 
     def __init__(
-        self, v: torch.Tensor, ids: torch.Tensor, x: torch.Tensor, owner: Method[Any, Any]
+        self,
+        owner: ClientMomentum,
+        cfg: Config,
+        oracle: GradientOracle,
+        v: torch.Tensor,
+        ids: torch.Tensor,
+        x: torch.Tensor,
+        r: int,
     ) -> None:
-        self.v, self.ids, self.x, self.owner = v, ids, x, owner
+        self.owner, self.cfg, self.oracle, self.r = owner, cfg, oracle, r
+        self.v, self.ids, self.x = v, ids, x
+        #: rows of v updated in this round (None: none yet)
+        self.done: torch.Tensor | None = None
+        #: whether ``v`` is this round's own tensor (a copy, or the state the runtime owns)
+        self.owned = cfg.inplace
 
     def _check_point(self, x: torch.Tensor) -> None:
         if x is self.x:
@@ -86,24 +117,67 @@ class _Given:
             "diana, gd)"
         )
 
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of v (positions in the group) of the clients ``ids``."""
+        index = torch.full(
+            (int(self.ids.max()) + 1,), -1, dtype=torch.int64, device=self.ids.device
+        )
+        index[self.ids] = torch.arange(self.ids.numel(), device=self.ids.device)
+        ask = ids.to(self.ids.device)
+        rows = index[ask.clamp(0, index.numel() - 1)]
+        rows[(ask < 0) | (ask >= index.numel())] = -1
+        if bool((rows < 0).any()):
+            raise ValueError(
+                f"clients {ids[(rows < 0).to(ids.device)].tolist()} are not in this group"
+            )
+        return rows
+
+    def _momenta(
+        self, ids: torch.Tensor, sample: Callable[[torch.Tensor | None], torch.Tensor]
+    ) -> torch.Tensor:
+        """v_i of the clients ``ids`` after this round's update; ``sample(mask)``: the gradient
+        estimators of the clients ``ids[mask]`` (those not updated yet; None: all of ``ids``)."""
+        beta = self.owner.beta
+        if self.done is None and (ids is self.ids or torch.equal(ids, self.ids)):
+            # everybody at once: one fused update of the whole state (in place where the
+            # runtime owns it)
+            self.v = momentum_update(self.v, sample(None), beta, inplace=self.cfg.inplace)
+            self.done = torch.ones(self.ids.numel(), dtype=torch.bool, device=self.v.device)
+            return self.v
+        rows = self._rows(ids)
+        if self.done is None:
+            self.done = torch.zeros(self.ids.numel(), dtype=torch.bool, device=self.v.device)
+        new = ~self.done[rows]
+        if bool(new.any()):
+            if not self.owned:  # the old state stays as it was (a pure step)
+                self.v, self.owned = self.v.clone(), True
+            fresh = rows[new]
+            grads = sample(None if bool(new.all()) else new.to(ids.device))
+            self.v[fresh] = momentum_update(self.v[fresh], grads, beta)
+            self.done[fresh] = True
+        return self.v[rows]
+
     def grads(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         self._check_point(x)
-        if ids is self.ids or torch.equal(ids, self.ids):
-            return self.v
-        index = torch.full((int(self.ids.max()) + 1,), -1, dtype=torch.int64, device=ids.device)
-        index[self.ids] = torch.arange(self.ids.numel(), device=ids.device)
-        rows = index[ids]
-        if bool((rows < 0).any()):
-            raise ValueError(f"clients {ids[rows < 0].tolist()} are not in this group")
-        return self.v[rows]
+        owner, cfg, oracle, r = self.owner, self.cfg, self.oracle, self.r
+        return self._momenta(
+            ids, lambda m: owner._gradients(cfg, self.x, ids if m is None else ids[m], oracle, r)
+        )
 
     def stoch_grads(
         self, x: torch.Tensor, ids: torch.Tensor, batch_sizes: torch.Tensor, keys: Keys
     ) -> torch.Tensor:
-        raise TypeError(
-            "client momentum feeds the inner method its momenta, not minibatches: wrap a method "
-            "with exact gradients (give the minibatch size to the momentum, b=...)"
-        )
+        """The inner method's minibatch (its sizes and keys) into the momenta: the momentum
+        refuses, when it is built, to draw a minibatch of its own as well."""
+        self._check_point(x)
+        oracle = self.oracle
+
+        def sample(m: torch.Tensor | None) -> torch.Tensor:
+            if m is None:
+                return oracle.stoch_grads(self.x, ids, batch_sizes, keys)
+            return oracle.stoch_grads(self.x, ids[m], batch_sizes[m], keys[m])
+
+        return self._momenta(ids, sample)
 
 
 class _FirstGradient:
@@ -141,11 +215,17 @@ class ClientMomentum(Method[Any, MomentumClients]):
     batch:
         minibatch size b of the gradient estimators ∇̂f_i (keyed by (seed, "minibatch", i,
         round)); ``None`` uses the oracle's gradients (exact in the simulator, the training
-        loop's minibatch gradient in a DDP hook). The initialisation uses exact gradients.
+        loop's minibatch gradient in a DDP hook), or the inner method's own minibatches
+        (``ef21_sgd[b=4]``). Not both: a method that draws minibatches takes ``batch=None``.
+        The initialisation uses exact gradients.
+
+    A client's v_i moves only in the rounds where the inner method asks for its gradient
+    (module docstring): partial participation leaves the non-participants' momenta alone.
+    By name: ``inner+momentum[beta=...,b=...]`` (the suffix :func:`momentum`).
     """
 
     def __init__(self, inner: Method[Any, Any], beta: float = 0.9, batch: int | None = None):
-        if not isinstance(inner, Method) or isinstance(inner, ClientMomentum):
+        if not isinstance(inner, Method):
             raise TypeError(f"client momentum wraps one method, got {inner!r}")
         if (
             isinstance(beta, bool)
@@ -157,9 +237,22 @@ class ClientMomentum(Method[Any, MomentumClients]):
             isinstance(batch, bool) or not isinstance(batch, int) or batch < 1
         ):
             raise ValueError(f"minibatch size b must be a positive integer, got {batch!r}")
-        self.inner = inner
-        self.beta = float(beta)
-        self.batch = batch
+        if isinstance(inner, ClientMomentum):
+            raise ValueError(
+                f"{inner.name} has client momentum already (beta={inner.beta!r}); put one "
+                f"momentum in front of {inner.inner.name}, e.g. "
+                f"{inner.inner.name}+momentum[beta={float(beta)!r}]"
+            )
+        if batch is not None and inner.samples_minibatches:
+            raise ValueError(
+                f"{inner.name}+momentum[beta={float(beta)!r},b={batch}]: {inner.name} draws its "
+                f"own minibatches and the momentum b={batch} would draw a second one; give the "
+                f"minibatch size once (drop b from the momentum: {inner.name}+momentum"
+                f"[beta={float(beta)!r}])"
+            )
+        self.inner: Method[Any, Any] = inner
+        self.beta: float = float(beta)
+        self.batch: int | None = batch
         #: the inner method's parts handle the messages (the momentum never sees them)
         self.sparse_messages = inner.sparse_messages
 
@@ -171,8 +264,16 @@ class ClientMomentum(Method[Any, MomentumClients]):
     def for_problem(
         self, problem: ProblemLike, stepsize: float | str | StepSize
     ) -> Method[Any, MomentumClients]:
+        """The momentum's minibatch checked against the problem, and the inner method's own
+        checks (``ef21_sgd[b=...]``: b against every m_i); a copy around the inner method's
+        bound copy where it makes one."""
         check_batch_fits(self.name, self.batch, problem)
-        return self
+        inner = self.inner.for_problem(problem, stepsize)
+        if inner is self.inner:
+            return self
+        method = copy.copy(self)
+        method.inner = inner
+        return method
 
     def _check_compressor(
         self, C: Compressor, d: int, *, as_name: str | None = None
@@ -206,7 +307,8 @@ class ClientMomentum(Method[Any, MomentumClients]):
 
     @property
     def samples_minibatches(self) -> bool:
-        return self.batch is not None
+        """The momentum's own minibatches or the inner method's."""
+        return self.batch is not None or self.inner.samples_minibatches
 
     # -- the parts ----------------------------------------------------------------------------
     def _gradients(
@@ -236,12 +338,12 @@ class ClientMomentum(Method[Any, MomentumClients]):
     def client_step(
         self, cfg: Config, server: Any, clients: MomentumClients, oracle: GradientOracle, r: int
     ) -> tuple[MomentumClients, Message]:
+        """The inner method's client step on the momenta; v_i moves for the clients whose
+        gradient it asks for (:class:`_Given`), the others keep theirs."""
         ids = clients.ids
-        grads = self._gradients(cfg, server.x, ids, oracle, r)
-        v = momentum_update(clients.v, grads, self.beta, inplace=cfg.inplace)
-        given = _Given(v, ids, server.x, self)
+        given = _Given(self, cfg, oracle, clients.v, ids, server.x, r)
         inner, msg = self.inner.client_step(cfg, server, clients.inner, given, r)
-        return MomentumClients(ids, v, inner), msg
+        return MomentumClients(ids, given.v, inner), msg
 
     def server_post(self, cfg: Config, server: Any, aggregate: torch.Tensor | None, r: int) -> Any:
         return self.inner.server_post(cfg, server, aggregate, r)
@@ -295,6 +397,14 @@ class EF21SGDM(ClientMomentum):
             raise ValueError(f"{self.name}: the theory step needs beta < 1")
         gamma = theory_function("stepsize_ef21_sgdm")(L, c.L_QM, cfg.alpha, eta)
         return float(gamma), "stepsize_ef21_sgdm"
+
+
+@METHODS.register_suffix("momentum")
+def momentum(inner: Method[Any, Any], beta: float = 0.9, b: int | None = None) -> ClientMomentum:
+    """Client momentum v_i ← βv_i + (1−β)∇̂f_i in front of a method ([FTR23] Alg. 1).
+
+    The suffix ``+momentum``: ``ef+momentum[beta=0.9]``, ``dcgd+momentum[beta=0.5,b=8]``."""
+    return ClientMomentum(inner, beta=beta, batch=b)
 
 
 @METHODS.register("ef21_sgdm")
