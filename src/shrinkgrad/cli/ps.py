@@ -13,6 +13,10 @@ flags override it. Prints a summary (status, updates per second, the step size a
 measured staleness and delay, and whether γ satisfies the theory at the measured delay) and,
 with ``--out``, writes table.csv, staleness.csv, events.csv, summary.json and staleness.png; the
 server snapshots the run into ``--out``'s checkpoint/ as it goes, so ``--resume`` continues it.
+
+Exit status (``results.EXIT_STATUSES``): 0 for ``completed`` and ``time_limit``; 1 for
+``diverged`` and ``workers_lost`` (the summary is printed and saved, then one ``error:`` line)
+and for a server that died; 2 for a mistake in the command; 130 after Ctrl-C, 143 after SIGTERM.
 """
 
 from __future__ import annotations
@@ -73,6 +77,18 @@ def _rule(s: dict[str, Any]) -> str:
         return f"no theory step for {s['method']} at that delay (numeric steps only)"
     verdict = "holds" if holds else "VIOLATED"
     return f"theory at the measured delay: γ ≤ {bound:.6g} ({verdict})"
+
+
+def _failure(status: str, message: str) -> str:
+    """The one ``error:`` line of a run that ended without a result (exit status 1)."""
+    if status == "diverged":
+        return (
+            f"the run diverged ({message}): no result; run again with a smaller --stepsize "
+            "(or a bound on the staleness, --tau-max)"
+        )
+    if status == "workers_lost":
+        return f"the run lost its workers ({message}); events.csv says why each was lost"
+    return f"the run ended with status {status} ({message})"
 
 
 def _summary_lines(s: dict[str, Any], out: str | None) -> list[str]:
@@ -211,6 +227,7 @@ def ps_cmd(
     from ..distributed.ps import PSServerLost, run_ps
     from ..distributed.ps.checkpoint import Checkpoint
     from ..distributed.ps.launch import PROGRESS_EVERY
+    from ..distributed.ps.results import exit_status
 
     cfg = build_config(config, sets, speeds, flags)
     if out:  # the one pre-check of run, train, reproduce and plot: before any process starts
@@ -243,7 +260,9 @@ def ps_cmd(
     else:
         for line in _summary_lines(summary, out):
             click.echo(line)
-    if result.status == "workers_lost":
-        raise SystemExit(1)
     if result.status == "interrupted":
         raise SystemExit(interrupted_status())  # 130 (143 after SIGTERM), after saving
+    code = exit_status(result.status)  # diverged, workers_lost: 1 (results.EXIT_STATUSES)
+    if code != 0:
+        click.echo(f"error: {_failure(result.status, result.message)}", err=True)
+        raise SystemExit(code)

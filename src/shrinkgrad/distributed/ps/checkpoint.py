@@ -5,9 +5,10 @@ With an output directory, the server keeps two files in ``DIR/checkpoint/``:
 * ``snapshot.pt``: its whole state (the method's server state and memory, the update count,
   every worker's last applied counter, the bit counters, the logged iterates, the staleness
   rows and events so far), rewritten every ``snapshot_every`` updates or ``snapshot_seconds``
-  seconds and at the end. Written atomically: a temporary file, flushed and fsync-ed, renamed
-  over the old one, and the directory fsync-ed, so a kill at any moment leaves the previous
-  snapshot or the new one, never a torn file.
+  seconds and at the end, with the run's end status (``status``, ``message``; a ``diverged``
+  run's snapshot makes ``--resume`` refuse it). Written atomically: a temporary file, flushed
+  and fsync-ed, renamed over the old one, and the directory fsync-ed, so a kill at any moment
+  leaves the previous snapshot or the new one, never a torn file.
 * ``updates.log``: one line per applied message (update, worker, counter, version), appended as
   it happens (one ``write`` each, no fsync: it survives a killed process, which is what it is
   for). On resume it says how far the killed server got, i.e. how many updates were lost, and is
@@ -121,6 +122,12 @@ class Checkpoint:
             os.fsync(fh.fileno())
         os.replace(tmp, self.snapshot_path)
         _fsync_dir(self.dir)
+
+    def mark(self, status: str, message: str) -> None:
+        """Record in the snapshot the run's end status found after the run (the metrics'
+        divergence rule, :func:`~.results.build_result`), so that a resume sees it."""
+        if self.exists():
+            self.save(dict(self.load(), status=status, message=message))
 
     def close(self) -> None:
         if self._log is not None:

@@ -42,7 +42,7 @@ from ...rng import KeyStream
 from ..launch import free_port, init_from_env, init_process_group, worker_setup
 from .checkpoint import Checkpoint, check_fingerprint, fingerprint
 from .config import PSConfig, load_ps_config
-from .results import PSResult, build_result
+from .results import PSResult, build_result, exit_status
 from .server import Plan, plan_run, run_server
 from .worker import EXIT_FAILED, client_oracle, run_worker
 
@@ -139,6 +139,12 @@ def resume_point(
     current = fingerprint(dict(config.to_dict(), compressor=config.compressor_spec), data)
     check_fingerprint(snap["fingerprint"], current, str(out))
     at = int(snap["server"].update)
+    if snap.get("status") == "diverged":  # its state is the blown-up one: nothing to continue
+        why = snap.get("message") or f"at update {at}"
+        raise ValueError(
+            f"--resume: the run in {str(out)!r} diverged ({why}); there is nothing to continue: "
+            "start a new run in another --out, with a smaller step size"
+        )
     elapsed = float(snap.get("elapsed", 0.0))
     if config.max_time is not None and elapsed >= config.max_time:
         raise ValueError(
@@ -192,7 +198,11 @@ def _server_rank(
     log = run_server(
         config, plan, problem.x0(), interrupt, progress_every, out=out, resume=snap, note=note
     )
-    return build_result(log, config, plan, problem)
+    result = build_result(log, config, plan, problem)
+    if out is not None and result.status == "diverged" and result.message != log.message:
+        # diverged by the metrics, which only the result computes: the snapshot says so too
+        Checkpoint(out).mark(result.status, result.message)
+    return result
 
 
 def _ignore_sigint() -> None:
@@ -452,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 paths = result.save(args.out)
             where = paths["table"].parent
             print(f"status {result.status}: {result.updates} updates; results in {where}")
-            code = 0
+            code = exit_status(result.status)  # the CLI's: diverged and workers_lost are 1
         else:
             oracle = client_oracle(problem, rank - 1)
             code = run_worker(config, rank - 1, oracle, plan.inner, plan.cfg)

@@ -41,7 +41,15 @@ from ...sim.options import Divergence, DivergenceReference
 from .config import PSConfig
 from .server import Plan, ServerLog
 
-__all__ = ["STALENESS_COLUMNS", "TABLE_COLUMNS", "PSResult", "build_result", "plot_staleness"]
+__all__ = [
+    "EXIT_STATUSES",
+    "STALENESS_COLUMNS",
+    "TABLE_COLUMNS",
+    "PSResult",
+    "build_result",
+    "exit_status",
+    "plot_staleness",
+]
 
 #: columns of :attr:`PSResult.table`: the simulator's, then the configured staleness bound
 TABLE_COLUMNS = (*COLUMNS, "tau_max")
@@ -63,13 +71,33 @@ _EVENT_COLUMNS = ("time_s", "update", "worker", "event", "detail")
 #: the message of a run whose metrics turned non-finite (its table stops at the row before)
 NON_FINITE_METRICS = "non-finite metrics at update"
 
+#: the exit status of ``shrinkgrad ps`` (and of rank 0 under torchrun) for each end status of a
+#: run: 0 when the run is a result (every update made, or the time budget the user set used
+#: up), 1 when it is not (the iterates diverged, or every worker was lost), 130 after Ctrl-C
+#: (the command exits with 143 after SIGTERM). The parameter server has no tolerance, so no
+#: ``converged`` status: a run ends ``completed`` after its updates.
+EXIT_STATUSES = {
+    "completed": 0,
+    "time_limit": 0,
+    "diverged": 1,
+    "workers_lost": 1,
+    "interrupted": 130,
+}
+
+
+def exit_status(status: str) -> int:
+    """The exit status of a run that ended with ``status`` (:data:`EXIT_STATUSES`; 1 for a
+    status it does not know, so that nothing unexpected passes for a success)."""
+    return EXIT_STATUSES.get(status, 1)
+
 
 @dataclasses.dataclass
 class PSResult:
     """The outcome of a parameter-server run (see the module docstring for the tables).
 
     ``status``: ``completed`` (all updates), ``time_limit``, ``diverged``, ``workers_lost`` or
-    ``interrupted`` (Ctrl-C: the updates up to then);
+    ``interrupted`` (Ctrl-C: the updates up to then); the command's exit status for each is
+    :data:`EXIT_STATUSES`;
     ``tau_bound``: the [K18] delay the step size was derived for (None when nothing bounds it);
     ``stepsize_bound_measured``, ``rule_holds``: the largest step the method's theory admits at
     the measured delay :attr:`delay_max` and whether γ is admitted (the method's

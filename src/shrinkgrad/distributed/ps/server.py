@@ -589,7 +589,11 @@ class _Server:
         self.up, self.up_paper, self.down = snap["up"], snap["up_paper"], snap["down"]
         self.ref_norm = snap["ref_norm"]
         self.max_staleness = int(snap["max_staleness"])
-        self.snapshots = list(snap["snapshots"])
+        # the logged iterates on the log_every grid only: the previous run's last row (its
+        # end, at an update off the grid: a time limit, Ctrl-C, or a completed run extended
+        # by --updates) is no row of the uninterrupted run, whose table this one continues
+        every = self.config.log_every
+        self.snapshots = [s for s in snap["snapshots"] if s[0] % every == 0]
         self.rows = list(snap["rows"])
         self.log_events = list(snap["events"])
         self.offset = float(snap["elapsed"])
@@ -634,6 +638,7 @@ class _Server:
                 "events": list(self.log_events),
                 "elapsed": self.now(),
                 "status": self.status,
+                "message": self.message,
             }
         )
         self.ckpt_at = (self.t, self.now())
@@ -692,8 +697,8 @@ class _Server:
             elapsed = self.now()
             if self.status != "diverged" and self.srv is not None:
                 self.snapshot()
-            if self.status is not None and self.status != "diverged":
-                self.save_checkpoint()
+            if self.status is not None:  # a diverged run's too: its status makes a resume
+                self.save_checkpoint()  # refuse it (launch.resume_point), not run it again
         finally:
             if self.ckpt is not None:
                 self.ckpt.close()
