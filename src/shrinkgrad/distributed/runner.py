@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .._sums import squared_norm
+from .._sums import mean_value, squared_norm
 from ..compressors import Compressor
 from ..methods.base import BoundMethod, Method, NonFiniteError, State, Traffic, weighted_sum
 from ..methods.oracle import ProblemOracle
@@ -143,6 +144,12 @@ class LocalOracle:
 class _PeerDiverged(NonFiniteError):
     """Another rank's client step hit non-finite values in this round."""
 
+    def __init__(self, round: int) -> None:
+        super().__init__(
+            f"round {round}: another rank's clients produced non-finite values (the method "
+            "diverged there; try a smaller step size, or another x0 at round 0)"
+        )
+
 
 class AllReduce:
     """The method's reduction across ranks: Σ_{local j} w_j c_j, then all-reduce (sum).
@@ -155,6 +162,8 @@ class AllReduce:
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
         self.bytes = 0
+        #: the round being reduced (set by the runtime; only for the peers' error message)
+        self.round = 0
 
     def sum(self, t: torch.Tensor) -> None:
         """All-reduce (sum) ``t`` in place across the ranks, counting its bytes."""
@@ -166,7 +175,7 @@ class AllReduce:
         buf = torch.cat([local, local.new_zeros(1)])
         self.sum(buf)
         if float(buf[-1]) > 0:
-            raise _PeerDiverged
+            raise _PeerDiverged(self.round)
         return buf[:-1]
 
     def fail(self, d: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -205,61 +214,72 @@ class _RankRuntime:
     def init(
         self, bound: BoundMethod[Any, Any], x0: torch.Tensor, *, record: bool = False
     ) -> tuple[State[Any, Any], Traffic]:
+        """Round 0 of this rank's clients. Non-finite values here (an initial g_i = C(∇f_i(x⁰))
+        that cannot be compressed) raise the simulator's NonFiniteError on this rank and a
+        NonFiniteError on every other rank, as in :meth:`step` (there is no round to stop
+        at: the run fails, as the simulator's does)."""
         self.oracle.record = record
-        return bound.init(x0, self.oracle, ids=self.ids, reduce=self.reduce)
+        self.reduce.round = 0
+        return self._guarded(
+            bound, lambda: bound.init(x0, self.oracle, ids=self.ids, reduce=self.reduce)
+        )
 
     def step(
         self, bound: BoundMethod[Any, Any], state: State[Any, Any], *, record: bool = False
     ) -> tuple[State[Any, Any], Traffic]:
         self.oracle.record = record
+        self.reduce.round = state.round + 1
+        return self._guarded(bound, lambda: bound.step(state, self.oracle, reduce=self.reduce))
+
+    def _guarded(
+        self,
+        bound: BoundMethod[Any, Any],
+        call: Callable[[], tuple[State[Any, Any], Traffic]],
+    ) -> tuple[State[Any, Any], Traffic]:
+        """``call()`` (a round of the method); when it raises NonFiniteError on this rank, join
+        the round's all-reduce with the failure flag first, so the other ranks stop too."""
         try:
-            return bound.step(state, self.oracle, reduce=self.reduce)
+            return call()
         except _PeerDiverged:
             raise
         except NonFiniteError:
             cfg = bound.cfg
-            self.reduce.fail(cfg.d, cfg.dtype, cfg.device)  # let the other ranks stop too
+            self.reduce.fail(cfg.d, cfg.dtype, cfg.device)
             raise
 
     def prepaid_s(self) -> float:
         return self.oracle.take_prepaid()
 
     def row(self, progress: Progress) -> Row:
-        """‖∇f(x)‖², f(x) on the full objective; mean bits over all n clients; rank 0's time."""
+        """‖∇f(x)‖², f(x) on the full objective; mean bits over all n clients; rank 0's time.
+
+        The bit counters travel whole, (3, n) with zeros for the other ranks' clients, so the
+        all-reduce only adds zeros (exact) and the means are the simulator's
+        (:func:`~shrinkgrad._sums.mean_value`: float64, in client order), bit for bit: a sum of
+        per-rank partial sums would differ in the last bits whenever a message costs a
+        fractional number of bits (``lazy_bernoulli[p=0.3]``'s 32·p·d paper bits).
+        """
         p, x, n = progress, progress.state.x, self.n
-        stats = torch.tensor(
-            [
-                float(p.up.sum()),
-                float(p.up_paper.sum()),
-                float(p.down.sum()),
-                p.time_s if self.rank == 0 else 0.0,
-            ],
-            dtype=torch.float64,
+        counters = torch.cat([p.up, p.up_paper, p.down]).to(torch.float64)
+        time_s = torch.tensor(
+            [p.time_s if self.rank == 0 else 0.0], dtype=torch.float64, device=counters.device
         )
         held = held_out_values(self.problem, self.held_out, x)
         local = self.oracle.sums(x)
         if local is None:  # every rank holds the full problem: the simulator's evaluation
-            self.reduce.sum(stats)
+            buf = torch.cat([time_s, counters])
+            self.reduce.sum(buf)
             gns, loss = self.oracle.full_metrics(x)
-            up, paper, down, time_s = stats.tolist()
-            return (p.state.round, gns, loss, up / n, paper / n, down / n, time_s, *held)
-        grad, loss_sum = local
-        buf = torch.cat(
-            [grad.to(torch.float64), torch.tensor([loss_sum], dtype=torch.float64), stats]
-        )
-        self.reduce.sum(buf)
-        g = buf[: self.d] / n
-        loss_sum, up, paper, down, time_s = buf[self.d :].tolist()
-        return (
-            p.state.round,
-            squared_norm(g),  # the simulator's definition (shrinkgrad._sums)
-            loss_sum / n,
-            up / n,
-            paper / n,
-            down / n,
-            time_s,
-            *held,
-        )
+        else:
+            grad, loss_sum = local
+            head = torch.tensor([loss_sum], dtype=torch.float64, device=counters.device)
+            buf = torch.cat([grad.to(torch.float64), head, time_s, counters])
+            self.reduce.sum(buf)
+            gns = squared_norm(buf[: self.d] / n)  # the simulator's definition (shrinkgrad._sums)
+            loss = float(buf[self.d]) / n
+            buf = buf[self.d + 1 :]
+        up, paper, down = (mean_value(buf[1 + k * n : 1 + (k + 1) * n]) for k in range(3))
+        return (p.state.round, gns, loss, up, paper, down, float(buf[0]), *held)
 
     def totals(self, progress: Progress) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         totals = torch.stack([progress.up, progress.up_paper, progress.down])
