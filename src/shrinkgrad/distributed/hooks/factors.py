@@ -38,10 +38,24 @@ future of each, collected), and the client steps of two buckets, whose P callbac
 once on gloo's threads, take turns on the callback adapter (each bucket's start from the
 previous one's future: :func:`_after_turn`), never waiting. The
 bytes (counted in the hook body): r(m + n) values per compressed tensor in the gradients' dtype.
+
+*Factor overflow.* The factors travel in the gradients' dtype, and they grow with the singular
+values of the matrices, not with their entries: Q_i = M_iᵀ P̂ with σ₁(M_i), P_i = M_i Q with
+about σ₁(M_i) times the previous σ₁ (Q is not normalised), so a float16 P_i, Q_i or sum
+overflows ±65504 while every gradient entry is finite (Vogels et al. 2019 send the factors in
+the gradients' dtype too). The inf is let through to the collectives, so that every rank sees it
+in the same sum (P, or Q̄): with a loss scaler the bucket is then NaN on every rank, the scaler
+skips the step and the hook's memory is put back (the client steps of a P or Q_i that is not
+finite do not run, and a non-finite Q̄ never becomes the next Q); without one, every rank raises
+the same one-line error (:func:`_overflow_message`), where it used to hand DDP NaN gradients (a
+non-finite P) or take the inf into EF21's g_i and the next Q (a non-finite Q_i) and stop one
+iteration later with "non-finite entries". The inputs were checked finite before
+(:func:`_finite`, and the uncompressed tensors' check), so a non-finite sum there is an overflow.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +112,44 @@ def _finite(C: PowerSGD, p: torch.Tensor) -> None:
             f"{C.name} got a vector with non-finite entries (a non-finite gradient, or the "
             "method diverged); attach a loss scaler (scaler=) to skip such steps"
         )
+
+
+def _overflow_message(step: Step, u: Any, factor: str) -> str:
+    """The one-line error (with a loss scaler: warning) of a low-rank ``factor`` of the
+    compressed tensor ``u`` that is not finite in the wire dtype although the gradients are."""
+    C = u.compressor
+    assert isinstance(C, PowerSGD)
+    dtype = step.plan.send.dtype
+    m, n = C.matrix_shape(u.numel)
+    name = str(dtype).removeprefix("torch.")
+    if dtype == torch.float16:
+        fix = (
+            "train in bfloat16 (float32's range) or keep float32 gradients (e.g. float32 "
+            "parameters under torch.autocast)"
+        )
+    else:
+        fix = "rescale the loss"
+    if step.state.scaler is None:
+        fix += ", or pass a loss scaler (scaler=) to skip such steps"
+    else:
+        fix += (
+            "; the loss scaler skips the step, but a smaller loss scale does not help (the hook "
+            "compresses the unscaled gradient), so if this repeats no step is taken"
+        )
+    return (
+        f"{C.name}: the low-rank factor {factor} of {u.label} ({m} x {n}) overflows {name}'s "
+        f"range (±{torch.finfo(dtype).max:.6g}) on the wire although every gradient entry is "
+        f"finite (PowerSGD's factors grow with the matrix's singular values, not its entries); "
+        f"{fix}"
+    )
+
+
+def _first_overflow(total: torch.Tensor, spans: list[tuple[Any, int, int]]) -> Any | None:
+    """The first unit whose span (unit, offset, length) of ``total`` is not finite."""
+    for u, off, length in spans:
+        if not bool(torch.isfinite(total[off : off + length]).all()):
+            return u
+    return None
 
 
 def _weigh_raw(
@@ -180,6 +232,14 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
     #: per compressed tensor: M_i, the vector its client step compresses (a view of the plan's
     #: held buffer), for Q_i = M_iᵀ P̂ in the P callback
     held: dict[int, torch.Tensor] = {}
+    #: this rank's P_i that overflowed the wire dtype (from finite inputs): with a loss scaler
+    #: a warning (the step is skipped on every rank, whose P sum is not finite)
+    local: list[str] = []
+
+    def own_overflow(t: torch.Tensor) -> bool:
+        # (a finite sum proves every entry finite: the mask pass only runs when it is not)
+        return not bool(torch.isfinite(t.sum())) and not bool(torch.isfinite(t).all())
+
     if step.bad:
         send.fill_(float("nan"))
     for u in plan.units:
@@ -208,13 +268,20 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
         keep = u.slice(_held(step))
 
         def probe(
-            p: torch.Tensor, q: torch.Tensor, C: PowerSGD = C, seg: Any = seg, keep: Any = keep
+            p: torch.Tensor,
+            q: torch.Tensor,
+            C: PowerSGD = C,
+            seg: Any = seg,
+            keep: Any = keep,
+            u: Any = u,
         ) -> Any:
             _finite(C, p)
             flat = p.reshape(-1)
             if flat.data_ptr() != keep.data_ptr():  # (EF21 forms it there: its scratch)
                 keep.copy_(flat)
             seg.copy_(C.factor_p(keep.view(1, -1), q.reshape(q.shape[-2:]))[0].reshape(-1))
+            if own_overflow(seg):  # sent as it is: every rank's P is then not finite
+                local.append(_overflow_message(step, u, "P_i = M_i Q"))
             raise Probed
 
         # the probe's scratch is the tensor's slice of the held buffer, so that the method
@@ -222,6 +289,8 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
         adapter.probe(cfg, st, u.slice(step.x), probe, keep)
         held[u.uid] = keep
 
+    if local and state.scaler is not None:
+        warnings.warn(local[0], UserWarning, stacklevel=2)
     ready: torch.futures.Future[None] = torch.futures.Future()
     if plan.gathered:  # the ranks' 16-bit factors added in float32 (exchange._summed)
         p_fut = _summed(step, P, 0, None).then(lambda f: [_weigh_raw(step, lay, f.value()[0])])
@@ -243,6 +312,18 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
     previous, mine = cb.released, torch.futures.Future[None]()
     cb.released = mine
 
+    def _p_overflow(bad: Any) -> str:
+        """The error of a P sum that is not finite from finite inputs (the first span)."""
+        if bad is not None and bad.compressor is not None:
+            return _overflow_message(step, bad, "P = Σ_i M_i Q")
+        name = str(send.dtype).removeprefix("torch.")
+        label = "a tensor" if bad is None else bad.label
+        return (
+            f"the all-reduced sum of {label} (sent uncompressed) overflows {name}'s range "
+            "although every rank's gradient is finite; rescale the loss, train in bfloat16 or "
+            "float32, or pass a loss scaler (scaler=) to skip such steps"
+        )
+
     def after_p(f: torch.futures.Future[list[torch.Tensor]]) -> None:
         """The P callback: P̂ and Q_i = M_iᵀ P̂ of every compressed tensor from the held M_i,
         into Q, which then starts at once (its transfer overlaps the rest); then (once the
@@ -256,7 +337,13 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
             what = "all-gather" if plan.gathered else "all-reduce"
             total = result(f, f"{what} (PowerSGD's P)", rank)
             if poisoned[0] or not bool(torch.isfinite(total).all()):
-                poisoned[0] = True  # some rank's bucket was not finite: so is every result
+                # some rank's bucket was not finite (with a loss scaler) or a factor overflowed:
+                # so is every result. Without a scaler every input was checked finite, so it is
+                # an overflow, and every rank (the same sum) says so
+                if not poisoned[0] and state.scaler is None:
+                    spans = [(u, lay[u.uid][0], lay[u.uid][1]) for u in plan.units]
+                    failed.append(ValueError(_p_overflow(_first_overflow(total, spans))))
+                poisoned[0] = True
                 Q.fill_(float("nan"))
                 total = None
             else:
@@ -269,6 +356,18 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
                     q_i = C.factor_q(held[u.uid].view(1, -1), p_hat)  # (1, n, r)
                     if q_i.dtype != send.dtype:  # what is sent is what the client adds
                         q_i = q_i.to(send.dtype).to(q_i.dtype)
+                    if own_overflow(q_i):  # not into the client states; every rank's Q̄ of
+                        # this tensor (only) is not finite: they skip the step, naming it
+                        text = _overflow_message(step, u, "Q_i = M_iᵀ P̂")
+                        if state.scaler is None:
+                            failed.append(ValueError(text))
+                        else:
+                            warnings.warn(text, UserWarning, stacklevel=1)
+                        poisoned[0] = True
+                        Q.zero_()
+                        send[q_off : q_off + q_len].copy_(q_i.reshape(-1))
+                        total = None
+                        break
                     q_seg = send[q_off : q_off + q_len].copy_(q_i.reshape(-1))
                     if not plan.gathered:
                         q_seg.div_(n)
@@ -338,6 +437,17 @@ def exchange_factors(step: Step, states: list[State[Any, Any]]) -> Fut:
         if failed:
             raise failed[0]
         out = step.output
+        # a rank's Q_i overflowed (it sent its inf), or the sum Q̄ did: one check of the whole
+        # sum, then the per-tensor search only when it failed
+        if not poisoned[0] and not bool(torch.isfinite(total).all()):
+            spans = [(u, lay[u.uid][2] - p_total, lay[u.uid][3]) for u in plan.compressed]
+            bad = _first_overflow(total, spans)
+            if bad is not None:
+                if state.scaler is None:
+                    raise ValueError(
+                        _overflow_message(step, bad, "Q̄ = Σ_i Q_i / n (a rank's Q_i or the sum)")
+                    )
+                poisoned[0] = True  # nothing of it becomes the next Q or the server's state
         if poisoned[0]:
             return out.fill_(float("nan"))
         for u in plan.compressed:
