@@ -37,6 +37,7 @@ import copy
 import dataclasses
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -45,6 +46,7 @@ import numpy as np
 import torch
 
 from ..compressors import Compressor
+from ..registry import SpecError, parse_spec
 from ..rng import Keys, KeyStream
 from .base import (
     METHODS,
@@ -66,6 +68,7 @@ __all__ = [
     "EVENT_INIT",
     "EVENT_LOST",
     "EVENT_RESUMED",
+    "IDENTITY_FILES",
     "TRACE_FILES",
     "AsyncClients",
     "AsyncServer",
@@ -74,6 +77,7 @@ __all__ = [
     "Asynchronous",
     "MinibatchOracle",
     "ModelView",
+    "RunProblem",
     "Sent",
     "WireConfig",
     "client_init",
@@ -87,6 +91,10 @@ __all__ = [
 
 #: the files of a parameter-server run directory that describe its asynchrony
 TRACE_FILES = {"summary": "summary.json", "updates": "staleness.csv", "events": "events.csv"}
+#: the files of a run directory that identify its problem, when present (:class:`RunProblem`):
+#: the results table (its ``problem``, ``dataset`` and ``d`` columns) and the server's snapshot
+#: (its fingerprint's ``problem.data``, the data digest; only a run with an output directory)
+IDENTITY_FILES = {"table": "table.csv", "snapshot": "checkpoint/snapshot.pt"}
 #: events of the log: a worker's initial message arrived / a worker was lost / the run resumed
 EVENT_INIT = "init_received"
 EVENT_LOST = "worker_lost"
@@ -348,6 +356,147 @@ def delay_bound(
 # --------------------------------------------------------------------------------------------
 # the log of a run
 # --------------------------------------------------------------------------------------------
+#: what a replay may change from the run (a what-if on the same asynchrony); the problem may not
+WHAT_IFS = "the method, compressor, step size, seed and wire dtype"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunProblem:
+    """The problem a recorded run was on, as its directory records it (None: not recorded).
+
+    ``spec``: the run's problem spec (``summary.json``'s ``config.problem``, with ``n_clients``
+    = the workers, as the server built it); ``name``, ``dataset``, ``d``: the results table's
+    columns (``info()`` of the problem the server ran, also when ``run_ps`` was given a
+    ``problem=`` object); ``data``: the data digest
+    (:meth:`~shrinkgrad.problems.Problem.data_digest`) in the fingerprint of the server's
+    snapshot (``checkpoint/snapshot.pt``: only a run given an output directory has one).
+
+    The schedule of a run (who sent which message at which version) is a property of that run
+    on that problem: replayed on another problem it executes without error and means nothing.
+    :meth:`check` therefore refuses a problem whose identity differs; the what-ifs of a replay
+    are :data:`WHAT_IFS`.
+    """
+
+    spec: str | None = None
+    name: str | None = None
+    dataset: str | None = None
+    d: int | None = None
+    data: str | None = None
+
+    @classmethod
+    def load(cls, root: Path, config: dict[str, Any], workers: int) -> RunProblem:
+        """What ``root`` records; a missing or unreadable identity file records nothing."""
+        import pandas as pd
+
+        name = dataset = data = None
+        d = None
+        table = root / IDENTITY_FILES["table"]
+        if table.is_file():
+            try:
+                row = pd.read_csv(table, nrows=1, dtype=str, keep_default_na=False)
+                if len(row) and {"problem", "dataset", "d"} <= set(row.columns):
+                    name, dataset = str(row["problem"].iloc[0]), str(row["dataset"].iloc[0])
+                    d = int(row["d"].iloc[0])
+            except (OSError, ValueError):
+                name = dataset = None
+                d = None
+        snapshot = root / IDENTITY_FILES["snapshot"]
+        if snapshot.is_file():
+            try:  # the server's own snapshot of this run (launch.resume_point reads it alike)
+                snap = torch.load(snapshot, map_location="cpu", weights_only=False)
+                fp = snap.get("fingerprint") if isinstance(snap, dict) else None
+                found = fp.get("problem.data") if isinstance(fp, dict) else None
+                data = found if isinstance(found, str) else None
+            except Exception:  # a torn or foreign file: no record (check() warns)
+                data = None
+        return cls(_run_spec(config.get("problem"), workers), name, dataset, d, data)
+
+    def check(self, problem: Any, source: str) -> None:
+        """Refuse ``problem`` in one line when it is not the run's; warn when its data cannot be
+        checked (no digest recorded, or the problem has none). An object without ``info()``
+        (the bare :class:`~shrinkgrad.methods.base.Constants`) identifies nothing."""
+        if not callable(getattr(problem, "info", None)):
+            return
+        from ..problems.base import data_digest_of
+
+        info = problem.info()
+        build = f", make_problem({self.spec!r})" if self.spec else ""
+
+        def refuse(what: str) -> None:
+            raise ValueError(
+                f"asynchronous: the run in {source!r} was recorded on {what}; replay it on the "
+                f"run's problem{build} (a replay's what-ifs change only {WHAT_IFS})"
+            )
+
+        name = str(info.get("problem", getattr(problem, "name", "")))
+        dataset = str(info.get("dataset", getattr(problem, "dataset", "")))
+        if self.name is not None and name != self.name:
+            refuse(f"the problem {self.name}, this one is {name}")
+        digest = data_digest_of(problem)
+        # the same data under another name or path (a moved file) is the same problem: with
+        # equal digests the data sets' names are not compared, the specs' other options are
+        same_data = digest is not None and digest == self.data
+        if self.dataset is not None and dataset != self.dataset and not same_data:
+            refuse(f"the data set {self.dataset!r}, this problem's is {dataset!r}")
+        if self.d is not None and int(problem.d) != self.d:
+            refuse(f"d={self.d}, this problem has d={int(problem.d)}")
+        moved = ("dataset",) if same_data else ()
+        ran = _spec_key(self.spec, moved)
+        this = _spec_key(getattr(problem, "spec", None), moved)
+        if ran is not None and this is not None and ran[0] != this[0]:
+            refuse(f"{ran[1]}, this problem is {this[1]} (other options)")
+        if self.data is not None and digest is not None and digest != self.data:
+            refuse(
+                f"other data (data digest {self.data[:12]}…, this problem's {digest[:12]}…: "
+                "its data file changed since, or other arrays)"
+            )
+        if self.data is None or digest is None:
+            why = (
+                "this problem has no data digest (Problem.data_digest is None)"
+                if digest is None
+                else f"the run in {source!r} records no data digest (no "
+                f"{IDENTITY_FILES['snapshot']}: a run without an output directory, or saved "
+                "elsewhere)"
+            )
+            warnings.warn(
+                f"asynchronous: {why}, so the replay cannot check that the problem's data are "
+                "the run's (it checked the problem's name, data set, d and spec)",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def _run_spec(problem: Any, workers: int) -> str | None:
+    """The spec of the problem a run's server built: ``problem`` with n_clients = workers
+    (``PSConfig.problem_spec``)."""
+    if not isinstance(problem, str) or not problem:
+        return None
+    try:
+        spec = parse_spec(problem)
+    except SpecError:
+        return problem
+    params = dict(spec.params)
+    params.setdefault("n_clients", workers)
+    return str(dataclasses.replace(spec, params=tuple(params.items())))
+
+
+def _spec_key(spec: Any, ignore: tuple[str, ...] = ()) -> tuple[Any, str] | None:
+    """(comparison key, text) of a problem spec without its defaults and execution parameters
+    (:func:`~shrinkgrad.sim.engine.canonical_problem_spec`) and without ``ignore``, parameters
+    in any order; None without a spec."""
+    from ..sim.engine import canonical_problem_spec
+
+    canon = canonical_problem_spec(spec)
+    if canon is None:
+        return None
+    try:
+        parsed = parse_spec(canon)
+    except SpecError:
+        return canon, canon
+    params = tuple(sorted((k, repr(v)) for k, v in parsed.params if k not in ignore))
+    return (parsed.name, params, str(parsed.args), str(parsed.base)), canon
+
+
 @dataclasses.dataclass(frozen=True)
 class AsyncTrace:
     """The asynchrony of a recorded parameter-server run (its ``RUN_DIR``).
@@ -356,7 +505,8 @@ class AsyncTrace:
     ``counter[r−1]``, computed at version ``version[r−1]``. ``init``: the workers whose initial
     message the server received; ``forgets[r]``: workers lost before update r (their
     contributions leave with it); ``resets``: updates before which the run resumed from a
-    snapshot (every worker then restarts from the server's memory at the current model).
+    snapshot (every worker then restarts from the server's memory at the current model);
+    ``problem``: the identity of the run's problem, which a replay must share.
     """
 
     source: str
@@ -371,6 +521,8 @@ class AsyncTrace:
     init: tuple[int, ...]
     forgets: dict[int, tuple[int, ...]]
     resets: frozenset[int]
+    #: the problem the run was on (:class:`RunProblem`), which a replay must be on
+    problem: RunProblem = dataclasses.field(default_factory=RunProblem)
 
     @property
     def updates(self) -> int:
@@ -442,6 +594,7 @@ class AsyncTrace:
             init=tuple(sorted(set(init))),
             forgets=forgets,
             resets=frozenset(resets),
+            problem=RunProblem.load(root, config, workers),
         )
 
 
@@ -493,8 +646,11 @@ class Asynchronous(Method[AsyncState, AsyncClients]):
 
     * ``trace=RUN_DIR``: the log of a parameter-server run (``shrinkgrad ps --out RUN_DIR``),
       which this replays: same compressor, step size, seed and wire dtype give the run's
-      iterates (to rounding; exactly with ``wire_dtype=float64``). ``method`` defaults to the
-      run's; ``tau_max``/``assume_tau`` to the run's (they only set the theory step);
+      iterates (to rounding; exactly with ``wire_dtype=float64``), others a what-if on the same
+      asynchrony. ``method`` defaults to the run's; ``tau_max``/``assume_tau`` to the run's
+      (they only set the theory step). The problem must be the run's: another number of
+      clients, problem, option, data set, d or data digest is refused (:class:`RunProblem`);
+      a trace that records no data digest replays with a warning;
     * no trace: round robin without staleness (worker (t − 1) mod n at the current model).
 
     The theory step is the method's asynchronous rule at the delay bound
@@ -560,6 +716,9 @@ class Asynchronous(Method[AsyncState, AsyncClients]):
 
     # -- binding: the method's constants, compressors, weights and asynchronous rule ----------
     def for_problem(self, problem: ProblemLike, stepsize: float | str | StepSize) -> Asynchronous:
+        if self.trace is not None:  # a replay is of the run's problem (RunProblem.check)
+            self._check_workers(problem.n)
+            self.trace.problem.check(problem, self.trace.source)
         inner = self.inner.for_problem(problem, stepsize)
         if inner is self.inner:
             return self
@@ -569,10 +728,13 @@ class Asynchronous(Method[AsyncState, AsyncClients]):
 
     def check_problem(self, consts: Constants) -> None:
         self.inner.check_problem(consts)
-        if self.trace is not None and self.trace.workers != consts.n:
+        self._check_workers(consts.n)
+
+    def _check_workers(self, n: int) -> None:
+        if self.trace is not None and self.trace.workers != n:
             raise ValueError(
                 f"asynchronous: the run in {self.trace.source!r} had {self.trace.workers} "
-                f"workers, the problem has n={consts.n} clients; build it with "
+                f"workers, the problem has n={n} clients; build it with "
                 f"n_clients={self.trace.workers} (the run's problem)"
             )
 
