@@ -283,6 +283,9 @@ class Problem(abc.ABC):
         simulator's fingerprint, :func:`shrinkgrad.sim.engine.problem_identity`). The digest is
         deterministic (the same data built twice, in another process or on another device, gives
         the same one) and changes when any entry changes; :func:`digest_arrays` computes it.
+        A problem that keeps its digest (it is called for every run) must return that of what
+        it is now: compute it again when its data may have changed since (as
+        :class:`~shrinkgrad.problems.ModelProblem` does), or say that its data must not change.
         """
         return None
 

@@ -95,7 +95,9 @@ class LinearModelProblem(Problem):
     the formulas. ``A`` is the N × d data (CSR or dense), ``targets`` the labels (±1, logistic) or
     the regression targets, ``parts`` the clients' row indices (a sequence of index arrays or a
     :class:`~shrinkgrad.problems.splits.ClientRows`). Data whose rows are already in client order
-    are kept by reference, not copied (10⁵ clients of generated data). ``intercept=True`` appends a
+    are kept by reference, not copied (10⁵ clients of generated data): do not modify ``A`` or
+    ``targets`` after building the problem (its constants, solution and
+    :meth:`data_digest` are computed from them once); build a new one. ``intercept=True`` appends a
     column of ones to ``A`` (the problem is the linear model on [A, 1]: d + 1 coordinates, the
     last one the bias, regularized like the others, constants computed on [A, 1]); ``threads``
     spreads the one-point gradient pass over that many numba threads (same results).
@@ -806,7 +808,13 @@ class LinearModelProblem(Problem):
         intercept's column included), the targets in that order and the clients' row offsets
         (so the split). Independent of ``dtype``, ``device``, ``storage`` and ``threads`` (how
         f is computed); the same values given once dense and once sparse digest differently.
-        Computed on first use and kept: the data is not modified after construction."""
+        The loss is not in it: ``info()`` holds it (``loss``), and the fingerprint records both.
+
+        Computed on first use and kept, as everything else computed from the data at
+        construction (L, L_i, the solution): the data must not be changed afterwards (arrays
+        already in client order are kept by reference, so changing the caller's ``A`` or
+        ``targets`` in place would change f and leave all of these stale). To change the
+        data, build a new problem."""
         digest: str | None = getattr(self, "_data_digest", None)
         if digest is None:
             digest = self._data_digest = digest_arrays(
@@ -829,6 +837,7 @@ class LinearModelProblem(Problem):
         out.update(
             {
                 "split": self.split,
+                "loss": self.loss_kind,
                 "lam": self.lam,
                 "reg": self.reg if self.lam > 0 else "none",
                 "n_samples": self.n_samples,

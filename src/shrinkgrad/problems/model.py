@@ -38,14 +38,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import hashlib
 import math
 import os
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.func import functional_call, grad, grad_and_value, jvp, vmap
+from torch.nn.modules import module as torch_module
 
 from .._sums import mean_value
 from ..registry import Spec
@@ -61,8 +66,8 @@ from .model_data import (
     TestArg,
     prepare_data,
 )
-from .model_losses import ModelLoss, make_loss
-from .model_sequential import SequentialGrads
+from .model_losses import LOSSES, ModelLoss, make_loss
+from .model_sequential import _GLOBAL_HOOKS, _MODULE_HOOKS, SequentialGrads
 from .splits import Split
 
 __all__ = ["ModelProblem", "model_problem"]
@@ -182,7 +187,12 @@ class ModelProblem(Problem):
     ) -> None:
         self._fn = functional
         self._groups = [_Group.of(g) for g in prepared.groups]
-        self._test = prepared.test
+        test = prepared.test
+        if test is not None and test.rows is None:
+            # an own (X, y) pair may still be the caller's memory (a float64 CPU tensor is not
+            # copied on the way): the problem keeps its own copy, as it does of the clients' rows
+            test = HeldOut(test.X.clone(), test.y.clone(), None)
+        self._test = test
         self._x0 = x0
         self.parts = prepared.parts
         self.dataset = prepared.dataset
@@ -201,6 +211,8 @@ class ModelProblem(Problem):
         self.f_lower = 0.0  # every loss here is ≥ 0
         self.held_out_columns = functional.loss.held_out_columns if self._test is not None else ()
         self._data_digest: str | None = None  # data_digest(), computed on first use
+        #: what ``_data_digest`` was computed from (:meth:`data_digest`): recomputed when it changed
+        self._digest_key: _DigestKey | None = None
 
     # -- what the problem is ----------------------------------------------------------------------
     @property
@@ -250,30 +262,46 @@ class ModelProblem(Problem):
         """SHA-1 hex digest of what defines f beyond x and ``info()`` (:meth:`Problem.data_digest`):
         each client group's members, sizes, inputs and targets (padded as evaluated; so every
         client's samples, in order), the held-out inputs and targets (they define the held-out
-        columns), the model's buffers (running statistics: not part of x⁰) and its printed
-        form (``repr``: the layers, activations and their settings; code in a custom
-        ``forward`` is not seen). Hashed in the
+        columns), the model's buffers (running statistics: not part of x⁰), its printed form
+        (``repr``: the layers, activations and their settings) and, where torch's ``repr`` does
+        not see them, the model's own code and settings (:func:`model_definition`): the code of
+        every method of a module class defined outside torch and shrinkgrad (a custom
+        ``forward``), the public attributes of such modules (``self.scale = 2.0``, a plain
+        tensor), hooks, and a loss that is not the registered one of its name (a
+        :class:`~.model_losses.ModelLoss` of your own: its functions' code). Hashed in the
         problem's dtype, which the fingerprint records too (a problem built in float32 and one
         moved there with :meth:`to` hold the same values); the device does not matter.
-        Computed on first use and kept (:meth:`to` to another dtype and :meth:`restrict` start
-        afresh)."""
+
+        Computed on first use and kept while nothing it was computed from changed: every hashed
+        tensor is checked by identity and by its version counter (torch counts every in-place
+        change: ``p.module[0].running_mean.add_(1)``), and the code and settings are read again
+        (a few μs for a small model), so a problem changed after its first digest gets the
+        digest of what it now is. Code a method calls outside its class (a module-level function)
+        is not seen: give such a problem its own ``name`` when that code changes."""
+        data: list[tuple[str, torch.Tensor | None]] = []
+        for k, g in enumerate(self._groups):
+            data += [
+                (f"group{k}.members", g.members),
+                (f"group{k}.sizes", g.batch.sizes),
+                (f"group{k}.X", g.batch.X),
+                (f"group{k}.y", g.batch.y),
+            ]
+        t = self._test
+        data += [("test", None)] if t is None else [("test.X", t.X), ("test.y", t.y)]
+        # the buffers as evaluated (functional_call's, taken when the problem was built)
+        data += [(f"buffer.{k}", b) for k, b in self._fn.buffers.items()]
+        # the architecture beyond its class name (info()'s "model"): the layers and their
+        # settings as torch prints them, e.g. Tanh against ReLU between equal Linear layers;
+        # then what repr does not show (only when there is some: a model of torch's layers
+        # with a registered loss keeps the digest it had before these entries existed)
+        definition, attributes = model_definition(self.module, self._fn.loss)
+        key = _DigestKey.of([v for _, v in data + attributes], definition)
         digest: str | None = getattr(self, "_data_digest", None)
-        if digest is None:
-            items: list[tuple[str, Any]] = []
-            for k, g in enumerate(self._groups):
-                items += [
-                    (f"group{k}.members", g.members),
-                    (f"group{k}.sizes", g.batch.sizes),
-                    (f"group{k}.X", g.batch.X),
-                    (f"group{k}.y", g.batch.y),
-                ]
-            t = self._test
-            items += [("test", None)] if t is None else [("test.X", t.X), ("test.y", t.y)]
-            items += [(f"buffer.{k}", b) for k, b in self.module.named_buffers()]
-            # the architecture beyond its class name (info()'s "model"): the layers and their
-            # settings as torch prints them, e.g. Tanh against ReLU between equal Linear layers
-            items += [("module", repr(self.module))]
-            digest = self._data_digest = digest_arrays(items)
+        cached: _DigestKey | None = getattr(self, "_digest_key", None)
+        if digest is not None and cached is not None and cached.matches(key):
+            return digest
+        digest = digest_arrays([*data, *definition, *attributes])
+        self._data_digest, self._digest_key = digest, key
         return digest
 
     def __repr__(self) -> str:
@@ -563,6 +591,207 @@ def _check_batch_size(batch_size: int | None) -> int | None:
             f"or None (all at once), got {batch_size!r}"
         )
     return batch_size
+
+
+# --------------------------------------------------------------------------------------------
+# what defines f beyond the data (ModelProblem.data_digest)
+# --------------------------------------------------------------------------------------------
+#: packages whose module classes are identified by torch's ``repr`` (their code is the installed
+#: version's); the code of a module class from anywhere else is hashed (:func:`model_definition`)
+_LIBRARY_MODULES = ("torch", "shrinkgrad")
+
+#: how deep :func:`_describe` follows containers, closures and objects (cycles end there)
+_DESCRIBE_DEPTH = 4
+
+
+def _is_user_class(cls: type) -> bool:
+    """Whether ``cls`` is defined outside torch and shrinkgrad (the user's code)."""
+    module = str(getattr(cls, "__module__", "") or "")
+    return module.split(".", 1)[0] not in _LIBRARY_MODULES
+
+
+def _const_repr(value: Any) -> str:
+    """A code constant as text that does not depend on the process (a frozenset's order does:
+    string hashing is salted per process)."""
+    if isinstance(value, frozenset):
+        return "frozenset(" + ",".join(sorted(_const_repr(v) for v in value)) + ")"
+    if isinstance(value, tuple):
+        return "(" + ",".join(_const_repr(v) for v in value) + ")"
+    return repr(value)
+
+
+def _hash_code(code: types.CodeType, h: Any) -> None:
+    """Feed ``code`` to ``h``: its bytecode, names and constants (nested code objects too), not
+    its file name or line numbers (moving a class in its file keeps its digest)."""
+    h.update(code.co_code)
+    names = (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
+    h.update(repr(names).encode())
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _hash_code(c, h)
+        else:
+            h.update(_const_repr(c).encode())
+
+
+def _describe_function(fn: types.FunctionType, depth: int) -> str:
+    """A Python function: its qualified name and a hash of its code, defaults and closure."""
+    h = hashlib.sha1()
+    _hash_code(fn.__code__, h)
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            cells.append(_describe(cell.cell_contents, depth - 1))
+        except ValueError:  # a cell not filled yet
+            cells.append("<empty>")
+    parts = [_describe(fn.__defaults__, depth - 1), _describe(fn.__kwdefaults__, depth - 1), *cells]
+    h.update("|".join(parts).encode())
+    return f"{fn.__qualname__}:{h.hexdigest()}"
+
+
+def _describe_class(cls: type, depth: int) -> str:
+    """The code of every function defined in ``cls`` (methods, static and class methods,
+    properties), by name."""
+    out = []
+    for name, attr in sorted(vars(cls).items()):
+        fns = [attr.fget, attr.fset] if isinstance(attr, property) else [attr]
+        fns = [f.__func__ if isinstance(f, (staticmethod, classmethod)) else f for f in fns]
+        out += [
+            f"{name}={_describe_function(f, depth)}"
+            for f in fns
+            if isinstance(f, types.FunctionType)
+        ]
+    return f"class {cls.__qualname__}{{{';'.join(out)}}}"
+
+
+def _describe(value: Any, depth: int = _DESCRIBE_DEPTH) -> str:
+    """``value`` as text that is the same in every process for the same definition: scalars
+    and strings by ``repr``, containers item by item, functions by name and code
+    (:func:`_describe_function`), arrays by a hash of their bytes, an object of a user class by
+    its class's code and public attributes; anything else by its type's name."""
+    if depth < 0:
+        return "..."
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return repr(value)
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        inner = ",".join(_describe(v, depth - 1) for v in value)
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, (set, frozenset)):
+        return (
+            f"{type(value).__name__}("
+            + ",".join(sorted(_describe(v, depth - 1) for v in value))
+            + ")"
+        )
+    if isinstance(value, dict):
+        items = sorted((repr(k), _describe(v, depth - 1)) for k, v in value.items())
+        return "dict(" + ",".join(f"{k}:{v}" for k, v in items) + ")"
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return "array:" + digest_arrays([("value", value)])
+    if isinstance(value, types.FunctionType):
+        return _describe_function(value, depth)
+    if isinstance(value, types.MethodType):
+        return "method " + _describe(value.__func__, depth)
+    if isinstance(value, functools.partial):
+        args = _describe((value.func, value.args, value.keywords), depth - 1)
+        return f"partial{args}"
+    if isinstance(value, torch.nn.Module):
+        return f"module {value!r}"
+    cls = type(value)
+    module = getattr(value, "__module__", None) or cls.__module__
+    name = f"{module}.{getattr(value, '__qualname__', None) or cls.__qualname__}"
+    if isinstance(value, type) or not _is_user_class(cls):
+        return name  # a class, or a builtin such as torch.tanh: its name
+    public = {k: v for k, v in getattr(value, "__dict__", {}).items() if not k.startswith("_")}
+    return f"{_describe_class(cls, depth - 1)}{_describe(public, depth - 1)}"
+
+
+def model_definition(
+    module: torch.nn.Module, loss: ModelLoss
+) -> tuple[list[tuple[str, str]], list[tuple[str, torch.Tensor]]]:
+    """What defines a model problem's f beyond its data and parameters: labelled text entries
+    and the tensors among the modules' attributes (:meth:`ModelProblem.data_digest`).
+
+    The first entry is ``repr(module)`` (torch's layers show their settings there). The others
+    exist only where they say something ``repr`` does not: for each module class defined
+    outside torch and shrinkgrad, the code of its methods (``forward`` and what it calls on
+    ``self``; :func:`_describe_class`) and the public attributes of its instances (a number, a
+    string, a function; tensors are returned apart, to be hashed with the data); the hooks of
+    any module (forward, backward and their pre-hooks) and those registered for all modules;
+    the loss when it is not the registered loss of its name (its formula and the code of its
+    functions).
+    """
+    definition = [("module", repr(module))]
+    attributes: list[tuple[str, torch.Tensor]] = []
+    classes: dict[type, str] = {}
+    for path, m in module.named_modules():
+        where = path or "<root>"
+        for cls in type(m).__mro__:
+            if cls is torch.nn.Module or not issubclass(cls, torch.nn.Module):
+                continue
+            if _is_user_class(cls) and cls not in classes:
+                classes[cls] = _describe_class(cls, _DESCRIBE_DEPTH)
+        if _is_user_class(type(m)):
+            settings: list[str] = []
+            for k, v in sorted(vars(m).items()):
+                if k.startswith("_") or k == "training":
+                    continue
+                if isinstance(v, torch.Tensor):
+                    attributes.append((f"module.{where}.{k}", v))
+                else:
+                    settings.append(f"{k}={_describe(v)}")
+            if settings:
+                definition.append((f"module.{where}.settings", ";".join(settings)))
+        hooks = {name: list(getattr(m, name, {}).values()) for name in _MODULE_HOOKS}
+        if any(hooks.values()):
+            definition.append((f"module.{where}.hooks", _describe(hooks)))
+    definition += [(f"code.{cls.__qualname__}", text) for cls, text in classes.items()]
+    every = {name: list(getattr(torch_module, name, {}).values()) for name in _GLOBAL_HOOKS}
+    if any(every.values()):  # hooks registered for all modules
+        definition.append(("hooks", _describe(every)))
+    if LOSSES.get(loss.name) is not loss:
+        fields = {f.name: getattr(loss, f.name) for f in dataclasses.fields(loss)}
+        definition.append(("loss", _describe(fields)))
+    return definition, attributes
+
+
+def _version(t: torch.Tensor | None) -> int | None:
+    """The version counter of ``t`` (bumped by every in-place change), None when it has none
+    (an inference-mode tensor)."""
+    if t is None:
+        return -1
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _DigestKey:
+    """What a model problem's digest was computed from: the hashed tensors (by identity) with
+    their version counters, and the text entries of :func:`model_definition` (compared by
+    :meth:`matches`: ``==`` on tuples of tensors would compare their entries)."""
+
+    tensors: tuple[torch.Tensor | None, ...]
+    versions: tuple[int | None, ...]
+    definition: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(
+        cls, tensors: Sequence[torch.Tensor | None], definition: Sequence[tuple[str, str]]
+    ) -> _DigestKey:
+        return cls(tuple(tensors), tuple(_version(t) for t in tensors), tuple(definition))
+
+    def matches(self, other: _DigestKey) -> bool:
+        """Whether a digest computed from ``self`` is that of ``other`` (an untracked version
+        counter never matches)."""
+        return (
+            len(self.tensors) == len(other.tensors)
+            and all(a is b for a, b in zip(self.tensors, other.tensors, strict=True))
+            and None not in self.versions
+            and self.versions == other.versions
+            and self.definition == other.definition
+        )
 
 
 # --------------------------------------------------------------------------------------------

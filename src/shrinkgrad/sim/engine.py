@@ -40,9 +40,9 @@ from ..methods.oracle import ProblemOracle
 from ..methods.stepsize import StepSize
 from ..network.clock import ModelClock
 from ..problems import Problem
-from ..problems.base import data_digest_of
+from ..problems.base import data_digest_of, digest_arrays
 from .checkpoint import load_checkpoint, save_checkpoint
-from .options import DivergenceReference, RunOptions
+from .options import Divergence, DivergenceReference, RunOptions
 
 __all__ = [
     "COLUMNS",
@@ -58,6 +58,7 @@ __all__ = [
     "Status",
     "check_round_memory",
     "held_out_values",
+    "run_identity",
     "run_rounds",
     "setup_run",
     "table_columns",
@@ -404,7 +405,8 @@ class RunSetup:
     #: the table's identifying columns (``method`` ... ``d`` of :data:`COLUMNS`)
     meta: dict[str, Any]
     #: what a checkpoint must match to be resumed (``meta``, the problem's identity of
-    #: :func:`problem_identity`, a hash of x⁰, log_every, dtypes)
+    #: :func:`problem_identity`, a hash of x⁰, log_every, dtypes, the stopping rules and
+    #: weights of :func:`run_identity`, the held-out columns, the network)
     fingerprint: dict[str, Any]
     #: the problem's held-out columns (``held_out_columns``), appended to the metric block
     held_out: tuple[str, ...] = ()
@@ -509,9 +511,12 @@ def problem_identity(problem: Problem, info: Mapping[str, Any] | None = None) ->
       :data:`_SPEC_MAX_CHARS` characters is kept as ``sha1:<hex>``;
     * ``problem.data``: the problem's :meth:`~shrinkgrad.problems.Problem.data_digest`, a hash of
       its data (a linear problem's matrix, targets and client offsets; a model problem's client
-      inputs and targets, held-out part and buffers), when it has one (not None). Two problems
+      inputs and targets, held-out part, buffers, architecture and the code of its own module
+      classes and loss), when it has one (not None). Two problems
       built from user arrays of the same shapes, on the same split and from the same x⁰ differ
-      only there. The digest is computed once per problem object (about 1 ms per MB of data).
+      only there. A problem computes it once (about 1 ms per MB of data) and keeps it while
+      what it hashed is unchanged: a model problem checks its tensors' version counters and its
+      code on every call, a linear problem's data must not change after construction.
 
     A checkpoint written before an entry existed lacks it, and is refused in one line as one of
     an earlier version (``_resume``).
@@ -536,6 +541,66 @@ def problem_identity(problem: Problem, info: Mapping[str, Any] | None = None) ->
     if digest is not None:
         out["problem.data"] = digest
     return out
+
+
+#: the divergence rule of a run given none (``divergence_factor`` at its default)
+_DEFAULT_DIVERGENCE = Divergence()
+
+
+def run_identity(bound: BoundMethod[Any, Any], options: RunOptions) -> dict[str, Any]:
+    """What identifies a run in its fingerprint beyond ``meta`` (method, compressor, step size,
+    seed, problem), the problem's identity, x⁰, ``log_every`` and the dtypes: each entry only
+    when it departs from what every run had before it existed, so older checkpoints of runs
+    without it still resume.
+
+    * ``tol`` (when given) and ``divergence`` (a rule other than the default
+      :class:`~shrinkgrad.sim.options.Divergence`): the stopping rules. A checkpoint holds the
+      status they decided (``converged`` at some round), so a run with other rules would return
+      that status and table at once, or continue a run that its own rules had stopped;
+    * ``compressor.params``: the parameters of a compressor built directly (``TopK(2)``, no
+      registry spec), whose name is its class name alone (``TopK`` for every k);
+    * ``client_weights``: a SHA-1 of the reduction weights when they are not all equal (EF21-W's
+      w_i = L_i / Σ_j L_j, [EFR] Alg. 2): they come from the problem's constants, which a numeric
+      step size does not record (``problem.with_constants`` changes them, not the data).
+    """
+    out: dict[str, Any] = {}
+    if options.tol is not None:
+        out["tol"] = float(options.tol)
+    div = options.divergence
+    if div != _DEFAULT_DIVERGENCE:
+        out["divergence"] = (
+            f"grad_factor={div.grad_factor!r},loss_factor={div.loss_factor!r},"
+            f"iterate_factor={div.iterate_factor!r}"
+        )
+    comp = bound.cfg.compressor
+    if not comp.spec:
+        out["compressor.params"] = describe_object(comp)
+    w = bound.cfg.weights.detach().to("cpu", torch.float64)
+    if w.numel() and not bool((w == w[0]).all()):
+        out["client_weights"] = hashlib.sha1(w.numpy().tobytes()).hexdigest()
+    return out
+
+
+def describe_object(obj: Any, depth: int = 3) -> str:
+    """``obj`` (a compressor built directly) as its class and public attributes, recursively:
+    ``TopK(k=2)``, ``Scaled(inner=RandK(k=2,shared_seed=False),...)``. Numbers and strings by
+    ``repr``, tensors and arrays by a SHA-1 of their bytes, other objects by their type."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return repr(obj)
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return "array:" + digest_arrays([("value", obj)])
+    if isinstance(obj, (tuple, list)):
+        return "(" + ",".join(describe_object(v, depth - 1) for v in obj) + ")"
+    attrs = getattr(obj, "__dict__", None)
+    name = type(obj).__qualname__
+    if attrs is None or depth <= 0:
+        return name
+    inner = ",".join(
+        f"{k}={describe_object(v, depth - 1)}"
+        for k, v in sorted(attrs.items())
+        if not k.startswith("_") and k != "spec"
+    )
+    return f"{name}({inner})"
 
 
 def canonical_problem_spec(spec: Any) -> str | None:
@@ -632,6 +697,7 @@ def setup_run(
         dtype=str(cfg.dtype),
         wire_dtype=str(cfg.wire_dtype),
     )
+    fingerprint.update(run_identity(bound, options))
     if held_out:
         fingerprint["held_out_columns"] = list(held_out)
     clock = None
