@@ -30,6 +30,11 @@ Only runs that are results make a claim pass (:func:`run_kind`): a parameter-ser
 and 4 read it so) and measures nothing else; one cut short (``time_limit``, ``workers_lost``,
 ``interrupted``) or that lost a worker on the way measures nothing: its claims are n/a (FAIL
 when another run fails them). A missing arm leaves its claims n/a.
+
+A run whose server process died (:class:`~shrinkgrad.distributed.ps.PSServerLost`) is recorded
+and the sweep goes on: one row at update 0 with NaN metrics and status :data:`SERVER_LOST` (a run
+cut short: its claims read n/a), its reason in ``runs/<id>/failed.json`` and on stderr, and the
+outcome is not ``complete`` (``shrinkgrad reproduce`` says that some runs failed).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,11 +55,11 @@ from ...methods.stepsize import parse_stepsize
 from ...plotting.style import FIGURE_DPI
 from ..claims import Claim, fmt, no_result
 from ..config import ExperimentConfig
-from ..results import CONFIG_COLUMNS, default_format, write_table
+from ..results import CONFIG_COLUMNS, default_format, write_json, write_table
 from . import REPRODUCTIONS, Reproduction, claim_params
 
 if TYPE_CHECKING:
-    from ...distributed.ps import PSConfig, PSResult
+    from ...distributed.ps import PSConfig, PSResult, PSServerLost
     from ...problems import Problem
 
 DEFAULTS: dict[str, Any] = {
@@ -67,6 +73,11 @@ DEFAULTS: dict[str, Any] = {
     "converge_factor": 1e-3,
     "stall_factor": 1e-2,
 }
+
+#: the status of a run whose parameter-server process died (``run_ps`` raised
+#: :class:`~shrinkgrad.distributed.ps.PSServerLost`; ``shrinkgrad ps`` exits with 1 for it): no
+#: result, its reason in ``runs/<id>/failed.json``
+SERVER_LOST = "server_lost"
 
 #: per-run columns added beside the results table's (constant within a run)
 EXTRA_COLUMNS = (
@@ -115,13 +126,26 @@ def _rows(res: PSResult, ps: PSConfig, problem: Problem) -> pd.DataFrame:
     t = res.table.copy()
     if len(t):
         return t
+    compressor = res.config.get("compressor")
+    return _one_row(t.columns, ps, problem, compressor, res.stepsize, res.stepsize_rule)
+
+
+def _one_row(
+    columns: Any,
+    ps: PSConfig,
+    problem: Problem,
+    compressor: Any,
+    stepsize: Any,
+    stepsize_rule: Any,
+) -> pd.DataFrame:
+    """One row at update 0 with NaN metrics and the run's identifying columns."""
     info = problem.info()
     row = {
         "round": 0,
         "method": ps.run_method,
-        "compressor": res.config.get("compressor"),
-        "stepsize": res.stepsize,
-        "stepsize_rule": res.stepsize_rule,
+        "compressor": compressor,
+        "stepsize": stepsize,
+        "stepsize_rule": stepsize_rule,
         "seed": ps.seed,
         "dataset": str(info.get("dataset", problem.dataset)),
         "problem": str(info.get("problem", problem.name)),
@@ -129,7 +153,50 @@ def _rows(res: PSResult, ps: PSConfig, problem: Problem) -> pd.DataFrame:
         "d": problem.d,
         "tau_max": ps.tau_max,
     }
-    return pd.DataFrame([row], columns=t.columns)
+    return pd.DataFrame([row], columns=columns)
+
+
+def _lost(
+    err: PSServerLost, ps: PSConfig, problem: Problem, run_dir: Path, run_id: str
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The row and the per-run columns of a run whose server died (:data:`SERVER_LOST`): no
+    metrics, no staleness, no rule (NaN, None), and ``failed.json`` in its directory with the
+    reason (as the sweep's failed runs: ``execute.write_failure``)."""
+    from ...distributed.ps.results import TABLE_COLUMNS
+
+    step = ps.stepsize
+    numeric = isinstance(step, (int, float))
+    t = _one_row(
+        TABLE_COLUMNS,
+        ps,
+        problem,
+        ps.compressor,
+        float(step) if numeric else math.nan,  # a theory step is resolved by the server
+        "" if numeric else str(step),
+    )
+    message = f"the parameter server was lost: {err}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(
+        run_dir / "failed.json",
+        {
+            "run_id": run_id,
+            "status": SERVER_LOST,
+            "message": message,
+            "exit_codes": err.exit_codes,
+        },
+    )
+    print(f"failed: {run_id}: {message}", file=sys.stderr, flush=True)
+    extra: dict[str, Any] = {
+        "status": SERVER_LOST,
+        "staleness_max": math.nan,
+        "delay_max": math.nan,
+        "rule_holds": None,
+        "stepsize_bound_measured": math.nan,
+        "slow_mean_staleness": math.nan,
+        "fast_mean_staleness_max": math.nan,
+        "workers_lost": math.nan,
+    }
+    return t, extra
 
 
 def execute(
@@ -148,13 +215,14 @@ def execute(
     table (``out/results.*``) has the simulator's columns, the sweep's config columns and
     :data:`EXTRA_COLUMNS`.
     """
-    from ...distributed.ps import PSConfig, run_ps
+    from ...distributed.ps import PSConfig, PSServerLost, run_ps
     from ...problems import make_problem
 
     params = claim_params(REPRODUCTIONS.get("k18-async"), config)
     out = Path(out)
     tables: list[pd.DataFrame] = []
     interrupted = False
+    failed = 0  # runs whose server died (recorded, SERVER_LOST)
     speeds = tuple(float(s) for s in params["speeds"])
     slow = max(range(len(speeds)), key=speeds.__getitem__)
     try:
@@ -180,21 +248,13 @@ def execute(
                         timeout=float(params["timeout"]),
                         wire_dtype=config.run.wire_dtype,  # type: ignore[arg-type]
                     )
-                    res = run_ps(ps, problem=problem)
-                    res.save(out / "runs" / run_id)
-                    if res.status == "interrupted":  # a first Ctrl-C: run_ps returns the run
-                        raise KeyboardInterrupt  # cut short; the sweep stops, no claims
-                    means = res.mean_staleness()
-                    fast = [float(v) for w, v in means.items() if w != slow]
-                    t = _rows(res, ps, problem)
-                    extra: dict[str, Any] = {
+                    common: dict[str, Any] = {
                         "run_id": run_id,
                         "experiment": config.name,
                         "problem_spec": case.spec,
                         "problem_label": case.label,
                         "stepsize_spec": arm.stepsize,
                         "seed_index": index,
-                        "status": res.status,
                         "L": problem.L,
                         "L_AM": problem.L_AM,
                         "L_QM": problem.L_QM,
@@ -202,6 +262,25 @@ def execute(
                         "L_var": problem.L_var,
                         "mu": problem.mu,
                         "tau_max_config": ps.tau_max,
+                    }
+                    try:
+                        res = run_ps(ps, problem=problem)
+                    except PSServerLost as e:  # no result; the finished runs are kept
+                        failed += 1
+                        t, lost = _lost(e, ps, problem, out / "runs" / run_id, run_id)
+                        for k, v in {**common, **lost}.items():
+                            t[k] = v
+                        tables.append(t.drop(columns=["tau_max"]))
+                        continue
+                    res.save(out / "runs" / run_id)
+                    if res.status == "interrupted":  # a first Ctrl-C: run_ps returns the run
+                        raise KeyboardInterrupt  # cut short; the sweep stops, no claims
+                    means = res.mean_staleness()
+                    fast = [float(v) for w, v in means.items() if w != slow]
+                    t = _rows(res, ps, problem)
+                    extra: dict[str, Any] = {
+                        **common,
+                        "status": res.status,
                         "staleness_max": res.staleness_max,
                         "delay_max": res.delay_max,
                         "rule_holds": res.rule_holds,
@@ -226,7 +305,7 @@ def execute(
         table = table[ordered + list(EXTRA_COLUMNS)]
         out.mkdir(parents=True, exist_ok=True)
         write_table(table, out / "results", fmt or default_format())  # type: ignore[arg-type]
-    return Outcome(table, complete=not interrupted, interrupted=interrupted)
+    return Outcome(table, complete=not interrupted and not failed, interrupted=interrupted)
 
 
 def _runs(table: pd.DataFrame, bounded: bool) -> list[pd.DataFrame]:
@@ -280,6 +359,13 @@ def _note(runs: list[pd.DataFrame], kinds: tuple[str, ...] = (STOPPED, CUT)) -> 
     return f"; no result: {', '.join(why)}" if why else ""
 
 
+def _count(df: pd.DataFrame, col: str) -> int | None:
+    """The run's ``col`` (``staleness_max``, ``delay_max``) as an int; None where it was not
+    measured (NaN: a run whose server died, :data:`SERVER_LOST`)."""
+    v = df[col].iloc[0]
+    return None if v is None or pd.isna(v) else int(v)
+
+
 def _rule(df: pd.DataFrame) -> bool | None:
     """The run's ``rule_holds``: None when no theory covers its measured delay (None in the
     table, NaN once it went through a CSV file, where ``bool(nan)`` would read True)."""
@@ -307,18 +393,23 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     kinds_b, kinds_f = [run_kind(df) for df in bounded], [run_kind(df) for df in free]
     title = "bounded staleness: no applied message older than tau_max, IAG delay ≤ 2·tau_max"
     if bounded:
-        smaxs = [int(df["staleness_max"].iloc[0]) for df in bounded]
-        dmaxs = [int(df["delay_max"].iloc[0]) for df in bounded]
-        smax, dmax = max(smaxs), max(dmaxs)
+        smaxs = [_count(df, "staleness_max") for df in bounded]
+        dmaxs = [_count(df, "delay_max") for df in bounded]
+        smax = max((v for v in smaxs if v is not None), default=None)
+        dmax = max((v for v in dmaxs if v is not None), default=None)
         # an exceeded bound is a fact in any run; one kept is a measurement of a result only
+        # (a run whose server died measured neither: None)
         oks_1: list[bool | None] = [
-            False if s > tau_max or d > 2 * tau_max else (True if k == RESULT else None)
+            False
+            if (s is not None and s > tau_max) or (d is not None and d > 2 * tau_max)
+            else (True if k == RESULT and s is not None and d is not None else None)
             for s, d, k in zip(smaxs, dmaxs, kinds_b, strict=True)
         ]
         out.append(
             Claim(
                 title,
-                f"max staleness {smax}, max delay {dmax} (tau_max = {tau_max})" + _note(bounded),
+                f"max staleness {'—' if smax is None else smax}, max delay "
+                f"{'—' if dmax is None else dmax} (tau_max = {tau_max})" + _note(bounded),
                 f"≤ {tau_max} and ≤ {2 * tau_max}",
                 _every(oks_1),
                 {"staleness_max": smax, "delay_max": dmax},
@@ -393,7 +484,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     if free:
         tails = [ratio_tail(df) for df in free]
         stall = [t[0] for t in tails]
-        delays = [int(df["delay_max"].iloc[0]) for df in free]
+        delays = [_count(df, "delay_max") for df in free]
         gammas = [float(df["stepsize"].iloc[0] * df["L"].iloc[0]) for df in free]
         shows = [
             shown(df, f"{fmt(m)} ({fmt(lo)})") for df, (m, lo) in zip(free, tails, strict=True)
@@ -406,7 +497,8 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
             Claim(
                 title,
                 f"γL = {', '.join(fmt(g) for g in gammas)}; measured delay "
-                f"{', '.join(map(str, delays))}; median (min) over the 2nd half of "
+                f"{', '.join('—' if v is None else str(v) for v in delays)}; median (min) over "
+                "the 2nd half of "
                 f"‖∇f‖²/‖∇f(x⁰)‖² = {', '.join(shows)}",
                 f"median ≥ {params['stall_factor']:g}",
                 _every(oks_4),
@@ -422,12 +514,13 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
         out.append(Claim(title, "needs runs of both arms (bounded and unbounded)", "both", None))
         return out
     rules_b, rules_f = [_rule(df) for df in bounded], [_rule(df) for df in free]
-    if None in rules_b or None in rules_f:
-        unknown = (rules_b + rules_f).count(None)
+    # a cut run measures nothing here (its rule is not consulted: None when its server died)
+    known = [r for r, k in zip(rules_b + rules_f, kinds_b + kinds_f, strict=True) if k != CUT]
+    if None in known:
         out.append(
             Claim(
                 title,
-                f"no theory covers the measured delay of {unknown} of "
+                f"no theory covers the measured delay of {known.count(None)} of "
                 f"{len(rules_b) + len(rules_f)} runs",
                 "both",
                 None,
@@ -440,11 +533,13 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     oks_b = [r if k == RESULT else None for r, k in zip(rules_b, kinds_b, strict=True)]
     oks_f = [None if k == CUT else not r for r, k in zip(rules_f, kinds_f, strict=True)]
     bounds = [float(df["stepsize_bound_measured"].iloc[0] * df["L"].iloc[0]) for df in free]
+    holds = all(o is not False for o in oks_b)  # the runs the verdict reads
+    violated = all(o is not False for o in oks_f)
     out.append(
         Claim(
             title,
-            f"rule holds in the converging runs: {all(rules_b)}; violated in the stalling runs: "
-            f"{not any(rules_f)} (their bound γL < {', '.join(fmt(b) for b in bounds)})"
+            f"rule holds in the converging runs: {holds}; violated in the stalling runs: "
+            f"{violated} (their bound γL < {', '.join(fmt(b) for b in bounds)})"
             + _note(bounded)
             + _note(free, (CUT,)),
             "both",
@@ -471,9 +566,11 @@ def figures(table: pd.DataFrame, params: Mapping[str, Any], directory: Path) -> 
         df = df.sort_values("round")
         first = df.iloc[0]
         bound = "bounded τ_max" if pd.notna(first["tau_max_config"]) else "unbounded"
+        tau = _count(df, "delay_max")
         label = (
             f"{first['stepsize_spec']} (γL={first['stepsize'] * first['L']:.3g}), {bound}, "
-            f"measured τ={int(first['delay_max'])}"
+            f"measured τ={'—' if tau is None else tau}"
+            + ("" if run_kind(df) == RESULT else f" ({_why(df)})")
         )
         for ax, x in zip(axes, ("round", "time_s"), strict=True):
             ax.semilogy(df[x], df["grad_norm_sq"], label=label)

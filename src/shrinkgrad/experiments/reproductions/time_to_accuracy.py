@@ -31,6 +31,17 @@ Claims, written before the run:
    above (no positive B*: one of them faster at every bandwidth, as predicted).
 3. **The tuning is honest**: every tuned step of a grid of ≥ 3 steps lies inside its grid.
 
+Only runs that are results are measured: a run that diverged, made no progress or whose last
+value of the metric (or training loss, for the tuning) is NaN reaches nothing and sets no ε; an
+arm that never reaches ε is slower than every arm that does. A verdict needs a measurement:
+
+* a problem on which no arm reaches ε on a network (every run no result) fails claims 1 and 2;
+* a network on which an arm of the problem has no tuned run (a sweep cut short, a failed run),
+  a tie for the fastest arm, one bandwidth only, or no dense arm to place B* against leaves that
+  part of the claim n/a (never decided by the table's row order); a FAIL elsewhere still fails;
+* a tuned step tied in score with an end of its grid is not inside it (the grid does not show
+  that the optimum is bracketed), and an arm none of whose steps is a result fails claim 3.
+
 With given compute, no latency and identical clients, the simulated clock is (R + 1)(c + u/B↑) by
 construction, so claim 2 checks that the model's bookkeeping (bytes, rounds, the slowest client)
 adds up to the first-principles count and that the crossover falls where the curves cross; that
@@ -97,44 +108,67 @@ def _runs(table: pd.DataFrame) -> list[Run]:
     return out
 
 
-def tune(runs: list[Run]) -> dict[str, tuple[float, list[float]]]:
-    """arm → (its tuned step, its grid): the lowest median final training loss over the seeds
-    (and networks: the iterates do not depend on the network), ties to the smaller step."""
-    out: dict[str, tuple[float, list[float]]] = {}
+def _final(run: pd.DataFrame, y: str) -> float:
+    """The run's last ``y`` (:func:`~shrinkgrad.experiments.claims.final_value`), inf when it is
+    no result: it diverged, made no progress, or its last value is not finite (a NaN its status
+    does not flag is no score to tune on and no value to set ε by)."""
+    v = final_value(run, y)
+    return v if math.isfinite(v) else math.inf
+
+
+def scores(runs: list[Run]) -> dict[str, dict[float, float]]:
+    """arm → step → the median over its runs (seeds and networks) of the final training loss
+    (inf for a run that is no result, :func:`_final`)."""
+    out: dict[str, dict[float, float]] = {}
     for arm in dict.fromkeys(r["arm"] for r in runs):
         mine = [r for r in runs if r["arm"] == arm]
-        grid = sorted({r["step"] for r in mine})
-        score = {
-            s: median(final_value(r["run"], "loss") for r in mine if r["step"] == s) for s in grid
+        out[arm] = {
+            s: median(_final(r["run"], "loss") for r in mine if r["step"] == s)
+            for s in sorted({r["step"] for r in mine})
         }
-        out[arm] = (min(grid, key=lambda s: (score[s], s)), grid)
     return out
 
 
+def tune(runs: list[Run]) -> dict[str, tuple[float, list[float]]]:
+    """arm → (its tuned step, its grid): the lowest median final training loss over the seeds
+    (and networks: the iterates do not depend on the network), ties to the smaller step."""
+    return {
+        arm: (min(score, key=lambda s: (score[s], s)), list(score))
+        for arm, score in scores(runs).items()
+    }
+
+
 def measure(table: pd.DataFrame, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Per problem: its metric, ε, the tuned steps and grids, and per network and arm the medians
-    over seeds of the simulated time to ε (``time``), the rounds to ε (``rounds``) and the uplink
-    bits per client per round to ε (``bits``, the initialisation included)."""
+    """Per problem: its metric, ε, the tuned steps, grids and scores (:func:`scores`), and per
+    network and arm the medians over seeds of the simulated time to ε (``time``), the rounds to
+    ε (``rounds``) and the uplink bits per client per round to ε (``bits``, the initialisation
+    included); ``networks``: every network of the table, ``missing``: per network, the arms of
+    the problem without a tuned run there (a sweep cut short, a failed run)."""
     params = DEFAULTS if params is None else params
     everything = _runs(table)
+    networks = list(dict.fromkeys(r["network"] for r in everything))
     out: dict[str, Any] = {}
     for problem in dict.fromkeys(r["problem"] for r in everything):
         metric = metric_of(problem, params)
         runs = [r for r in everything if r["problem"] == problem]
+        score = scores(runs)
         tuned = tune(runs)
         best = [r for r in runs if r["step"] == tuned[r["arm"]][0]]
-        # runs that diverged or made no progress (final value inf) set no tolerance: one of
-        # them made ε infinite, so every other run "reached" it at round 0
-        finals = [final_value(r["run"], metric) for r in best]
+        # runs that are no result (final value inf) set no tolerance: one of them made ε
+        # infinite, so every other run "reached" it at round 0; nor do they reach it
+        finals = [_final(r["run"], metric) for r in best]
         results = [v for v in finals if math.isfinite(v)]
         eps = max(results) if results else math.nan
         seen: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
-        for r in best:
+        for r, final in zip(best, finals, strict=True):
             run = r["run"]
-            rounds = reach(run, eps, x="round", y=metric)
-            bits = reach(run, eps, x="bits_up", y=metric)
-            per_round = bits / (rounds + 1) if math.isfinite(rounds) else math.inf
-            time = reach(run, eps, x="time_model_s", y=metric)
+            if math.isfinite(final):
+                rounds = reach(run, eps, x="round", y=metric)
+                bits = reach(run, eps, x="bits_up", y=metric)
+                per_round = bits / (rounds + 1) if math.isfinite(rounds) else math.inf
+                time = reach(run, eps, x="time_model_s", y=metric)
+            else:
+                time = rounds = per_round = math.inf
             seen.setdefault((r["network"], r["arm"]), []).append((time, rounds, per_round))
         arms: dict[str, dict[str, dict[str, float]]] = {}
         for (net, arm), values in seen.items():
@@ -147,7 +181,10 @@ def measure(table: pd.DataFrame, params: Mapping[str, Any] | None = None) -> dic
             "eps": eps,
             "n": runs[0]["n"],
             "tuned": tuned,
+            "scores": score,
             "arms": arms,
+            "networks": networks,
+            "missing": {net: [a for a in tuned if a not in arms.get(net, {})] for net in networks},
         }
     return out
 
@@ -171,108 +208,199 @@ def _mbit(b: float) -> str:
     return f"{fmt(b / 1e6)} Mbit/s"
 
 
+#: the three claims (module docstring)
+TITLES = (
+    "the fastest method to ε changes with the bandwidth",
+    "rounds-to-ε × (compute + bits/bandwidth) predicts the winner and the crossover",
+    "every tuned step lies inside its grid (the grids bracket the best step)",
+)
+#: why a network has no winner: nothing to measure there (n/a) or no arm reached ε (FAIL)
+NOT_MEASURED, NONE_REACHED = None, False
+
+
+def _every(oks: list[bool | None]) -> bool | None:
+    """A verdict over parts: False when one fails, else None when one was not measured (or
+    there is none), else True."""
+    if any(o is False for o in oks):
+        return False
+    return None if not oks or any(o is None for o in oks) else True
+
+
+def winner(times: Mapping[str, float]) -> tuple[str | None, bool | None, str]:
+    """(the arm with the smallest finite time, or None; the verdict a part that needs it gets
+    when there is none; what to show). No arm with a finite time: no arm reached ε
+    (:data:`NONE_REACHED`, a failure); a tie for the smallest time: no single winner
+    (:data:`NOT_MEASURED`; the table's row order would have chosen one)."""
+    finite = {a: t for a, t in times.items() if math.isfinite(t)}
+    if not finite:
+        return None, NONE_REACHED, "no arm reaches ε"
+    best = min(finite.values())
+    tied = sorted(a for a, t in finite.items() if t == best)
+    if len(tied) > 1:
+        return None, NOT_MEASURED, f"tie: {' = '.join(tied)}"
+    return tied[0], True, tied[0]
+
+
 def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
+    """The three claims of the module docstring, per problem and then over the problems
+    (:func:`_every`: a problem that fails a claim fails it, one that could not measure it leaves
+    it n/a)."""
     if "network" not in table.columns or "time_model_s" not in table.columns:
         return [Claim("the fastest method changes with bandwidth", "no network runs", "—", None)]
     m = measure(table, params)
+    if not m:
+        return [Claim(title, "no runs", "—", None) for title in TITLES]
     changes: list[str] = []
-    changed: list[bool] = []
+    changed: list[bool | None] = []
     pred_parts: list[str] = []
-    pred_ok: list[bool] = []
+    pred_ok: list[bool | None] = []
     grid_parts: list[str] = []
     grid_ok: list[bool] = []
     values: dict[str, Any] = {}
     for problem, p in m.items():
         n = p["n"]
-        nets = sorted(p["arms"], key=lambda s: _links(s, n)[0])
-        bw = {net: _links(net, n)[0] for net in nets}
-        times = {net: p["arms"][net] for net in nets}
-        winner = {net: min(times[net], key=lambda a: times[net][a]["time"]) for net in nets}
+        links = {net: _links(net, n) for net in p["networks"]}
+        nets = sorted(p["networks"], key=lambda s: links[s][0])
+        bw = {net: links[net][0] for net in nets}
+        times: dict[str, dict[str, dict[str, float]]] = {
+            net: p["arms"].get(net, {}) for net in nets
+        }
+        missing: dict[str, list[str]] = p["missing"]
+        # the simulated winner per network (None: see `why`), and its verdict when there is none
+        win: dict[str, str | None] = {}
+        why: dict[str, bool | None] = {}
+        shown: dict[str, str] = {}
+        for net in nets:
+            if missing[net]:
+                win[net], why[net] = None, NOT_MEASURED
+                shown[net] = f"no tuned run of {', '.join(missing[net])}"
+                continue
+            win[net], why[net], text = winner({a: v["time"] for a, v in times[net].items()})
+            shown[net] = (
+                f"{text} ({fmt(times[net][text]['time'])} s)" if win[net] is not None else text
+            )
         low, high = nets[0], nets[-1]
-        changed.append(winner[low] != winner[high])
-        text = ", ".join(
-            f"{_mbit(bw[net])}: {winner[net]} ({fmt(times[net][winner[net]]['time'])} s)"
-            for net in nets
-        )
+        if len(nets) < 2:
+            changed.append(NOT_MEASURED)
+        elif win[low] is None or win[high] is None:
+            changed.append(_every([why[net] for net in (low, high) if win[net] is None]))
+        else:
+            changed.append(win[low] != win[high])
+        text = ", ".join(f"{_mbit(bw[net])}: {shown[net]}" for net in nets)
+        if len(nets) < 2:
+            text += " (one bandwidth: nothing to compare)"
         changes.append(f"{problem} (ε = {fmt(p['eps'])} on {p['metric']}): {text}")
         # first principles: (R + 1)(c + 2α + u/B↑) from the rounds and bits
-        predicted = {}
+        oks: list[bool | None] = []
+        predicted: dict[str, str | None] = {}
         for net in nets:
-            up, lat, c = _links(net, n)
+            if win[net] is None:
+                predicted[net] = None
+                oks.append(why[net])
+                continue
+            up, lat, c = links[net]
             pred = {arm: predicted_time(v, up, lat, c) for arm, v in times[net].items()}
-            predicted[net] = min(pred, key=lambda a: pred[a])
-        agree = all(predicted[net] == winner[net] for net in nets)
-        b = winner[low]
-        dense = next((a for a in times[high] if a.endswith("+ identity")), None)
-        up, lat, c = _links(high, n)
+            predicted[net], _, _ = winner(pred)  # a tie names no winner: n/a
+            oks.append(None if predicted[net] is None else predicted[net] == win[net])
+        agree = _every(oks)
+        mark = {True: "=", False: "≠", None: "?"}
+        b = win[low]
+        dense = next((a for a in p["tuned"] if a.endswith("+ identity")), None)
         cross = math.nan
-        if dense is not None and dense != b:
-            cross = crossover(times[high][dense], times[high][b], c + 2 * lat)
+        if b is None:
+            where = f"no winner at {_mbit(bw[low])}: no crossover to measure"
+        elif dense is None:
+            oks.append(NOT_MEASURED)
+            where = "no dense (identity) arm: no crossover to measure"
+        elif dense == b:
+            where = f"{b} is the dense arm: no crossover to measure"
+        else:
             # the order B* predicts on each network is that of the two first-principles times
-            # (they tie at B*; b, with fewer bits, is faster on the side of small B)
+            # (they tie at B*; b, with fewer bits, is faster on the side of small B); measured
+            # where both arms have tuned runs (elsewhere the network is n/a above)
+            both = [net for net in nets if b in times[net] and dense in times[net]]
             b_first = {
-                net: predicted_time(times[net][b], *_links(net, n))
-                < predicted_time(times[net][dense], *_links(net, n))
-                for net in nets
+                net: predicted_time(times[net][b], *links[net])
+                < predicted_time(times[net][dense], *links[net])
+                for net in both
             }
             order_ok = all(
-                (times[net][b]["time"] < times[net][dense]["time"]) == b_first[net] for net in nets
+                (times[net][b]["time"] < times[net][dense]["time"]) == b_first[net] for net in both
             )
-            pred_ok.append(agree and order_ok)
+            oks.append(order_ok)
+            if both:  # R and u do not depend on the network: read at the highest with both
+                up, lat, c = links[both[-1]]
+                cross = crossover(times[both[-1]][dense], times[both[-1]][b], c + 2 * lat)
+            on = (
+                "every network"
+                if len(both) == len(nets)
+                else f"{len(both)} of {len(nets)} networks (the others lack an arm)"
+            )
             where = (
                 f"B* = {_mbit(cross)} for {dense} vs {b}"
                 if math.isfinite(cross)
-                else f"no crossover of {dense} and {b} ({b if b_first[low] else dense} faster)"
-            ) + f" ({'=' if order_ok else '≠'} simulated order on every network)"
-        else:
-            pred_ok.append(agree)
-            where = f"{b} is the dense arm: no crossover to measure"
+                else f"no crossover of {dense} and {b}"
+                + (f" ({b if b_first[both[0]] else dense} faster)" if both else "")
+            ) + f" ({'=' if order_ok else '≠'} simulated order on {on})"
+        pred_ok.append(_every(oks))
+        unknown = "; ".join(f"{_mbit(bw[net])}: {shown[net]}" for net in nets if not win[net])
         pred_parts.append(
-            f"{problem}: predicted winners {', '.join(predicted[net] for net in nets)} "
-            f"({'=' if agree else '≠'} simulated); {where}"
+            f"{problem}: predicted winners {', '.join(predicted[net] or '—' for net in nets)} "
+            f"({mark[agree]} simulated{': ' + unknown if unknown else ''}); {where}"
         )
+        at_high = times[high]
         values[problem] = {
             "eps": p["eps"],
             "metric": p["metric"],
             "bandwidth": bw,
-            "winner": winner,
+            "winner": win,
             "predicted": predicted,
             "crossover_bit_s": cross if math.isfinite(cross) else -1.0,
-            "rounds": {arm: v["rounds"] for arm, v in times[high].items()},
-            "bits_per_round": {arm: v["bits"] for arm, v in times[high].items()},
+            "rounds": {arm: v["rounds"] for arm, v in at_high.items()},
+            "bits_per_round": {arm: v["bits"] for arm, v in at_high.items()},
             "tuned": {arm: step for arm, (step, _) in p["tuned"].items()},
         }
         for arm, (step, grid) in p["tuned"].items():
             if len(grid) >= 3:
-                inner = grid[0] < step < grid[-1]
+                score = p["scores"][arm]
+                best = score[step]
+                # a tie with an end of the grid does not show the optimum bracketed
+                ends = [s for s in (grid[0], grid[-1]) if score[s] == best]
+                inner = math.isfinite(best) and not ends
                 grid_ok.append(inner)
-                grid_parts.append(
-                    f"{problem} {arm}: {step:g} ∈ [{grid[0]:g}, {grid[-1]:g}]"
-                    + ("" if inner else " (at an end)")
+                note = (
+                    " (no step is a result)"
+                    if not math.isfinite(best)
+                    else " (at an end)"
+                    if step in ends
+                    else f" (tied with the end {ends[0]:g})"
+                    if ends
+                    else ""
                 )
+                grid_parts.append(f"{problem} {arm}: {step:g} ∈ [{grid[0]:g}, {grid[-1]:g}]" + note)
     out = [
         Claim(
-            "the fastest method to ε changes with the bandwidth",
+            TITLES[0],
             "; ".join(changes),
             "on every problem: winner at the lowest bandwidth ≠ winner at the highest",
-            all(changed),
+            _every(changed),
             values,
         ),
         Claim(
-            "rounds-to-ε × (compute + bits/bandwidth) predicts the winner and the crossover",
+            TITLES[1],
             "; ".join(pred_parts),
             "on every problem: the predicted winner is the simulated one on every network, and "
             "B* orders GD and the low-bandwidth winner as the simulated times do",
-            all(pred_ok),
+            _every(pred_ok),
             {p: {"crossover_bit_s": v["crossover_bit_s"]} for p, v in values.items()},
         ),
     ]
     if grid_parts:
         out.append(
             Claim(
-                "every tuned step lies inside its grid (the grids bracket the best step)",
+                TITLES[2],
                 "; ".join(grid_parts),
-                "no tuned step at an end of its grid",
+                "no tuned step at (or tied in score with) an end of its grid",
                 all(grid_ok),
                 {p: v["tuned"] for p, v in values.items()},
             )
@@ -280,7 +408,7 @@ def claims(table: pd.DataFrame, params: Mapping[str, Any]) -> list[Claim]:
     else:
         out.append(
             Claim(
-                "every tuned step lies inside its grid (the grids bracket the best step)",
+                TITLES[2],
                 "grids of fewer than 3 steps (a short profile)",
                 "—",
                 None,
