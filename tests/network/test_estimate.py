@@ -82,7 +82,7 @@ def test_zero_compute_time_is_bytes_over_bandwidth_plus_latency(problem) -> None
     e = estimate(problem, "ef21", "top_k[k=1]", net, rounds=1000, measure=3)
     up_bits = 1 * (math.ceil(math.log2(14)) + 32)  # k indices + k float32 values
     down_bits = 32 * 14  # the dense x back to each client
-    per = up_bits / 1e6 + down_bits / 1e7 + 2 * 0.01
+    per = 8 * math.ceil(up_bits / 8) / 1e6 + down_bits / 1e7 + 2 * 0.01  # whole bytes
     assert e.per_round.compute_s == 0 and e.per_round.total_s == pytest.approx(per, rel=1e-12)
     init = 32 * 14 / 1e6 + down_bits / 1e7 + 2 * 0.01  # g_i⁰ = ∇f_i(x⁰) sent dense
     assert e.init.total_s == pytest.approx(init, rel=1e-12)

@@ -9,7 +9,9 @@ table's ``time_model_s`` column,
     time_model_s(T) = Σ_{r=0}^{T} max_{i active in round r} t_i(r)        (on a star)
 
 with t_i = [D_i > 0](α_i + 8D_i/B↓_i) + c_i + [U_i > 0](α_i + 8U_i/B↑_i) (docs/network.md §2;
-round 0 is the initialisation). On a ring a round is an all-reduce when its messages can be
+round 0 is the initialisation), where U_i and D_i are the bytes on the wire of client i's
+messages of the round: ⌈bits/8⌉ each (:func:`~.traffic.wire_bytes`; the wire format pads every
+message to a whole byte), not bits/8. On a ring a round is an all-reduce when its messages can be
 summed — the run's compressor's are (:func:`~.traffic.summable`), or the round sent
 uncompressed vectors (:func:`~.traffic.round_summable`: EF21's full initialisation) — and an
 all-gather otherwise. PowerSGD's shared basis sends its factors in two stages, P then Q
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .topology import Network, RoundCost, make_network
-from .traffic import round_stages, round_summable, stage_shares, summable
+from .traffic import round_stages, round_summable, stage_shares, summable, wire_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -103,8 +105,8 @@ class ModelClock:
         up = np.zeros(self.n)
         down = np.zeros(self.n)
         idx = ids.detach().cpu().numpy()
-        up[idx] = traffic.up.detach().cpu().numpy() / 8.0
-        down[idx] = traffic.down.detach().cpu().numpy() / 8.0
+        up[idx] = wire_bytes(traffic.up)  # ⌈bits/8⌉: every message is whole bytes on the wire
+        down[idx] = wire_bytes(traffic.down)
         cost = self.network.round(
             up,
             down,

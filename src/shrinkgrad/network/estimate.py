@@ -20,7 +20,8 @@ For a problem, a method with its compressor and step size, and a network:
    any other method is refused in one line naming these (or T is given by the caller);
 2. **traffic** of a round: the method's own messages, from a few simulated rounds (what each
    client sends and receives: :class:`shrinkgrad.methods.Traffic`, the compressor's honest
-   ``bits``), so partial participation and random message sizes are in it;
+   ``bits``; ⌈bits/8⌉ bytes per message, as the wire sends them: :func:`~.traffic.wire_bytes`),
+   so partial participation and random message sizes are in it;
 3. **compute** per round: the network spec's ``compute`` (given), or the caller's, or measured —
    the wall time of a simulated round divided by n (one client's share of the vectorised step);
 4. **cost** of each simulated round on the network (:meth:`~.topology.Network.round`: the
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ..registry import parse_spec
 from .clock import overflow_message
 from .topology import Network, RoundCost, make_network
-from .traffic import round_summable, stage_shares, summable
+from .traffic import round_summable, stage_shares, summable, wire_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -204,7 +205,8 @@ def rounds_theorem(method: Any) -> RoundsTheorem:
 class MeasuredRounds:
     """What a few simulated rounds of a method showed: per-client traffic and compute."""
 
-    #: per round: (bytes up per client, bytes down per client), as float lists
+    #: per round: (bytes up per client, bytes down per client), as float lists: ⌈bits/8⌉ of
+    #: each client's message (:func:`~.traffic.wire_bytes`)
     traffic: list[tuple[list[float], list[float]]]
     init_traffic: tuple[list[float], list[float]]
     #: measured compute time per client per round (median wall time of a round / n; the
@@ -287,7 +289,8 @@ def measure_rounds(bound: Any, problem: Any, rounds: int = 10) -> MeasuredRounds
     state, tr = bound.init(x0, oracle)
 
     def per_client(t: Any) -> tuple[list[float], list[float]]:
-        return (t.up / 8.0).tolist(), (t.down / 8.0).tolist()
+        # ⌈bits/8⌉ per message: the bytes the wire sends (:func:`~.traffic.wire_bytes`)
+        return wire_bytes(t.up).tolist(), wire_bytes(t.down).tolist()
 
     init_traffic = per_client(tr)
     init_bits = float(tr.up.mean())

@@ -16,6 +16,8 @@ runtimes use them, so the cost model charges what is sent:
   PowerSGD's shared basis (``power_sgd[shared=true]``, ``collective == "allreduce_factors"``)
   all-reduces the raw small tensors with the P factors (m × r each), then the Q factors
   (n × r), r(m + n) values per tensor of the matrix view ``shapes`` gives.
+* :func:`wire_bytes` — the bytes on the wire of the simulator's messages: ⌈bits/8⌉ for a
+  message of ``bits`` bits (the wire format pads every message to a whole byte);
 * :func:`stage_shares` — how a compressed message of the simulator travels: in one exchange, or
   (PowerSGD's shared basis) in two, P then Q, the shares m/(m + n) and n/(m + n);
 * :func:`ps_messages` — one cycle of a parameter-server worker
@@ -53,6 +55,7 @@ __all__ = [
     "round_summable",
     "stage_shares",
     "summable",
+    "wire_bytes",
 ]
 
 #: a synchronous collective among all ranks
@@ -135,6 +138,25 @@ def stage_shares(compressor: Compressor, d: int) -> tuple[float, ...]:
     sizes = [math.prod(stage.shape) for stage in plan.stages]
     total = sum(sizes)
     return tuple(s / total for s in sizes)
+
+
+def wire_bytes(bits: Any) -> np.ndarray:
+    """Bytes on the wire of messages of ``bits`` bits each: ⌈bits/8⌉ (float64, ``bits``'
+    shape; a tensor, an array or a list).
+
+    The wire format (:mod:`shrinkgrad.compressors._wire`) writes a message's fields into one bit
+    stream padded with zero bits to a whole byte, so a message of b bits is ⌈b/8⌉ bytes — what
+    ``encode`` returns, what the DDP hook counts (:func:`hook_collectives`) and what the
+    parameter server sends (:func:`ps_messages`). Each entry of a simulated round's
+    :class:`~shrinkgrad.methods.Traffic` is one message (a client's, in that round), so the
+    network model charges ⌈up_i/8⌉ and ⌈down_i/8⌉ bytes, not up_i/8: top_k[k=1] on d = 123
+    is 32 + 7 = 39 bits, 5 bytes on the wire (4.875 before). 0 bits (nothing sent) is 0
+    bytes.
+    """
+    if hasattr(bits, "detach"):  # a torch tensor
+        bits = bits.detach().cpu().numpy()
+    b = np.asarray(bits, dtype=np.float64)
+    return np.ceil(b / 8.0)
 
 
 def round_summable(traffic: Traffic, compressed: bool) -> bool:

@@ -1,17 +1,18 @@
 """Quantities with units, as written in network specs: bandwidths and durations.
 
-* A **bandwidth** is a number of bit/s, or a number with a unit: a decimal prefix (``k`` = 10³,
-  ``m``/``M`` = 10⁶, ``g``/``G`` = 10⁹, ``t``/``T`` = 10¹²; networks count in powers of ten)
-  then ``bit``/``bits``/``b``/``bps`` (bits) or ``byte``/``bytes``/``B``/``Bps`` (bytes, × 8),
-  optionally ``/s``: ``10mbit``, ``1gbit``, ``100kbit/s``, ``50Mbps``, ``12.5MB/s``,
-  ``1.25GByte``. ``inf`` is an infinitely fast link. ``b`` is a bit and ``B`` a byte, as in
-  "Mbps" against "MB/s". (``tc`` spells megabytes per second "mbps"; here "mbps" is megabits.)
-  The words ``bit(s)`` and ``byte(s)`` may be in any case (``10MBIT``, ``1GBYTES``); ``bps``
-  only as ``bps`` (bits) or ``Bps`` (bytes): other capitalisations (``10MBPS``) are refused as
-  ambiguous, with both spellings in the message. A number that overflows to infinity
-  (``1e400``) is refused: only ``inf`` itself is an infinitely fast link.
-* A **duration** is a number of seconds, or a number with ``s``, ``ms``, ``us``/``µs`` (the
-  micro sign or the Greek mu) or ``ns``: ``20ms``, ``50us``, ``0.05s``.
+* A **bandwidth** is a number of bit/s (Python's or numpy's), or a number with a unit: a
+  decimal prefix (``k`` = 10³, ``m``/``M`` = 10⁶, ``g``/``G`` = 10⁹, ``t``/``T`` = 10¹²;
+  networks count in powers of ten) then ``bit``/``bits``/``b``/``bps`` (bits) or
+  ``byte``/``bytes``/``B``/``Bps`` (bytes, × 8), optionally ``/s``: ``10mbit``, ``1gbit``,
+  ``100kbit/s``, ``50Mbps``, ``12.5MB/s``, ``1.25GByte``. ``inf`` is an infinitely fast link.
+  ``b`` is a bit and ``B`` a byte, as in "Mbps" against "MB/s". (``tc`` spells megabytes per
+  second "mbps"; here "mbps" is megabits.) The words ``bit(s)`` and ``byte(s)`` may be in any
+  case (``10MBIT``, ``1GBYTES``); ``bps`` only as ``bps`` (bits) or ``Bps`` (bytes): other
+  capitalisations (``10MBPS``) are refused as ambiguous, with both spellings in the message. A
+  number that overflows to infinity (``1e400``) is refused: only ``inf`` itself is an
+  infinitely fast link.
+* A **duration** is a number of seconds (Python's or numpy's), or a number with ``s``, ``ms``,
+  ``us``/``µs`` (the micro sign or the Greek mu) or ``ns``: ``20ms``, ``50us``, ``0.05s``.
 
 Both parsers raise a ValueError that names the parameter and the allowed form.
 """
@@ -19,8 +20,11 @@ Both parsers raise a ValueError that names the parameter and the allowed form.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "BANDWIDTH_FORM",
@@ -49,10 +53,11 @@ _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e
 
 
 def _number(value: Any) -> float | None:
-    """``value`` as a float when it is a plain number (bools are not), else None."""
-    if isinstance(value, bool):
+    """``value`` as a float when it is a real number — Python's or numpy's (``np.int64``,
+    ``np.float32``: the entries of a per-client array) — else None; bools are not numbers."""
+    if isinstance(value, (bool, np.bool_)):
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         return float(value)
     return None
 
